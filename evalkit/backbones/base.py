@@ -1,0 +1,120 @@
+"""The one Backbone protocol every adapter implements (DESIGN §3).
+
+A backbone owns its preprocessing (``info.preprocess``) and returns ``Features``: one pooled
+vector per requested layer and, for dense tasks, per-layer patch grids, following timm's
+``forward_intermediates`` semantics (layer -1 is the last block, after the final norm).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+POOLS = ("cls", "mean", "map")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    size: int = 224
+    crop_pct: float = 0.875
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BackboneInfo:
+    name: str
+    weights_id: str
+    embed_dim: int
+    patch_size: int
+    depth: int
+    num_prefix_tokens: int
+    params: int
+    preprocess: Preprocess = field(default_factory=Preprocess)
+    pools: tuple[str, ...] = ("cls", "mean")
+    random_init: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Features:
+    """Outputs of one forward pass: ``pooled`` is (B, L, D); ``grids`` is (B, L, D, h, w)."""
+
+    pooled: torch.Tensor | None = None
+    grids: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Backbone(Protocol):
+    info: BackboneInfo
+
+    def transform(self, train: bool = False): ...
+
+    def extract(
+        self, images: torch.Tensor, *, layers: tuple[int, ...], pool: str, dense: bool = False
+    ) -> Features: ...
+
+
+def build_transform(pre: Preprocess, *, train: bool = False):
+    """PIL image → normalised tensor: resize to size/crop_pct then centre-crop (eval), or an
+    inception crop with a flip (train)."""
+    from torchvision import transforms as T
+
+    mode = T.InterpolationMode(pre.interpolation)
+    if train:
+        resize = [T.RandomResizedCrop(pre.size, interpolation=mode), T.RandomHorizontalFlip()]
+    else:
+        resize = [
+            T.Resize(math.floor(pre.size / pre.crop_pct), interpolation=mode),
+            T.CenterCrop(pre.size),
+        ]
+    return T.Compose([*resize, T.ToTensor(), T.Normalize(pre.mean, pre.std)])
+
+
+def pool_tokens(prefix: torch.Tensor | None, grid: torch.Tensor, pool: str) -> torch.Tensor:
+    """Pool one layer: ``cls`` takes the first prefix token, ``mean`` averages the patches."""
+    if pool == "cls":
+        if prefix is None or prefix.shape[1] == 0:
+            raise ValueError("pool 'cls' needs a class token; this backbone has none (use mean)")
+        return prefix[:, 0]
+    if pool == "mean":
+        return grid.mean(dim=(2, 3))
+    raise ValueError(f"unsupported pool {pool!r}")
+
+
+def check_pool(info: BackboneInfo, pool: str):
+    from evalkit.errors import EvalkitError
+
+    if pool not in info.pools:
+        raise EvalkitError(
+            f"backbone {info.name} does not support pool={pool!r}: choose from {', '.join(info.pools)}"
+        )
+
+
+def absolute_layers(layers: tuple[int, ...], depth: int) -> list[int]:
+    """Negative layer indices count from the end (-1 = last block)."""
+    from evalkit.errors import EvalkitError
+
+    out = [depth + i if i < 0 else i for i in layers]
+    bad = [i for i, a in zip(layers, out, strict=True) if not 0 <= a < depth]
+    if bad:
+        raise EvalkitError(f"layers {bad} out of range for a {depth}-block backbone")
+    return out
+
+
+def count_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def random_init_id(name: str, seed: int) -> str:
+    return "random-init:" + hashlib.sha256(f"{name}:{seed}".encode()).hexdigest()[:16]

@@ -1,0 +1,126 @@
+"""``open_clip/<arch>``: an open_clip image tower as the backbone, its text tower exposed.
+
+Pools: ``cls`` and ``mean`` over normed intermediates, and ``embed``: the model's own image
+embedding (pooled + projected), the space its text tower shares for zero-shot tasks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evalkit.backbones.base import (
+    BackboneInfo,
+    Features,
+    Preprocess,
+    absolute_layers,
+    build_transform,
+    check_pool,
+    count_params,
+    pool_tokens,
+    random_init_id,
+)
+from evalkit.backbones.options import BackboneOptions
+from evalkit.backbones.weights import fingerprint, load_strict, read_state_dict
+from evalkit.errors import EvalkitError, did_you_mean
+
+
+class TextTower:
+    """Tokenizer + encoder of a CLIP-style model; ``encode`` returns L2-normalised embeddings."""
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return self.tokenizer(texts)
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(self.model.encode_text(tokens), dim=-1)
+
+
+class OpenClipBackbone:
+    def __init__(self, model, info: BackboneInfo, text: TextTower):
+        self.model = model
+        self.visual = model.visual
+        self.info = info
+        self.text = text
+
+    def transform(self, train: bool = False):
+        return build_transform(self.info.preprocess, train=train)
+
+    def extract(self, images, *, layers=(-1,), pool="cls", dense=False) -> Features:
+        check_pool(self.info, pool)
+        indices = absolute_layers(tuple(layers), self.info.depth)
+        out = self.visual.forward_intermediates(
+            images,
+            indices=indices,
+            normalize_intermediates=True,
+            output_extra_tokens=True,
+            intermediates_only=pool != "embed",
+        )
+        grids = out["image_intermediates"]
+        if pool == "embed":
+            pooled = out["image_features"]
+        else:
+            prefixes = out.get("image_intermediates_prefix") or [None] * len(grids)
+            pooled = torch.cat([pool_tokens(p, g, pool) for p, g in zip(prefixes, grids)], dim=1)
+        return Features(pooled=pooled, grids=grids if dense else None)
+
+
+def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
+    try:
+        import open_clip
+    except ImportError as exc:
+        raise EvalkitError(
+            "open_clip backbones need open_clip_torch: pip install 'evalkit[clip]'"
+        ) from exc
+    if variant not in open_clip.list_models():
+        raise EvalkitError(
+            f"unknown open_clip model {variant!r}: {did_you_mean(variant, open_clip.list_models())}"
+        )
+    model, weights_id = _create(open_clip, variant, opts)
+    if not hasattr(model.visual, "forward_intermediates"):
+        raise EvalkitError(f"open_clip/{variant}: its image tower has no forward_intermediates")
+    model.eval().requires_grad_(False).to(opts.device)
+    info = _info(f"open_clip/{variant}", model, weights_id)
+    return OpenClipBackbone(model, info, TextTower(model, open_clip.get_tokenizer(variant)))
+
+
+def _create(open_clip, variant: str, opts: BackboneOptions):
+    if opts.pretrained:
+        raise EvalkitError(
+            "open_clip weights are not fetched by evalkit: download the checkpoint and pass --weights PATH"
+        )
+    with torch.random.fork_rng():
+        torch.manual_seed(opts.seed)
+        model = open_clip.create_model(variant, pretrained=None, **opts.model_kwargs)
+    if opts.weights is None:
+        return model, random_init_id(f"open_clip/{variant}", opts.seed)
+    load_strict(model, read_state_dict(opts.weights), source=opts.weights)
+    return model, fingerprint(opts.weights)
+
+
+def _info(name: str, model, weights_id: str) -> BackboneInfo:
+    visual = model.visual
+    cfg = getattr(visual, "preprocess_cfg", {})
+    size = visual.image_size if isinstance(visual.image_size, int) else visual.image_size[-1]
+    patch = getattr(visual, "patch_size", (0, 0))
+    has_cls = getattr(visual, "class_embedding", None) is not None
+    return BackboneInfo(
+        name=name,
+        weights_id=weights_id,
+        embed_dim=visual.transformer.width,
+        patch_size=int(patch[0]) if isinstance(patch, tuple) else int(patch),
+        depth=len(visual.transformer.resblocks),
+        num_prefix_tokens=1 if has_cls else 0,
+        params=count_params(visual),
+        preprocess=Preprocess(
+            size=int(size),
+            crop_pct=1.0,
+            interpolation=cfg.get("interpolation", "bicubic"),
+            mean=tuple(cfg.get("mean", (0.48145466, 0.4578275, 0.40821073))),
+            std=tuple(cfg.get("std", (0.26862954, 0.26130258, 0.27577711))),
+        ),
+        pools=(("cls",) if has_cls else ()) + ("mean", "embed"),
+        random_init=weights_id.startswith("random-init"),
+    )

@@ -1,0 +1,120 @@
+"""``timm/<name>``: any timm model as a frozen feature extractor.
+
+Preprocessing comes from the model's ``pretrained_cfg``; features from ``forward_intermediates``
+(normed intermediates, prefix tokens for ``cls`` pooling, the model's attention-pool head for
+``map``). Without ``--weights`` the model is randomly initialised from the seed, and says so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evalkit.backbones.base import (
+    BackboneInfo,
+    Features,
+    Preprocess,
+    absolute_layers,
+    build_transform,
+    check_pool,
+    count_params,
+    pool_tokens,
+    random_init_id,
+)
+from evalkit.backbones.options import BackboneOptions
+from evalkit.backbones.weights import fingerprint, load_strict, read_state_dict
+from evalkit.errors import EvalkitError, did_you_mean
+
+
+class TimmBackbone:
+    def __init__(self, model: torch.nn.Module, info: BackboneInfo):
+        self.model = model
+        self.info = info
+        self._tokens = hasattr(model, "num_prefix_tokens") and hasattr(model, "blocks")
+
+    def transform(self, train: bool = False):
+        return build_transform(self.info.preprocess, train=train)
+
+    def extract(self, images, *, layers=(-1,), pool="cls", dense=False) -> Features:
+        check_pool(self.info, pool)
+        indices = absolute_layers(tuple(layers), self.info.depth)
+        if pool == "map" and indices != [self.info.depth - 1]:
+            raise EvalkitError("pool 'map' uses the model's attention-pool head: only layers=-1")
+        final, intermediates = self._forward(images, indices, need_final=pool == "map")
+        if self._tokens:
+            grids = [grid for grid, _ in intermediates]
+            prefixes = [prefix for _, prefix in intermediates]
+        else:
+            grids, prefixes = list(intermediates), [None] * len(intermediates)
+        if pool == "map":
+            pooled = self.model.forward_head(final, pre_logits=True)
+        else:
+            pooled = torch.cat([pool_tokens(p, g, pool) for p, g in zip(prefixes, grids)], dim=1)
+        return Features(pooled=pooled, grids=grids if dense else None)
+
+    def _forward(self, images, indices, *, need_final: bool):
+        kwargs = {"indices": indices, "intermediates_only": not need_final}
+        if self._tokens:
+            kwargs |= {"return_prefix_tokens": True, "norm": True}
+        out = self.model.forward_intermediates(images, **kwargs)
+        return out if need_final else (None, out)
+
+
+def build(variant: str, opts: BackboneOptions) -> TimmBackbone:
+    import timm
+
+    if not timm.is_model(variant):
+        hint = did_you_mean(variant, timm.list_models())
+        raise EvalkitError(f"unknown timm model {variant!r}: {hint}")
+    model, weights_id = _create(timm, variant, opts)
+    model.eval().requires_grad_(False).to(opts.device)
+    return TimmBackbone(model, _info(timm, f"timm/{variant}", model, weights_id))
+
+
+def _create(timm, variant: str, opts: BackboneOptions):
+    kwargs = {"num_classes": 0, **opts.model_kwargs}
+    if opts.pretrained:
+        try:
+            model = timm.create_model(variant, pretrained=True, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - hub errors come in many types
+            raise EvalkitError(
+                f"could not fetch pretrained weights for timm/{variant} ({type(exc).__name__}); "
+                "offline, download the checkpoint elsewhere and pass --weights PATH"
+            ) from exc
+        return model, f"timm-hub:{model.pretrained_cfg.get('hf_hub_id') or variant}"
+    with torch.random.fork_rng():
+        torch.manual_seed(opts.seed)
+        model = timm.create_model(variant, pretrained=False, **kwargs)
+    if opts.weights is None:
+        return model, random_init_id(f"timm/{variant}", opts.seed)
+    head = model.pretrained_cfg.get("classifier") or "head"
+    heads = (head,) if isinstance(head, str) else tuple(head)
+    load_strict(model, read_state_dict(opts.weights), source=opts.weights, skip=heads)
+    return model, fingerprint(opts.weights)
+
+
+def _info(timm, name: str, model, weights_id: str) -> BackboneInfo:
+    cfg = timm.data.resolve_data_config({}, model=model)
+    pools = ("mean",)
+    if getattr(model, "cls_token", None) is not None:
+        pools = ("cls", "mean")
+    if getattr(model, "attn_pool", None) is not None:
+        pools += ("map",)
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (0,))
+    return BackboneInfo(
+        name=name,
+        weights_id=weights_id,
+        embed_dim=model.num_features,
+        patch_size=int(patch[0]) if isinstance(patch, tuple) else int(patch),
+        depth=len(model.feature_info) if hasattr(model, "feature_info") else len(model.blocks),
+        num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)),
+        params=count_params(model),
+        preprocess=Preprocess(
+            size=int(cfg["input_size"][-1]),
+            crop_pct=float(cfg["crop_pct"]),
+            interpolation=cfg["interpolation"],
+            mean=tuple(cfg["mean"]),
+            std=tuple(cfg["std"]),
+        ),
+        pools=pools,
+        random_init=weights_id.startswith("random-init"),
+    )

@@ -1,0 +1,320 @@
+"""The ``evalkit`` command: parses arguments, calls the API, prints with rich. No evaluation
+logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evalkit", description="Evaluate frozen vision backbones."
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run tasks on backbones and write result rows")
+    run.add_argument("--task", action="append", required=True, help="task name (repeatable)")
+    run.add_argument(
+        "--backbone",
+        action="append",
+        required=True,
+        help="e.g. timm/vit_tiny_patch16_224 (repeatable)",
+    )
+    run.add_argument("--weights", help="local checkpoint (.safetensors, .pt, .pth)")
+    run.add_argument(
+        "--pretrained", action="store_true", help="let timm fetch published weights (needs network)"
+    )
+    run.add_argument(
+        "--data", default="auto", help="auto | folder | hf | embedded (built-in stand-in data)"
+    )
+    run.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a task setting (repeatable)",
+    )
+    run.add_argument("--out", type=Path, default=Path("results/runs"), help="where result rows go")
+    run.add_argument("--force", action="store_true", help="rerun even if the rows exist")
+    run.add_argument(
+        "--no-cache", action="store_true", help="do not read or write the feature cache"
+    )
+    run.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="feature/data cache (default: $EVALKIT_CACHE or ~/.cache/evalkit)",
+    )
+    run.add_argument("--batch-size", type=int, default=64)
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="data-loading processes (default: 0 on small data)",
+    )
+    run.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)"
+    )
+    run.add_argument(
+        "--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on cuda, fp32 on cpu"
+    )
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    ls = sub.add_parser("ls", help="list tasks or backbone families")
+    ls.add_argument("what", nargs="?", choices=("tasks", "backbones"), default="tasks")
+
+    table = sub.add_parser("table", help="render result rows as a paper-style table")
+    table.add_argument("paths", nargs="+", type=Path)
+    table.add_argument(
+        "--pivot", default="backbone,task", help="ROWS,COLUMNS (backbone,task or task,backbone)"
+    )
+    table.add_argument("--format", choices=("md", "csv"), default="md")
+    table.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
+
+    compare = sub.add_parser("compare", help="compare two sets of rows; exit 1 on a regression")
+    compare.add_argument("base", type=Path)
+    compare.add_argument("new", type=Path)
+    compare.add_argument(
+        "--tolerance", type=float, default=0.5, help="allowed drop, in metric units"
+    )
+    compare.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        default=True,
+        help="exit 1 when a metric regressed or is missing (the default)",
+    )
+    compare.add_argument(
+        "--no-fail",
+        dest="fail_on_regression",
+        action="store_false",
+        help="report only; always exit 0",
+    )
+
+    cache = sub.add_parser("cache", help="inspect or clear the feature cache")
+    cache.add_argument("action", choices=("ls", "clear"))
+    cache.add_argument("--backbone", help="clear only this backbone's entries")
+    cache.add_argument("--cache-dir", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    try:
+        return COMMANDS[args.command](args, console)
+    except EvalkitError as exc:
+        if args.debug:
+            raise
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: finished rows and cached features are kept")
+        return 130
+
+
+def cmd_run(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.backbones import BackboneOptions, load_backbone
+    from evalkit.runner import alias_note, resolve_task, run_task
+
+    ctx = make_context(args)
+    tasks = [resolve_task(name, args.overrides) for name in args.task]
+    for name in args.task:
+        if note := alias_note(name):
+            console.print(f"[yellow]note:[/] {note}")
+    opts = BackboneOptions(
+        weights=args.weights, pretrained=args.pretrained, seed=args.seed, device=ctx.extract.device
+    )
+    table = Table("task", "backbone", "metric", "value", "n", "")
+    for spec in args.backbone:
+        backbone = load_backbone(spec, opts)
+        if backbone.info.random_init:
+            console.print(
+                f"[bold yellow]warning:[/] {spec} has random weights (no --weights given); "
+                "its numbers say nothing about a trained model"
+            )
+        for task in tasks:
+            rows, skipped = run_task(task, backbone, ctx, out_dir=args.out, force=args.force)
+            for row in rows:
+                spread = f" ± {row['stderr']:.2f}" if row.get("stderr") is not None else ""
+                table.add_row(
+                    row["task"],
+                    row["backbone"],
+                    row["metric"],
+                    f"{row['value']:.2f}{spread}",
+                    str(row.get("n") or ""),
+                    "skipped (on disk; --force reruns)" if skipped else "",
+                )
+    console.print(table)
+    console.print(f"rows: {args.out}/")
+    return 0
+
+
+def make_context(args):
+    import torch
+
+    from evalkit.data import DataConfig
+    from evalkit.features import ExtractSettings, cache_root
+    from evalkit.task import TaskContext
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    root = args.cache_dir or cache_root()
+    settings = ExtractSettings(
+        cache_dir=None if args.no_cache else root,
+        batch_size=args.batch_size,
+        workers=args.workers if args.workers is not None else 0,
+        device=device,
+        dtype=args.dtype or ("bf16" if device.startswith("cuda") else "fp32"),
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    data = DataConfig(source=args.data, root=args.data_dir, cache=root)
+    return TaskContext(data=data, extract=settings, seed=args.seed)
+
+
+def cmd_ls(args, console) -> int:
+    from rich.table import Table
+
+    if args.what == "tasks":
+        from evalkit.catalog import TASKS as registry
+
+        examples = {}
+    else:
+        from evalkit.backbones import BACKBONES as registry
+        from evalkit.backbones import EXAMPLES as examples
+    table = Table("name", "what", "examples" if examples else "")
+    for entry in registry.entries():
+        table.add_row(entry.name, entry.summary, examples.get(entry.name, ""))
+    console.print(table)
+    return 0
+
+
+def cmd_table(args, console) -> int:
+    from evalkit.results import load_rows, pivot_table
+
+    rows = load_rows(args.paths)
+    if not rows:
+        raise EvalkitError(
+            f"no result rows in {', '.join(map(str, args.paths))} (expected *.jsonl from evalkit run)"
+        )
+    index, _, columns = args.pivot.partition(",")
+    if {index, columns} != {"backbone", "task"}:
+        raise EvalkitError(f"--pivot expects backbone,task or task,backbone, got {args.pivot!r}")
+    frame = pivot_table(rows, index=index, columns=columns, references=references_for(rows))
+    text = frame.to_csv() if args.format == "csv" else markdown(frame, index)
+    if args.output:
+        args.output.write_text(text)
+        console.print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def references_for(rows) -> dict:
+    """The paper's numbers for the tasks present (tasks unknown here have none)."""
+    from evalkit.runner import resolve_task
+
+    refs = {}
+    for name in {r["task"] for r in rows}:
+        try:
+            refs[name] = resolve_task(name).reference
+        except EvalkitError:
+            refs[name] = {}
+    return refs
+
+
+def markdown(frame, index_name: str) -> str:
+    header = [index_name, *frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [
+        "| " + " | ".join([str(i), *map(str, row)]) + " |"
+        for i, row in zip(frame.index, frame.values)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.results import compare, load_rows
+
+    for path in (args.base, args.new):
+        if not path.exists():
+            raise EvalkitError(f"no such rows file or folder: {path}")
+    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=args.tolerance)
+    table = Table("task", "backbone", "metric", "base", "new", "delta", "status")
+    colours = {"regression": "red", "missing": "red", "improved": "green"}
+
+    def fmt(v):
+        return "–" if v is None else f"{v:+.2f}" if v is not None and v < 0 else f"{v:.2f}"
+
+    for rec in records:
+        status = rec["status"]
+        table.add_row(
+            rec["task"],
+            rec["backbone"],
+            rec["metric"],
+            fmt(rec["base"]),
+            fmt(rec["new"]),
+            "–" if rec["delta"] is None else f"{rec['delta']:+.2f}",
+            f"[{colours.get(status, 'white')}]{status}[/]",
+        )
+    console.print(table)
+    bad = [r for r in records if r["status"] in ("regression", "missing")]
+    console.print(
+        f"{len(bad)} regression(s) beyond tolerance {args.tolerance}" if bad else "no regressions"
+    )
+    return 1 if bad and args.fail_on_regression else 0
+
+
+def cmd_cache(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.features import cache_root, clear_cache, list_cache
+
+    root = args.cache_dir or cache_root()
+    if args.action == "clear":
+        console.print(
+            f"removed {clear_cache(root, backbone=args.backbone)} cache entries from {root}"
+        )
+        return 0
+    table = Table("key", "backbone", "split", "pool", "layers", "n", "shards", "complete", "MB")
+    for e in list_cache(root):
+        table.add_row(
+            e["key"],
+            e["backbone"],
+            e["split"],
+            e["request"]["pool"],
+            str(e["request"]["layers"]),
+            str(e["n"]),
+            str(e["shards"]),
+            "yes" if e["complete"] else "partial",
+            f"{e['bytes'] / 2**20:.1f}",
+        )
+    console.print(table)
+    console.print(f"cache: {root}")
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "ls": cmd_ls,
+    "table": cmd_table,
+    "compare": cmd_compare,
+    "cache": cmd_cache,
+}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

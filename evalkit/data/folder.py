@@ -1,0 +1,122 @@
+"""Readers for class-folder image datasets (ImageNet layout: ``<split>/<class>/<image>``)
+and for Hugging Face ``datasets`` (imagefolder or parquet with ``image`` and ``label`` columns)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from evalkit.errors import EvalkitError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}
+
+
+def load_rgb(path: Path) -> Image.Image:
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise EvalkitError(
+            f"corrupt or unreadable image {path} ({exc.__class__.__name__}): replace or delete it"
+        ) from exc
+
+
+class ImageFolder(torch.utils.data.Dataset):
+    """``root/<class>/<image>``; classes sorted by name, images sorted within a class."""
+
+    def __init__(self, root: str | Path, transform=None, *, layout_hint: str = ""):
+        self.root = Path(root)
+        self.transform = transform
+        self.classes, self.samples = _scan(self.root, layout_hint)
+        self.labels = [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        image = load_rgb(path)
+        return (self.transform(image) if self.transform else image), label
+
+    def identity(self) -> str:
+        """Hash of every (relative path, size): changes when a file is added, removed or
+        rewritten with another size, without reading image bytes."""
+        digest = hashlib.sha256()
+        for path, label in self.samples:
+            digest.update(f"{path.relative_to(self.root)}|{path.stat().st_size}|{label}\n".encode())
+        return digest.hexdigest()[:16]
+
+
+def _scan(root: Path, hint: str):
+    if not root.is_dir():
+        raise EvalkitError(
+            f"dataset folder not found: {root} (expected {hint or '<class>/<image>'})"
+        )
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_dirs:
+        raise EvalkitError(f"no class folders in {root} (expected {hint or '<class>/<image>'})")
+    samples = []
+    for label, class_dir in enumerate(class_dirs):
+        images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not images:
+            raise EvalkitError(
+                f"class folder {class_dir} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})"
+            )
+        samples += [(p, label) for p in images]
+    return [d.name for d in class_dirs], samples
+
+
+class HFImages(torch.utils.data.Dataset):
+    """A Hugging Face dataset split with an image column and an integer label column."""
+
+    def __init__(self, dataset, transform=None, *, image_key="image", label_key="label"):
+        missing = {image_key, label_key} - set(dataset.column_names)
+        if missing:
+            raise EvalkitError(
+                f"Hugging Face dataset lacks columns {sorted(missing)} (has {dataset.column_names})"
+            )
+        self.dataset = dataset
+        self.transform = transform
+        self.image_key = image_key
+        self.labels = list(dataset[label_key])
+        feature = dataset.features[label_key]
+        self.classes = list(getattr(feature, "names", None) or sorted(set(self.labels)))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        row = self.dataset[index]
+        image = row[self.image_key].convert("RGB")
+        return (self.transform(image) if self.transform else image), self.labels[index]
+
+    def identity(self) -> str:
+        return "hf:" + self.dataset._fingerprint
+
+
+def open_hf_split(root: Path, split: str, transform=None) -> HFImages:
+    """``root/<split>/*.parquet`` (or ``root/data/<split>-*.parquet``) or an imagefolder tree."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise EvalkitError(
+            "Hugging Face sources need `datasets`: pip install 'evalkit[hf]'"
+        ) from exc
+    parquet = sorted((root / split).glob("*.parquet")) or sorted(
+        root.glob(f"data/{split}-*.parquet")
+    )
+    if parquet:
+        ds = datasets.load_dataset(
+            "parquet", data_files={split: [str(p) for p in parquet]}, split=split
+        )
+    elif (root / split).is_dir():
+        ds = datasets.load_dataset("imagefolder", data_dir=str(root / split), split="train")
+    else:
+        raise EvalkitError(
+            f"no Hugging Face split {split!r} under {root} "
+            f"(expected {root}/{split}/*.parquet or {root}/{split}/<class>/<image>)"
+        )
+    return HFImages(ds, transform)

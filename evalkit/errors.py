@@ -1,0 +1,23 @@
+"""User-facing errors: one line that says what was expected and how to fix it.
+
+The CLI prints an ``EvalkitError`` as ``error: <message>`` and exits with code 2; every other
+exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+
+class EvalkitError(Exception):
+    """A problem with the user's input (names, data, weights, options), not with evalkit."""
+
+
+def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    """A short hint naming the closest valid choices, or all of them when few."""
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if close:
+        return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    if len(choices) <= 12:
+        return "choose from " + ", ".join(sorted(choices))
+    return "run `evalkit ls` to see the choices"

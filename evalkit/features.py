@@ -1,0 +1,296 @@
+"""Batched feature extraction with a content-addressed, crash-safe on-disk cache.
+
+The cache key covers everything that changes the numbers: backbone weights id, preprocessing,
+layers, pooling, dense or not, dtype, dataset identity, split and subset. An entry is a folder
+of fixed-size shards (``shard-00000.safetensors`` …) plus ``manifest.json``. Each shard is
+written to a temporary name and renamed, so a shard on disk is always complete; a crash at any
+point loses at most the shard in flight, and the rerun extracts only the missing shards. Shard
+boundaries depend on the sample index alone, never on batch size or the number of ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+META = "meta.json"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
+
+
+@dataclass(frozen=True)
+class FeatureRequest:
+    layers: tuple[int, ...] = (-1,)
+    pool: str = "cls"
+    dense: bool = False
+
+
+@dataclass(frozen=True)
+class ExtractSettings:
+    cache_dir: Path | None = None  # None: no cache (--no-cache)
+    batch_size: int = 64
+    workers: int = 0
+    device: str = "cpu"
+    dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    shard_size: int = 1024
+    progress: bool = True
+
+
+@dataclass
+class FeatureSet:
+    pooled: torch.Tensor  # (N, D) float32
+    labels: torch.Tensor  # (N,)
+    grids: list[torch.Tensor] = field(default_factory=list)  # per layer (N, D, h, w), dense only
+    from_cache: bool = False
+
+
+def cache_key(
+    info,
+    request: FeatureRequest,
+    *,
+    dtype: str,
+    dataset_id: str,
+    split: str,
+    subset: Sequence[int] | None,
+) -> str:
+    subset_hash = (
+        hashlib.sha256(json.dumps(list(subset)).encode()).hexdigest()
+        if subset is not None
+        else "all"
+    )
+    material = {
+        "format": FORMAT_VERSION,
+        "weights": info.weights_id,
+        "backbone": info.name,
+        "preprocess": info.preprocess.as_dict(),
+        "request": asdict(request),
+        "dtype": dtype,
+        "dataset": dataset_id,
+        "split": split,
+        "subset": subset_hash,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def extract_features(
+    backbone,
+    dataset,
+    *,
+    request: FeatureRequest,
+    settings: ExtractSettings,
+    split: str,
+    subset: Sequence[int] | None = None,
+) -> FeatureSet:
+    """Features of ``dataset`` (or of ``subset`` of its indices), from the cache when present."""
+    indices = list(range(len(dataset))) if subset is None else list(subset)
+    shards = [
+        indices[i : i + settings.shard_size] for i in range(0, len(indices), settings.shard_size)
+    ]
+    folder = None
+    if settings.cache_dir is not None:
+        key = cache_key(
+            backbone.info,
+            request,
+            dtype=settings.dtype,
+            dataset_id=dataset.identity(),
+            split=split,
+            subset=subset,
+        )
+        folder = Path(settings.cache_dir) / "features" / key
+        _write_meta(folder, backbone.info.name, split, request, settings.dtype, len(indices))
+    done = {i for i in range(len(shards)) if folder is not None and _shard_path(folder, i).exists()}
+    computed = _compute_missing(backbone, dataset, shards, done, request, settings, folder)
+    parts = [
+        computed[i] if i in computed else _load_shard(_shard_path(folder, i))
+        for i in range(len(shards))
+    ]
+    if folder is not None and not (folder / MANIFEST).exists():
+        _atomic_write_text(
+            folder / MANIFEST, json.dumps({"shards": len(shards), "n": len(indices)})
+        )
+    return _concat(parts, from_cache=not computed and bool(shards))
+
+
+def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
+    todo = [i for i in range(len(shards)) if i not in done]
+    if not todo:
+        return {}
+    batches = [
+        shards[i][j : j + settings.batch_size]
+        for i in todo
+        for j in range(0, len(shards[i]), settings.batch_size)
+    ]
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=batches, num_workers=settings.workers
+    )
+    computed, pending, shard_pos = {}, [], 0
+    with _progress(
+        settings.progress, sum(len(shards[i]) for i in todo), backbone.info.name
+    ) as advance:
+        for images, labels in loader:
+            pending.append(_forward(backbone, images, labels, request, settings))
+            advance(len(labels))
+            if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
+                computed[todo[shard_pos]] = _merge(pending)
+                if folder is not None:
+                    _save_shard(_shard_path(folder, todo[shard_pos]), computed[todo[shard_pos]])
+                pending, shard_pos = [], shard_pos + 1
+    return computed
+
+
+def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:
+    device = torch.device(settings.device)
+    with (
+        torch.inference_mode(),
+        torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.dtype == "bf16"),
+    ):
+        feats = backbone.extract(
+            images.to(device, non_blocking=True),
+            layers=request.layers,
+            pool=request.pool,
+            dense=request.dense,
+        )
+    out = {"pooled": feats.pooled.float().cpu(), "labels": torch.as_tensor(labels)}
+    for layer, grid in enumerate(feats.grids or []):
+        out[f"grid.{layer}"] = grid.float().cpu()
+    return out
+
+
+def _merge(parts: list[dict]) -> dict:
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _concat(parts: list[dict], *, from_cache: bool) -> FeatureSet:
+    merged = (
+        _merge(parts)
+        if parts
+        else {"pooled": torch.empty(0, 0), "labels": torch.empty(0, dtype=torch.long)}
+    )
+    grids = [merged[f"grid.{i}"] for i in range(sum(k.startswith("grid.") for k in merged))]
+    return FeatureSet(merged["pooled"], merged["labels"].long(), grids, from_cache=from_cache)
+
+
+def _shard_path(folder: Path, index: int) -> Path:
+    return folder / f"shard-{index:05d}.safetensors"
+
+
+def _save_shard(path: Path, shard: dict):
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({k: v.contiguous() for k, v in shard.items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def _load_shard(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _write_meta(folder: Path, backbone: str, split: str, request, dtype: str, n: int):
+    if (folder / META).exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "backbone": backbone,
+        "split": split,
+        "request": asdict(request),
+        "dtype": dtype,
+        "n": n,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    _atomic_write_text(folder / META, json.dumps(meta))
+
+
+def _atomic_write_text(path: Path, text: str):
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _rate_column():
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:.1f} img/s" if task.speed else "… img/s")
+
+    return RateColumn()
+
+
+class _progress:
+    """A rich progress bar with images/s; a no-op when disabled."""
+
+    def __init__(self, enabled: bool, total: int, label: str):
+        self.enabled, self.total, self.label = enabled, total, label
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            _rate_column(),
+            TimeRemainingColumn(),
+            transient=True,
+        )
+        self.bar.__enter__()
+        task = self.bar.add_task(f"features {self.label}", total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+
+def list_cache(root: Path) -> list[dict]:
+    """One dict per cache entry: key, backbone, split, n, shards on disk, complete, bytes."""
+    entries = []
+    for folder in sorted((Path(root) / "features").glob("*")):
+        meta_path = folder / META
+        if not meta_path.exists():
+            continue
+        meta = json.loads(meta_path.read_text())
+        files = list(folder.glob("shard-*.safetensors"))
+        entries.append(
+            {
+                "key": folder.name,
+                **meta,
+                "shards": len(files),
+                "complete": (folder / MANIFEST).exists(),
+                "bytes": sum(f.stat().st_size for f in files),
+            }
+        )
+    return entries
+
+
+def clear_cache(root: Path, *, backbone: str | None = None) -> int:
+    removed = 0
+    for entry in list_cache(root):
+        if backbone is None or entry["backbone"] == backbone:
+            shutil.rmtree(Path(root) / "features" / entry["key"])
+            removed += 1
+    return removed

@@ -1,0 +1,1 @@
+"""Heads trained on frozen features: linear (logistic and ridge) for classification probes."""

@@ -1,0 +1,63 @@
+"""One lazy registry for tasks and backbones, extensible through entry points.
+
+Entries are ``module:attribute`` strings, imported only when an entry is built, so listing
+names (``evalkit ls``) never imports torch or builds a model. Other packages add entries
+under the entry-point groups ``evalkit.tasks`` and ``evalkit.backbones``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from evalkit.errors import EvalkitError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    target: str  # "package.module:attribute"
+    summary: str = ""
+    alias_of: str | None = None
+
+    def load(self) -> Any:
+        module_name, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+
+class Registry:
+    """Names → lazily imported factories, with aliases and close-match suggestions."""
+
+    def __init__(self, kind: str, group: str):
+        self.kind = kind
+        self.group = group
+        self._entries: dict[str, Entry] = {}
+        self._plugins_loaded = False
+
+    def add(self, name: str, target: str, summary: str = "", *, aliases: tuple[str, ...] = ()):
+        self._entries[name] = Entry(name, target, summary)
+        for alias in aliases:
+            self._entries[alias] = Entry(alias, target, summary, alias_of=name)
+
+    def names(self, *, with_aliases: bool = False) -> list[str]:
+        self._load_plugins()
+        return sorted(n for n, e in self._entries.items() if with_aliases or e.alias_of is None)
+
+    def entries(self) -> list[Entry]:
+        return [self._entries[n] for n in self.names()]
+
+    def get(self, name: str) -> Entry:
+        self._load_plugins()
+        if name not in self._entries:
+            hint = did_you_mean(name, self.names(with_aliases=True))
+            raise EvalkitError(f"unknown {self.kind} {name!r}: {hint}")
+        return self._entries[name]
+
+    def _load_plugins(self):
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for ep in entry_points(group=self.group):
+            self._entries.setdefault(ep.name, Entry(ep.name, ep.value, "(plugin)"))

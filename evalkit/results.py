@@ -1,0 +1,168 @@
+"""Result rows (one JSON line per metric), their files, paper-style tables and comparisons.
+
+Tables and comparisons are rendered from rows only. Rows of runs that differ only in seed
+are aggregated as mean ± std; a single row that carries its own spread over seeds (few-shot)
+shows value ± stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, TypedDict
+
+
+class Row(TypedDict, total=False):
+    task: str
+    task_version: int
+    backbone: str
+    weights_id: str
+    random_init: bool
+    metric: str
+    value: float
+    stderr: float | None
+    higher_is_better: bool
+    n: int | None
+    seeds: list[int]
+    seed: int
+    config: dict[str, Any]
+    config_hash: str
+    run_key: str
+    data_id: dict[str, str]
+    extra: dict[str, Any]
+    provenance: dict[str, Any]
+
+
+def task_slug(task: str) -> str:
+    return task.replace("/", "_")
+
+
+def rows_file(out_dir: Path, task: str) -> Path:
+    return Path(out_dir) / f"{task_slug(task)}.jsonl"
+
+
+def append_row(path: Path, row: Row):
+    """Append one line and fsync: a finished row survives any later crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_rows(paths) -> list[Row]:
+    """Rows from JSONL files or folders of them; a torn last line (crash mid-write) is skipped."""
+    rows: list[Row] = []
+    for path in map(Path, paths):
+        files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+        for file in files:
+            for line in file.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return rows
+
+
+def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
+    """One record per (task, backbone, metric, config): mean and spread over seeds."""
+    groups: dict[tuple, list[Row]] = defaultdict(list)
+    for row in rows:
+        groups[(row["task"], row["backbone"], row["metric"], row.get("config_hash", ""))].append(
+            row
+        )
+    out = []
+    for (task, backbone, metric, config_hash), members in groups.items():
+        by_seed = {r.get("seed", 0): r for r in members}  # a rerun of a seed replaces it
+        values = [r["value"] for r in by_seed.values()]
+        if len(values) > 1:
+            spread = statistics.stdev(values)
+        else:
+            spread = next(iter(by_seed.values())).get("stderr")
+        out.append(
+            {
+                "task": task,
+                "backbone": backbone,
+                "metric": metric,
+                "config_hash": config_hash,
+                "mean": statistics.fmean(values),
+                "std": spread,
+                "runs": len(values),
+                "higher_is_better": members[0].get("higher_is_better", True),
+                "random_init": any(r.get("random_init") for r in members),
+            }
+        )
+    return out
+
+
+def format_value(mean: float, std: float | None) -> str:
+    if std is None or math.isnan(std):
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def pivot_table(
+    rows: list[Row],
+    *,
+    index: str = "backbone",
+    columns: str = "task",
+    references: dict[str, dict[str, dict[str, float]]] | None = None,
+):
+    """A pandas DataFrame of formatted cells, columns named ``<task> <metric> ↑/↓``, with one
+    extra row per paper model for the tasks that have a paper number."""
+    import pandas as pd
+
+    records = aggregate(rows)
+    cells: dict[str, dict[str, str]] = defaultdict(dict)
+    for rec in records:
+        arrow = "↑" if rec["higher_is_better"] else "↓"
+        column = f"{rec[columns]} {rec['metric']} {arrow}"
+        label = rec[index] + (
+            " (random init)" if rec["random_init"] and index == "backbone" else ""
+        )
+        cells[column][label] = format_value(rec["mean"], rec["std"])
+        for model, value in (
+            (references or {}).get(rec["task"], {}).get(rec["metric"], {})
+        ).items():
+            cells[column][f"paper: {model}"] = f"{value:.2f}"
+    frame = pd.DataFrame(cells).fillna("–")
+    ours = sorted(i for i in frame.index if not i.startswith("paper: "))
+    paper = sorted(i for i in frame.index if i.startswith("paper: "))
+    return frame.loc[ours + paper, sorted(frame.columns)]
+
+
+def compare(base: list[Row], new: list[Row], *, tolerance: float) -> list[dict[str, Any]]:
+    """Per (task, backbone, metric): base, new, delta and a status — ``ok``, ``improved``,
+    ``regression`` (worse by more than ``tolerance``, in the metric's units) or ``missing``."""
+
+    def index(rows):
+        return {(r["task"], r["backbone"], r["metric"]): r for r in aggregate(rows)}
+
+    base_idx, new_idx = index(base), index(new)
+    out = []
+    for key in sorted(base_idx.keys() | new_idx.keys()):
+        b, n = base_idx.get(key), new_idx.get(key)
+        rec = {
+            "task": key[0],
+            "backbone": key[1],
+            "metric": key[2],
+            "base": b["mean"] if b else None,
+            "new": n["mean"] if n else None,
+            "delta": None,
+        }
+        if b is None:
+            rec["status"] = "new"
+        elif n is None:
+            rec["status"] = "missing"
+        else:
+            rec["delta"] = n["mean"] - b["mean"]
+            gain = rec["delta"] if b["higher_is_better"] else -rec["delta"]
+            rec["status"] = (
+                "regression" if gain < -tolerance else ("improved" if gain > tolerance else "ok")
+            )
+        out.append(rec)
+    return out

@@ -1,0 +1,115 @@
+"""What a task is: a frozen dataclass of protocol settings with ``run(backbone, ctx)`` yielding
+metric rows, plus the context it runs in (data, extraction settings, feature cache).
+
+Settings are overridable from the command line (``--set key=value``): values are parsed to the
+field's type and an unknown key is an error that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from evalkit.data import DataConfig
+from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.features import ExtractSettings, FeatureRequest, FeatureSet, extract_features
+
+
+@dataclass
+class Metric:
+    """One result of a task; the runner adds provenance to make it a row."""
+
+    metric: str
+    value: float
+    higher_is_better: bool = True
+    stderr: float | None = None
+    n: int | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Task:
+    """Mixin for task dataclasses. Subclasses set ``version`` and may set ``reference``:
+    ``{metric: {paper model: value}}`` from shared/paper/REFERENCE.md."""
+
+    name: str
+    version: ClassVar[int] = 1
+    reference: ClassVar[dict[str, dict[str, float]]] = {}
+
+    def run(self, backbone, ctx: TaskContext) -> Iterator[Metric]:
+        raise NotImplementedError
+
+    def metrics(self) -> list[str]:
+        """Metric names one run produces; a rerun is skipped when all are on disk."""
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def with_overrides(self, pairs: list[str]) -> Task:
+        hints = typing.get_type_hints(type(self))
+        settable = [f.name for f in dataclasses.fields(self) if f.name != "name"]
+        changes = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            if not sep:
+                raise EvalkitError(f"--set expects key=value, got {pair!r}")
+            if key not in settable:
+                raise EvalkitError(
+                    f"task {self.name} has no setting {key!r}: {did_you_mean(key, settable)}"
+                )
+            changes[key] = parse_value(raw, hints[key], key)
+        return dataclasses.replace(self, **changes)
+
+
+def parse_value(raw: str, kind, key: str):
+    """Parse a ``--set`` value to the field's type (int, float, bool, str, tuple of those)."""
+    origin = typing.get_origin(kind)
+    try:
+        if origin is tuple:
+            inner = typing.get_args(kind)[0]
+            return tuple(parse_value(part, inner, key) for part in raw.split(",") if part)
+        if kind is bool:
+            if raw.lower() not in {"true", "false", "1", "0", "yes", "no"}:
+                raise ValueError(raw)
+            return raw.lower() in {"true", "1", "yes"}
+        if kind in (int, float, str):
+            return kind(raw)
+    except ValueError:
+        pass
+    else:
+        return raw
+    name = getattr(kind, "__name__", str(kind))
+    raise EvalkitError(f"--set {key}={raw}: expected a value of type {name}")
+
+
+@dataclass
+class TaskContext:
+    """What a task may use: where data is, how to extract features, the seed, run stats."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    extract: ExtractSettings = field(default_factory=ExtractSettings)
+    seed: int = 0
+    stats: dict[str, Any] = field(default_factory=lambda: {"images": 0, "seconds": 0.0, "data": {}})
+
+    def features(
+        self, backbone, dataset, *, split: str, request: FeatureRequest, subset=None
+    ) -> FeatureSet:
+        start = time.perf_counter()
+        feats = extract_features(
+            backbone, dataset, request=request, settings=self.extract, split=split, subset=subset
+        )
+        if not feats.from_cache:
+            self.stats["images"] += len(feats.labels)
+            self.stats["seconds"] += time.perf_counter() - start
+        self.stats["data"][split] = dataset.identity()
+        return feats
+
+
+def resolve_pool(pool: str, backbone) -> str:
+    """``auto`` means the backbone's preferred pooling (its first supported one)."""
+    return backbone.info.pools[0] if pool == "auto" else pool

@@ -1,0 +1,1 @@
+"""Task plugins, one module per protocol family (installed as ``evalkit.tasks``)."""
