@@ -238,7 +238,7 @@ def markdown(frame, index_name: str) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += [
         "| " + " | ".join([str(i), *map(str, row)]) + " |"
-        for i, row in zip(frame.index, frame.values)
+        for i, row in zip(frame.index, frame.values, strict=True)
     ]
     return "\n".join(lines) + "\n"
 

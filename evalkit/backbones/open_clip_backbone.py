@@ -63,7 +63,9 @@ class OpenClipBackbone:
             pooled = out["image_features"]
         else:
             prefixes = out.get("image_intermediates_prefix") or [None] * len(grids)
-            pooled = torch.cat([pool_tokens(p, g, pool) for p, g in zip(prefixes, grids)], dim=1)
+            pooled = torch.cat(
+                [pool_tokens(p, g, pool) for p, g in zip(prefixes, grids, strict=True)], dim=1
+            )
         return Features(pooled=pooled, grids=grids if dense else None)
 
 

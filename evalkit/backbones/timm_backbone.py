@@ -48,7 +48,9 @@ class TimmBackbone:
         if pool == "map":
             pooled = self.model.forward_head(final, pre_logits=True)
         else:
-            pooled = torch.cat([pool_tokens(p, g, pool) for p, g in zip(prefixes, grids)], dim=1)
+            pooled = torch.cat(
+                [pool_tokens(p, g, pool) for p, g in zip(prefixes, grids, strict=True)], dim=1
+            )
         return Features(pooled=pooled, grids=grids if dense else None)
 
     def _forward(self, images, indices, *, need_final: bool):

@@ -80,4 +80,4 @@ def load_strict(
             f"{'…' if len(missing) > 3 else ''} ({len(missing)}), unexpected {unexpected[:3]}"
             f"{'…' if len(unexpected) > 3 else ''} ({len(unexpected)})"
         )
-    model.load_state_dict(given, strict=False)
+    model.load_state_dict(given, strict=True)
