@@ -111,7 +111,7 @@ def _info(timm, name: str, model, weights_id: str) -> BackboneInfo:
         num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)),
         params=count_params(model),
         preprocess=Preprocess(
-            size=int(cfg["input_size"][-1]),
+            size=_input_size(model, cfg),
             crop_pct=float(cfg["crop_pct"]),
             interpolation=cfg["interpolation"],
             mean=tuple(cfg["mean"]),
@@ -120,3 +120,9 @@ def _info(timm, name: str, model, weights_id: str) -> BackboneInfo:
         pools=pools,
         random_init=weights_id.startswith("random-init"),
     )
+
+
+def _input_size(model, cfg) -> int:
+    """The size the model was built for: ``img_size=`` overrides its pretrained config."""
+    built = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    return int(built[-1]) if built else int(cfg["input_size"][-1])

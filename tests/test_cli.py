@@ -1,0 +1,129 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evalkit.cli import main
+
+
+def _run(*args):
+    return main(["run", "--backbone", "fake", "--data", "embedded", "--quiet", *args])
+
+
+def test_run_writes_rows_and_rerun_skips(cli_env, capsys):
+    assert _run("--task", "imagenet-linear") == 0
+    out = capsys.readouterr().out
+    assert "top1" in out and "random weights" in out
+    rows = [
+        json.loads(line)
+        for line in (cli_env / "results/runs/imagenet-linear.jsonl").read_text().splitlines()
+    ]
+    assert [r["metric"] for r in rows] == ["top1", "top5"]
+    assert _run("--task", "imagenet-linear") == 0
+    assert "skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--task", "imagenet-lineer"],
+            "unknown task 'imagenet-lineer': did you mean 'imagenet-linear'",
+        ),
+        (["--task", "imagenet-linear", "--set", "l2=3"], "no setting 'l2'"),
+        (
+            ["--task", "imagenet-linear", "--data", "folder", "--data-dir", "/nonexistent"],
+            "dataset folder not found",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(cli_env, capsys, args, message):
+    assert _run(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in " ".join(err.split()) and "Traceback" not in err
+
+
+def test_bad_weights_is_one_line_via_subprocess(cli_env, tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"garbage")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalkit",
+            "run",
+            "--task",
+            "imagenet-linear",
+            "--backbone",
+            "timm/vit_tiny_patch16_224",
+            "--weights",
+            str(bad),
+            "--data",
+            "embedded",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "cannot read checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_table_and_compare(cli_env, capsys):
+    assert (
+        _run("--task", "imagenet-linear", "--task", "imagenet-5shot", "--set", "seeds=2") == 2
+    )  # seeds not in linear
+    capsys.readouterr()
+    assert _run("--task", "imagenet-linear") == 0
+    assert _run("--task", "imagenet-linear", "--seed", "1") == 0
+    capsys.readouterr()
+    assert main(["table", "results/runs"]) == 0
+    table = capsys.readouterr().out
+    assert "imagenet-linear top1 ↑" in table and "paper: ViT-22B" in table and "89.51" in table
+    assert "±" in table  # two seeds → mean ± std
+    assert main(["compare", "results/runs", "results/runs"]) == 0
+    capsys.readouterr()
+    worse = cli_env / "worse.jsonl"
+    rows = [
+        json.loads(x)
+        for x in (cli_env / "results/runs/imagenet-linear.jsonl").read_text().splitlines()
+    ]
+    worse.write_text("".join(json.dumps({**r, "value": r["value"] - 5}) + "\n" for r in rows))
+    assert main(["compare", "results/runs", str(worse), "--tolerance", "1"]) == 1
+    assert "regression" in capsys.readouterr().out
+    assert main(["compare", "results/runs", str(worse), "--tolerance", "10"]) == 0
+    assert main(["compare", "results/runs", str(worse), "--tolerance", "1", "--no-fail"]) == 0
+
+
+def test_cache_ls_and_clear(cli_env, capsys):
+    assert _run("--task", "imagenet-1shot") == 0
+    capsys.readouterr()
+    assert main(["cache", "ls"]) == 0
+    assert "fake" in capsys.readouterr().out
+    assert main(["cache", "clear", "--backbone", "fake"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert main(["cache", "ls"]) == 0
+    assert "fake" not in capsys.readouterr().out
+
+
+def test_ls_is_fast_and_does_not_import_torch():
+    code = (
+        "import sys; from evalkit.cli import main; main(['ls', 'tasks']); main(['ls', 'backbones']); "
+        "assert 'torch' not in sys.modules, 'ls imported torch'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "imagenet-linear" in proc.stdout and "open_clip" in proc.stdout
+
+
+def test_entry_point_plugins_are_listed(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from evalkit import registry
+
+    fake_ep = EntryPoint("my-task", "mypkg.tasks:build", "evalkit.tasks")
+    monkeypatch.setattr(
+        registry, "entry_points", lambda group: [fake_ep] if group == "evalkit.tasks" else []
+    )
+    reg = registry.Registry("task", "evalkit.tasks")
+    assert reg.names() == ["my-task"] and reg.get("my-task").target == "mypkg.tasks:build"

@@ -1,0 +1,164 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import torch
+
+from evalkit.data import DataConfig, open_classification
+from evalkit.features import (
+    ExtractSettings,
+    FeatureRequest,
+    cache_key,
+    extract_features,
+    list_cache,
+)
+
+
+def _val(backbone, data_cache):
+    return open_classification(
+        "imagenet",
+        "val",
+        transform=backbone.transform(),
+        config=DataConfig(source="embedded", cache=data_cache),
+    )
+
+
+def test_warm_cache_returns_identical_features(fake, data_cache, tmp_path):
+    dataset = _val(fake, data_cache)
+    settings = ExtractSettings(cache_dir=tmp_path, shard_size=100, progress=False)
+    cold = extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
+    warm = extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
+    assert not cold.from_cache and warm.from_cache
+    torch.testing.assert_close(cold.pooled, warm.pooled, rtol=0, atol=0)
+    assert torch.equal(cold.labels, warm.labels)
+    [entry] = list_cache(tmp_path)
+    assert entry["complete"] and entry["n"] == len(dataset) and entry["shards"] == 4
+
+
+def test_no_cache_gives_same_numbers_and_writes_nothing(fake, data_cache, tmp_path):
+    dataset = _val(fake, data_cache)
+    cached = extract_features(
+        fake,
+        dataset,
+        request=FeatureRequest(pool="mean"),
+        split="val",
+        settings=ExtractSettings(cache_dir=tmp_path / "c", progress=False),
+    )
+    direct = extract_features(
+        fake,
+        dataset,
+        request=FeatureRequest(pool="mean"),
+        split="val",
+        settings=ExtractSettings(cache_dir=None, batch_size=7, progress=False),
+    )
+    torch.testing.assert_close(cached.pooled, direct.pooled)
+    assert not (tmp_path / "features").exists()
+
+
+def test_dense_and_multilayer_features(fake, data_cache, tmp_path):
+    dataset = _val(fake, data_cache)
+    request = FeatureRequest(layers=(-1, -2), pool="cls", dense=True)
+    feats = extract_features(
+        fake,
+        dataset,
+        request=request,
+        split="val",
+        subset=range(10),
+        settings=ExtractSettings(cache_dir=tmp_path, progress=False),
+    )
+    assert feats.pooled.shape == (10, 2 * fake.info.embed_dim)
+    assert [g.shape for g in feats.grids] == [(10, fake.info.embed_dim, 4, 4)] * 2
+
+
+def test_cache_key_covers_what_changes_numbers(fake):
+    base = dict(dtype="fp32", dataset_id="d", split="val", subset=None)
+    key = cache_key(fake.info, FeatureRequest(), **base)
+    assert key == cache_key(fake.info, FeatureRequest(), **base)
+    variants = [
+        cache_key(fake.info, FeatureRequest(pool="mean"), **base),
+        cache_key(fake.info, FeatureRequest(layers=(-2,)), **base),
+        cache_key(fake.info, FeatureRequest(dense=True), **base),
+        cache_key(fake.info, FeatureRequest(), **{**base, "dtype": "bf16"}),
+        cache_key(fake.info, FeatureRequest(), **{**base, "dataset_id": "e"}),
+        cache_key(fake.info, FeatureRequest(), **{**base, "split": "train"}),
+        cache_key(fake.info, FeatureRequest(), **{**base, "subset": [1, 2]}),
+    ]
+    assert len({key, *variants}) == 8
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import torch
+    from evalkit import load_backbone
+    from evalkit.data import DataConfig, open_classification
+    from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+    delay, data_cache, cache, out = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    bb = load_backbone("fake", model_kwargs={"delay": delay})
+    ds = open_classification("imagenet", "val", transform=bb.transform(),
+                             config=DataConfig(source="embedded", cache=data_cache))
+    f = extract_features(bb, ds, request=FeatureRequest(), split="val",
+                         settings=ExtractSettings(cache_dir=cache, batch_size=16, shard_size=32,
+                                                  progress=False))
+    torch.save({"pooled": f.pooled, "labels": f.labels}, out)
+""")
+
+
+def test_sigkill_mid_extraction_then_rerun_matches_uninterrupted(data_cache, tmp_path):
+    script = tmp_path / "extract.py"
+    script.write_text(SCRIPT)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # The fake backbone sleeps per batch: kill once a few shards are on disk.
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            "0.15",
+            str(data_cache),
+            str(cache),
+            str(tmp_path / "never.pt"),
+        ],
+        env=env,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(cache.glob("features/*/shard-*.safetensors"))) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    shards_before = len(list(cache.glob("features/*/shard-*.safetensors")))
+    assert 3 <= shards_before < 12, "the kill must land mid-extraction"
+    assert not list(cache.glob("features/*/manifest.json"))
+    subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "0",
+            str(data_cache),
+            str(cache),
+            str(tmp_path / "resumed.pt"),
+        ],
+        env=env,
+        check=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "0",
+            str(data_cache),
+            str(tmp_path / "fresh"),
+            str(tmp_path / "fresh.pt"),
+        ],
+        env=env,
+        check=True,
+    )
+    resumed, fresh = torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "fresh.pt")
+    assert torch.equal(resumed["pooled"], fresh["pooled"])
+    assert torch.equal(resumed["labels"], fresh["labels"])
+    manifest = json.loads(next(cache.glob("features/*/manifest.json")).read_text())
+    assert manifest["n"] == len(fresh["labels"])

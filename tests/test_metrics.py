@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+import torch
+
+from evalkit.heads.linear import (
+    BIAS_CONSTANT,
+    Standardizer,
+    _loss_and_grad,
+    fit_logistic,
+    logistic_path,
+    ridge_fewshot_accuracy,
+)
+from evalkit.metrics import topk_accuracy
+
+
+def test_topk_accuracy_hand_computed():
+    logits = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2], [0.2, 0.3, 0.5], [0.6, 0.3, 0.1]])
+    labels = torch.tensor([1, 1, 0, 2])
+    # top-1 hits: row 0 only -> 25%; top-2 hits: rows 0, 1 -> 50%; top-3: all.
+    assert topk_accuracy(logits, labels, 1) == pytest.approx(25.0)
+    assert topk_accuracy(logits, labels, 2) == pytest.approx(50.0)
+    assert topk_accuracy(logits, labels, 5) == pytest.approx(100.0)  # k clipped to C
+
+
+def _blobs(n=600, d=20, c=4, seed=0, spread=1.5):
+    gen = torch.Generator().manual_seed(seed)
+    means = torch.randn(c, d, generator=gen) * spread
+    y = torch.randint(0, c, (n,), generator=gen)
+    return means[y] + torch.randn(n, d, generator=gen), y
+
+
+def test_logistic_matches_sklearn():
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = _blobs()
+    x = x.double()
+    l2 = 1e-2
+    ours = fit_logistic(x, y, num_classes=4, l2=l2, max_iter=500, tol=1e-9)
+    # sklearn minimises C·Σ loss + ½|W|²: the same optimum when C = 1 / (l2 · n).
+    ref = LogisticRegression(C=1 / (l2 * len(y)), tol=1e-10, max_iter=5000).fit(
+        x.numpy(), y.numpy()
+    )
+    ours_p = torch.softmax(ours.logits(x), 1).numpy()
+    np.testing.assert_allclose(ours_p, ref.predict_proba(x.numpy()), atol=2e-4)
+
+
+def test_logistic_path_is_strongest_first_and_converges_like_cold_start():
+    x, y = _blobs(seed=1)
+    path = logistic_path(x.double(), y, num_classes=4, l2_values=[1e-3, 1e-1, 1e-2], max_iter=300)
+    assert [l2 for l2, _ in path] == [1e-1, 1e-2, 1e-3]
+    cold = fit_logistic(x.double(), y, num_classes=4, l2=1e-3, max_iter=300)
+    # Warm-started and cold fits reach the same objective (to the solver's tolerance).
+    warm_loss = _loss_and_grad(path[-1][1], x.double(), y, 1e-3).item()
+    cold_loss = _loss_and_grad(cold, x.double(), y, 1e-3).item()
+    assert warm_loss == pytest.approx(cold_loss, abs=1e-4)
+
+
+def test_ridge_fewshot_matches_numpy_closed_form():
+    x, y = _blobs(n=40, d=8, c=4, seed=2, spread=0.8)
+    xt, yt = _blobs(n=200, d=8, c=4, seed=3, spread=0.8)
+    l2 = 3.0
+    mean, std = x.double().mean(0).numpy(), x.double().std(0, unbiased=False).numpy() + 1e-5
+
+    def design(a):
+        return np.hstack([(a.double().numpy() - mean) / std, np.full((len(a), 1), BIAS_CONSTANT)])
+
+    targets = 2 * np.eye(4)[y.numpy()] - 1
+    a = design(x)
+    w = np.linalg.solve(a.T @ a + l2 * np.eye(a.shape[1]), a.T @ targets)
+    expected = ((design(xt) @ w).argmax(1) == yt.numpy()).mean()
+    assert ridge_fewshot_accuracy(x, y, xt, yt, num_classes=4, l2=l2) == pytest.approx(expected)
+
+
+def test_ridge_dual_branch_equals_primal():
+    # n < d takes the dual (n×n) system; it must give the same predictions as the primal.
+    x, y = _blobs(n=12, d=30, c=3, seed=4)
+    xt, yt = _blobs(n=100, d=30, c=3, seed=4)
+    dual = ridge_fewshot_accuracy(x, y, xt, yt, num_classes=3, l2=5.0)
+    mean, std = x.double().mean(0), x.double().std(0, unbiased=False) + 1e-5
+    a = torch.nn.functional.pad((x.double() - mean) / std, (0, 1), value=BIAS_CONSTANT)
+    t = 2.0 * torch.nn.functional.one_hot(y, 3).double() - 1
+    w = torch.linalg.solve(a.T @ a + 5.0 * torch.eye(a.shape[1], dtype=a.dtype), a.T @ t)
+    at = torch.nn.functional.pad((xt.double() - mean) / std, (0, 1), value=BIAS_CONSTANT)
+    assert dual == pytest.approx(((at @ w).argmax(1) == yt).double().mean().item())
+
+
+def test_standardizer_zero_mean_unit_std():
+    x, _ = _blobs()
+    z = Standardizer.fit(x)(x)
+    torch.testing.assert_close(z.mean(0), torch.zeros(x.shape[1]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(z.std(0, unbiased=False), torch.ones(x.shape[1]), atol=1e-3, rtol=0)
