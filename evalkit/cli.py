@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=None,
-        help="data-loading processes (default: 0 on small data)",
+        help="data-loading processes (default: up to 8 on large data, none on small)",
     )
     run.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)"
@@ -173,7 +173,7 @@ def make_context(args):
     settings = ExtractSettings(
         cache_dir=None if args.no_cache else root,
         batch_size=args.batch_size,
-        workers=args.workers if args.workers is not None else 0,
+        workers=args.workers,
         device=device,
         dtype=args.dtype or ("bf16" if device.startswith("cuda") else "fp32"),
         progress=not args.quiet and sys.stderr.isatty(),

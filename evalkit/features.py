@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
+from evalkit.errors import EvalkitError
+
 FORMAT_VERSION = 1
+WORKER_PREFIX = "evalkit.errors.EvalkitError: "
 MANIFEST = "manifest.json"
 META = "meta.json"
 
@@ -41,7 +44,7 @@ class FeatureRequest:
 class ExtractSettings:
     cache_dir: Path | None = None  # None: no cache (--no-cache)
     batch_size: int = 64
-    workers: int = 0
+    workers: int | None = None  # None: worker processes only when the data is large
     device: str = "cpu"
     dtype: str = "fp32"  # fp32 | bf16 (autocast)
     shard_size: int = 1024
@@ -133,8 +136,15 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
         for j in range(0, len(shards[i]), settings.batch_size)
     ]
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=batches, num_workers=settings.workers
+        dataset, batch_sampler=batches, num_workers=_workers(settings, len(todo))
     )
+    try:
+        return _run_loader(loader, backbone, shards, todo, request, settings, folder)
+    except EvalkitError as exc:  # raised in a worker: keep only the original one-line message
+        raise EvalkitError(str(exc).strip().splitlines()[-1].removeprefix(WORKER_PREFIX)) from None
+
+
+def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> dict[int, dict]:
     computed, pending, shard_pos = {}, [], 0
     with _progress(
         settings.progress, sum(len(shards[i]) for i in todo), backbone.info.name
@@ -148,6 +158,13 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
                     _save_shard(_shard_path(folder, todo[shard_pos]), computed[todo[shard_pos]])
                 pending, shard_pos = [], shard_pos + 1
     return computed
+
+
+def _workers(settings: ExtractSettings, shards: int) -> int:
+    # Worker start-up costs about a second: only worth it beyond a couple of shards.
+    if settings.workers is not None:
+        return settings.workers
+    return min(8, os.cpu_count() or 1) if shards > 2 else 0
 
 
 def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:

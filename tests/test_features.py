@@ -162,3 +162,22 @@ def test_sigkill_mid_extraction_then_rerun_matches_uninterrupted(data_cache, tmp
     assert torch.equal(resumed["labels"], fresh["labels"])
     manifest = json.loads(next(cache.glob("features/*/manifest.json")).read_text())
     assert manifest["n"] == len(fresh["labels"])
+
+
+def test_corrupt_image_in_a_worker_is_still_one_line(fake, tmp_path):
+    import pytest
+    from PIL import Image
+
+    from evalkit.data.folder import ImageFolder
+    from evalkit.errors import EvalkitError
+
+    (tmp_path / "cat").mkdir()
+    for i in range(3):
+        Image.new("RGB", (32, 32)).save(tmp_path / "cat" / f"{i}.png")
+    (tmp_path / "cat" / "3.png").write_bytes(b"broken")
+    dataset = ImageFolder(tmp_path, fake.transform())
+    settings = ExtractSettings(cache_dir=None, batch_size=2, workers=2, progress=False)
+    with pytest.raises(EvalkitError) as err:
+        extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="x")
+    message = str(err.value)
+    assert "\n" not in message and "3.png" in message and message.startswith("corrupt")

@@ -2,12 +2,12 @@ import dataclasses
 
 import pytest
 import torch
-from evalkit.tasks.fewshot import kshot_indices
-from evalkit.tasks.linear_probe import stratified_holdout
 
 from evalkit import get_task
 from evalkit.errors import EvalkitError
 from evalkit.runner import run_task
+from evalkit.tasks.fewshot import kshot_indices
+from evalkit.tasks.linear_probe import stratified_holdout
 
 
 def test_linear_probe_learns_and_is_deterministic(fake, ctx, tmp_path):

@@ -80,12 +80,15 @@ def fit_logistic(
     return model
 
 
-def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 100):
+def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 100, tol: float = 3e-4):
     """Fit every L2 value, strongest first, each warm-started from the last; returns
-    ``[(l2, model), ...]`` in the order fitted."""
+    ``[(l2, model), ...]`` in the order fitted. The tolerance is looser than a final fit's:
+    the path only has to rank L2 values; the chosen one is refitted tightly."""
     path, model = [], None
     for l2 in sorted(l2_values, reverse=True):
-        model = fit_logistic(x, y, num_classes=num_classes, l2=l2, init=model, max_iter=max_iter)
+        model = fit_logistic(
+            x, y, num_classes=num_classes, l2=l2, init=model, max_iter=max_iter, tol=tol
+        )
         path.append((l2, model))
     return path
 

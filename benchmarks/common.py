@@ -1,0 +1,25 @@
+"""Helpers shared by the benchmarks: best-of-N wall time and a JSON + text report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+OUT = Path("results/bench")
+
+
+def best_time(fn, *, repeats: int = 3) -> float:
+    """Minimum wall time over ``repeats`` calls: the least noisy estimate on a shared CPU."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def report(name: str, record: dict):
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(record, indent=2))
+    print(f"[{name}] " + "  ".join(f"{k}={v}" for k, v in record.items()))

@@ -1,0 +1,66 @@
+"""Developer sessions: tests (default), lint, demo, bench, regression."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+REGRESSION_TASKS = ("imagenet-linear", "imagenet-5shot")
+REGRESSION_BACKBONES = ("fake", "timm/vit_tiny_patch16_224")
+
+
+def install(session, extra: str = "test"):
+    session.install("-e", f".[{extra}]")
+
+
+@nox.session
+def tests(session):
+    install(session)
+    session.run("pytest", "-q", *session.posargs, env=OFFLINE)
+
+
+@nox.session
+def lint(session):
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def demo(session):
+    """The main job on embedded data: a linear probe of a small ViT, then the table."""
+    install(session)
+    session.run(
+        "evalkit",
+        "run",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "timm/vit_tiny_patch16_224",
+        "--data",
+        "embedded",
+        env=OFFLINE,
+    )
+    session.run("evalkit", "table", "results/runs", env=OFFLINE)
+
+
+@nox.session
+def bench(session):
+    """Every benchmark in benchmarks/, each printing ratios against its own baseline."""
+    install(session)
+    for module in ("bench_extraction", "bench_linear_probe"):
+        session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
+
+
+@nox.session
+def regression(session):
+    """Small backbones on embedded data, compared with the committed baselines."""
+    install(session)
+    out = "results/regression"
+    session.run("rm", "-rf", out, external=True)
+    args = [a for t in REGRESSION_TASKS for a in ("--task", t)]
+    args += [a for b in REGRESSION_BACKBONES for a in ("--backbone", b)]
+    session.run("evalkit", "run", *args, "--data", "embedded", "--out", out, "--quiet", env=OFFLINE)
+    session.run("evalkit", "compare", "results/baselines", out, "--tolerance", "1.0", env=OFFLINE)
