@@ -15,23 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.data import open_classification
-from evalkit.features import FeatureRequest
 from evalkit.heads.linear import ridge_fewshot_accuracy
-from evalkit.task import Metric, Task, resolve_pool
+from evalkit.task import Metric
+from evalkit.tasks.linear_probe import FrozenClassification
 
 
 @dataclass(frozen=True)
-class FewShot(Task):
+class FewShot(FrozenClassification):
     name: str = "imagenet-5shot"
-    dataset: str = "imagenet"
-    train_split: str = "train"
-    eval_split: str = "val"
     shots: int = 5
     seeds: int = 3
     l2: float = 1024.0
-    pool: str = "auto"
-    layers: tuple[int, ...] = (-1,)
 
     version = 1
 
@@ -39,14 +33,7 @@ class FewShot(Task):
         return ["top1"]
 
     def run(self, backbone, ctx):
-        request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
-        feats = {}
-        for split in (self.train_split, self.eval_split):
-            dataset = open_classification(
-                self.dataset, split, transform=backbone.transform(), config=ctx.data
-            )
-            feats[split] = ctx.features(backbone, dataset, split=split, request=request)
-        train, test = feats[self.train_split], feats[self.eval_split]
+        train, test = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
         seeds = [ctx.seed + s for s in range(self.seeds)]
         scores = []

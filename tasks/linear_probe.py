@@ -27,13 +27,30 @@ DEFAULT_L2 = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5)
 
 
 @dataclass(frozen=True)
-class LinearProbe(Task):
+class FrozenClassification(Task):
+    """Settings and feature extraction shared by the classification probes."""
+
     name: str = "imagenet-linear"
     dataset: str = "imagenet"
     train_split: str = "train"
     eval_split: str = "val"
     pool: str = "auto"
     layers: tuple[int, ...] = (-1,)
+
+    def split_features(self, backbone, ctx):
+        """Cached features of the train and eval splits, with the backbone's eval transform."""
+        request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
+        out = []
+        for split in (self.train_split, self.eval_split):
+            dataset = open_classification(
+                self.dataset, split, transform=backbone.transform(), config=ctx.data
+            )
+            out.append(ctx.features(backbone, dataset, split=split, request=request))
+        return out
+
+
+@dataclass(frozen=True)
+class LinearProbe(FrozenClassification):
     l2_grid: tuple[float, ...] = DEFAULT_L2
     holdout: float = 0.2
     max_iter: int = 100
@@ -45,7 +62,7 @@ class LinearProbe(Task):
         return ["top1", "top5"]
 
     def run(self, backbone, ctx):
-        train, test = self._features(backbone, ctx)
+        train, test = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
         scale = Standardizer.fit(train.pooled)
         x_train, x_test = scale(train.pooled), scale(test.pooled)
@@ -77,16 +94,6 @@ class LinearProbe(Task):
                 seeds=[ctx.seed],
                 extra=extra,
             )
-
-    def _features(self, backbone, ctx):
-        request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
-        out = []
-        for split in (self.train_split, self.eval_split):
-            dataset = open_classification(
-                self.dataset, split, transform=backbone.transform(), config=ctx.data
-            )
-            out.append(ctx.features(backbone, dataset, split=split, request=request))
-        return out
 
     def _select_l2(self, x, y, fit_idx, held_idx, num_classes):
         path = logistic_path(
