@@ -57,6 +57,7 @@ class FeatureSet:
     labels: torch.Tensor  # (N,)
     grids: list[torch.Tensor] = field(default_factory=list)  # per layer (N, D, h, w), dense only
     from_cache: bool = False
+    dataset_id: str = ""
 
 
 def cache_key(
@@ -102,12 +103,13 @@ def extract_features(
         indices[i : i + settings.shard_size] for i in range(0, len(indices), settings.shard_size)
     ]
     folder = None
+    dataset_id = dataset.identity()  # stats every file: compute once
     if settings.cache_dir is not None:
         key = cache_key(
             backbone.info,
             request,
             dtype=settings.dtype,
-            dataset_id=dataset.identity(),
+            dataset_id=dataset_id,
             split=split,
             subset=subset,
         )
@@ -123,7 +125,9 @@ def extract_features(
         _atomic_write_text(
             folder / MANIFEST, json.dumps({"shards": len(shards), "n": len(indices)})
         )
-    return _concat(parts, from_cache=not computed and bool(shards))
+    feats = _concat(parts, from_cache=not computed and bool(shards))
+    feats.dataset_id = dataset_id
+    return feats
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:

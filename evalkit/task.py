@@ -106,7 +106,7 @@ class TaskContext:
         if not feats.from_cache:
             self.stats["images"] += len(feats.labels)
             self.stats["seconds"] += time.perf_counter() - start
-        self.stats["data"][split] = dataset.identity()
+        self.stats["data"][split] = feats.dataset_id
         return feats
 
 
