@@ -256,7 +256,7 @@ def cmd_compare(args, console) -> int:
     colours = {"regression": "red", "missing": "red", "improved": "green"}
 
     def fmt(v):
-        return "–" if v is None else f"{v:+.2f}" if v is not None and v < 0 else f"{v:.2f}"
+        return "–" if v is None else f"{v:.2f}"
 
     for rec in records:
         status = rec["status"]
