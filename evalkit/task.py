@@ -66,23 +66,21 @@ class Task:
         return dataclasses.replace(self, **changes)
 
 
+TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
+
+
 def parse_value(raw: str, kind, key: str):
     """Parse a ``--set`` value to the field's type (int, float, bool, str, tuple of those)."""
-    origin = typing.get_origin(kind)
-    try:
-        if origin is tuple:
-            inner = typing.get_args(kind)[0]
-            return tuple(parse_value(part, inner, key) for part in raw.split(",") if part)
-        if kind is bool:
-            if raw.lower() not in {"true", "false", "1", "0", "yes", "no"}:
-                raise ValueError(raw)
-            return raw.lower() in {"true", "1", "yes"}
-        if kind in (int, float, str):
+    if typing.get_origin(kind) is tuple:
+        inner = typing.get_args(kind)[0]
+        return tuple(parse_value(part, inner, key) for part in raw.split(",") if part)
+    if kind is bool and raw.lower() in TRUE | FALSE:
+        return raw.lower() in TRUE
+    if kind in (int, float, str):
+        try:
             return kind(raw)
-    except ValueError:
-        pass
-    else:
-        return raw
+        except ValueError:
+            pass
     name = getattr(kind, "__name__", str(kind))
     raise EvalkitError(f"--set {key}={raw}: expected a value of type {name}")
 

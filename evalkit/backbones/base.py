@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from evalkit.errors import EvalkitError
+
 POOLS = ("cls", "mean", "map")
 
 
@@ -93,8 +95,6 @@ def pool_tokens(prefix: torch.Tensor | None, grid: torch.Tensor, pool: str) -> t
 
 
 def check_pool(info: BackboneInfo, pool: str):
-    from evalkit.errors import EvalkitError
-
     if pool not in info.pools:
         raise EvalkitError(
             f"backbone {info.name} does not support pool={pool!r}: choose from {', '.join(info.pools)}"
@@ -103,8 +103,6 @@ def check_pool(info: BackboneInfo, pool: str):
 
 def absolute_layers(layers: tuple[int, ...], depth: int) -> list[int]:
     """Negative layer indices count from the end (-1 = last block)."""
-    from evalkit.errors import EvalkitError
-
     out = [depth + i if i < 0 else i for i in layers]
     bad = [i for i, a in zip(layers, out, strict=True) if not 0 <= a < depth]
     if bad:
