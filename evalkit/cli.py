@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--tp", type=int, default=1, help="tensor-parallel ranks for vit22b (under torchrun)"
+    )
+    run.add_argument(
+        "--fsdp", action="store_true", help="vit22b: also shard weights over data-parallel ranks"
+    )
+    run.add_argument(
+        "--random-init",
+        action="store_true",
+        help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
+    )
 
     ls = sub.add_parser("ls", help="list tasks or backbone families")
     ls.add_argument("what", nargs="?", choices=("tasks", "backbones"), default="tasks")
@@ -98,6 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="report only; always exit 0",
     )
 
+    backbones = sub.add_parser("backbones", help="list backbone families or plan a model")
+    backbones.add_argument("action", choices=("ls", "info"))
+    backbones.add_argument("spec", nargs="?", default="vit22b", help="e.g. vit22b, vit22b/l")
+    backbones.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to plan for")
+    backbones.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
+
+    convert = sub.add_parser("convert", help="convert a checkpoint to the vit22b layout")
+    convert.add_argument("source", type=Path, help="timm vit_*_xp_* state dict or big_vision .npz")
+    convert.add_argument("out", type=Path, help="output folder")
+    convert.add_argument("--from", dest="kind", choices=("timm", "big_vision"), required=True)
+    convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
+
     cache = sub.add_parser("cache", help="inspect or clear the feature cache")
     cache.add_argument("action", choices=("ls", "clear"))
     cache.add_argument("--backbone", help="clear only this backbone's entries")
@@ -123,18 +146,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args, console) -> int:
+    from rich.console import Console
     from rich.table import Table
 
     from evalkit.backbones import BackboneOptions, load_backbone
+    from evalkit.parallel import mesh
     from evalkit.runner import alias_note, resolve_task, run_task
 
     ctx = make_context(args)
     tasks = [resolve_task(name, args.overrides) for name in args.task]
+    if not mesh.setup(args.tp, device=ctx.extract.device).main:
+        console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
     for name in args.task:
         if note := alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
     opts = BackboneOptions(
-        weights=args.weights, pretrained=args.pretrained, seed=args.seed, device=ctx.extract.device
+        weights=args.weights,
+        pretrained=args.pretrained,
+        seed=args.seed,
+        device=ctx.extract.device,
+        dtype=ctx.extract.dtype,
+        random_init=args.random_init,
+        fsdp=args.fsdp,
     )
     table = Table("task", "backbone", "metric", "value", "n", "")
     for spec in args.backbone:
@@ -158,6 +191,48 @@ def cmd_run(args, console) -> int:
                 )
     console.print(table)
     console.print(f"rows: {args.out}/")
+    mesh.teardown()
+    return 0
+
+
+def cmd_backbones(args, console) -> int:
+    if args.action == "ls":
+        args.what = "backbones"
+        return cmd_ls(args, console)
+    from rich.table import Table
+
+    from evalkit.models import vit22b
+    from evalkit.parallel.planner import plan, report
+
+    family, _, size = args.spec.partition("/")
+    size = size or "22b"
+    if family != "vit22b" or size not in vit22b.SIZES:
+        raise EvalkitError(
+            f"backbones info plans the built-in family: vit22b[/<size>] with size one of "
+            f"{', '.join(vit22b.SIZES)}; got {args.spec!r}"
+        )
+    cfg = vit22b.config(size)
+    table = Table(show_header=False, box=None)
+    for label, value in report(f"vit22b/{size}", cfg, plan(cfg, tp=args.tp, dtype=args.dtype)):
+        table.add_row(label, value)
+    console.print(table)
+    return 0
+
+
+def cmd_convert(args, console) -> int:
+    from evalkit.backbones.weights import read_state_dict
+    from evalkit.models import convert
+
+    if args.kind == "timm":
+        state, cfg = convert.from_timm_xp(read_state_dict(args.source))
+    else:
+        state, cfg = convert.from_big_vision(convert.read_npz(args.source))
+    path = convert.save_checkpoint(
+        state, args.out, cfg, shard_bytes=convert.parse_size(args.shard_size)
+    )
+    params = sum(t.numel() for t in state.values())
+    console.print(f"wrote {path} ({params:,} parameters; width {cfg.width}, depth {cfg.depth})")
+    console.print(f"use: evalkit run --backbone vit22b/<size> --weights {path} ...")
     return 0
 
 
@@ -312,6 +387,8 @@ COMMANDS = {
     "table": cmd_table,
     "compare": cmd_compare,
     "cache": cmd_cache,
+    "backbones": cmd_backbones,
+    "convert": cmd_convert,
 }
 
 

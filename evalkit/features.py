@@ -6,6 +6,9 @@ of fixed-size shards (``shard-00000.safetensors`` …) plus ``manifest.json``. E
 written to a temporary name and renamed, so a shard on disk is always complete; a crash at any
 point loses at most the shard in flight, and the rerun extracts only the missing shards. Shard
 boundaries depend on the sample index alone, never on batch size or the number of ranks.
+
+Under torchrun, data-parallel groups take the missing shards round-robin and meet on disk;
+tensor-parallel ranks of one group compute the same shards together and one of them writes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 from evalkit.errors import EvalkitError
+from evalkit.parallel import mesh
 
 FORMAT_VERSION = 1
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
@@ -116,12 +120,14 @@ def extract_features(
         folder = Path(settings.cache_dir) / "features" / key
         _write_meta(folder, backbone.info.name, split, request, settings.dtype, len(indices))
     done = {i for i in range(len(shards)) if folder is not None and _shard_path(folder, i).exists()}
+    mesh.barrier()  # all ranks agree on what is missing before any rank writes
     computed = _compute_missing(backbone, dataset, shards, done, request, settings, folder)
+    mesh.barrier()  # every group's shards are on disk
     parts = [
         computed[i] if i in computed else _load_shard(_shard_path(folder, i))
         for i in range(len(shards))
     ]
-    if folder is not None and not (folder / MANIFEST).exists():
+    if folder is not None and mesh.current().main and not (folder / MANIFEST).exists():
         _atomic_write_text(
             folder / MANIFEST, json.dumps({"shards": len(shards), "n": len(indices)})
         )
@@ -131,7 +137,13 @@ def extract_features(
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
-    todo = [i for i in range(len(shards)) if i not in done]
+    layout = mesh.current()
+    if layout.dp_size > 1 and folder is None:
+        raise EvalkitError(
+            "data-parallel extraction shares its shards through the feature cache: drop "
+            "--no-cache, or launch as many processes as --tp"
+        )
+    todo = [i for i in range(len(shards)) if i not in done][layout.dp_rank :: layout.dp_size]
     if not todo:
         return {}
     batches = [
@@ -150,15 +162,16 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
 
 def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> dict[int, dict]:
     computed, pending, shard_pos = {}, [], 0
+    layout = mesh.current()
     with _progress(
-        settings.progress, sum(len(shards[i]) for i in todo), backbone.info.name
+        settings.progress and layout.main, sum(len(shards[i]) for i in todo), backbone.info.name
     ) as advance:
         for images, labels in loader:
             pending.append(_forward(backbone, images, labels, request, settings))
             advance(len(labels))
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
                 computed[todo[shard_pos]] = _merge(pending)
-                if folder is not None:
+                if folder is not None and layout.writer:
                     _save_shard(_shard_path(folder, todo[shard_pos]), computed[todo[shard_pos]])
                 pending, shard_pos = [], shard_pos + 1
     return computed
@@ -222,7 +235,7 @@ def _load_shard(path: Path) -> dict:
 
 
 def _write_meta(folder: Path, backbone: str, split: str, request, dtype: str, n: int):
-    if (folder / META).exists():
+    if (folder / META).exists() or not mesh.current().main:
         return
     folder.mkdir(parents=True, exist_ok=True)
     meta = {

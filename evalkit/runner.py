@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from evalkit.catalog import TASKS
+from evalkit.parallel import mesh
 from evalkit.results import Row, append_row, load_rows, rows_file
 from evalkit.task import Task, TaskContext
 
@@ -53,6 +54,7 @@ def run_task(
     )
     path = rows_file(out_dir, task.name)
     done = [r for r in load_rows([path]) if r.get("run_key") == run_key] if path.exists() else []
+    mesh.barrier()  # every rank has decided before rank 0 appends anything
     if not force and {r["metric"] for r in done} >= set(task.metrics()):
         return done, True
     start = time.perf_counter()
@@ -78,7 +80,8 @@ def run_task(
             "extra": metric.extra,
             "provenance": provenance(ctx, wall_s=time.perf_counter() - start),
         }
-        append_row(path, row)
+        if mesh.current().main:
+            append_row(path, row)
         rows.append(row)
     return rows, False
 

@@ -17,21 +17,34 @@ BACKBONES.add(
     "evalkit.backbones.open_clip_backbone:build",
     "an open_clip image tower, text tower exposed: open_clip/<arch>",
 )
+BACKBONES.add(
+    "vit22b",
+    "evalkit.backbones.vit22b:build",
+    "built-in ViT-22B family, shardable with --tp: vit22b[/<size>]",
+)
 BACKBONES.add("fake", "evalkit.backbones.fake:build", "tiny deterministic backbone for tests")
 
 EXAMPLES = {
     "timm": "timm/vit_tiny_patch16_224, timm/vit_small_patch16_224, timm/resnet50",
     "open_clip": "open_clip/ViT-B-32, open_clip/ViT-B-16",
+    "vit22b": "vit22b (22b), vit22b/e, vit22b/g, vit22b/l, vit22b/b, vit22b/s, vit22b/test",
     "fake": "fake",
 }
+NO_VARIANT_NEEDED = ("fake", "vit22b")
 
 
 def load_backbone(spec: str, opts: BackboneOptions | None = None):
     """Build the backbone named ``spec`` (e.g. ``timm/vit_tiny_patch16_224``)."""
     family, _, variant = spec.partition("/")
     build = BACKBONES.get(family).load()
-    if family != "fake" and not variant:
+    if family not in NO_VARIANT_NEEDED and not variant:
         raise EvalkitError(
             f"backbone {spec!r} needs a variant: {family}/<name>, e.g. {EXAMPLES.get(family, '')}"
+        )
+    from evalkit.parallel import mesh
+
+    if mesh.current().tp_size > 1 and family != "vit22b":
+        raise EvalkitError(
+            f"--tp shards the built-in vit22b family only; {spec} runs data-parallel (drop --tp)"
         )
     return build(variant, opts or BackboneOptions())

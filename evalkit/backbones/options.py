@@ -12,4 +12,7 @@ class BackboneOptions:
     pretrained: bool = False  # let the adapter fetch its own published weights (needs network)
     seed: int = 0  # random-init seed when no weights are given
     device: str = "cpu"
+    dtype: str = "fp32"  # parameter dtype where the adapter honours it (vit22b: bf16 halves memory)
+    random_init: bool = False  # allow random weights where an adapter refuses them by default
+    fsdp: bool = False  # vit22b: shard parameters over the data-parallel axis (FSDP2)
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. img_size, depth (tests)

@@ -64,13 +64,19 @@ def load_strict(
 ):
     """Copy ``state`` into ``model``; any missing key, unexpected key or shape mismatch is an
     error naming the key and both shapes. Keys starting with a ``skip`` prefix are ignored."""
-    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(skip)}
+    expected = {k: v.shape for k, v in model.state_dict().items() if not k.startswith(skip)}
     given = {k: v for k, v in state.items() if not k.startswith(skip)}
-    for key, tensor in given.items():
-        if key in expected and tuple(tensor.shape) != tuple(expected[key].shape):
+    check_matches(expected, {k: v.shape for k, v in given.items()}, source=source)
+    model.load_state_dict(given, strict=True)
+
+
+def check_matches(expected: dict, given: dict, *, source: str):
+    """``expected`` and ``given`` map keys to shapes; raise on the first disagreement."""
+    for key, shape in given.items():
+        if key in expected and tuple(shape) != tuple(expected[key]):
             raise EvalkitError(
-                f"checkpoint {source}: {key} has shape {tuple(tensor.shape)}, the model expects "
-                f"{tuple(expected[key].shape)} (wrong architecture or size for these weights?)"
+                f"checkpoint {source}: {key} has shape {tuple(shape)}, the model expects "
+                f"{tuple(expected[key])} (wrong architecture or size for these weights?)"
             )
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
@@ -80,4 +86,3 @@ def load_strict(
             f"{'…' if len(missing) > 3 else ''} ({len(missing)}), unexpected {unexpected[:3]}"
             f"{'…' if len(unexpected) > 3 else ''} ({len(unexpected)})"
         )
-    model.load_state_dict(given, strict=True)

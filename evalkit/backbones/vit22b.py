@@ -1,0 +1,162 @@
+"""``vit22b`` / ``vit22b/<size>``: the built-in ViT-22B family as a frozen feature extractor.
+
+Sizes come from ``evalkit.models.vit22b.SIZES`` (22b, e, g, l, b, s, ti, test); ablation
+switches from ``model_kwargs`` (``qk_norm=False`` …). The model is built on the meta device,
+sharded by the current process layout (``--tp``, ``--fsdp`` under torchrun), then each rank
+fills only its slices, from ``--weights`` (safetensors, optionally sharded with an index JSON;
+``evalkit convert`` makes one) or from a seeded random init that is identical on every layout.
+There are no public ViT-22B weights, so the paper-scale sizes refuse random weights unless
+``--random-init`` says so, and a size that cannot fit in memory stops before allocating.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from evalkit.backbones.base import (
+    BackboneInfo,
+    Features,
+    Preprocess,
+    absolute_layers,
+    build_transform,
+    check_pool,
+    random_init_id,
+)
+from evalkit.backbones.options import BackboneOptions
+from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.models import vit22b as vit
+from evalkit.parallel import mesh
+
+PAPER_SIZES = ("22b", "e", "g")
+SMALL_SIZES = "vit22b/l, vit22b/b, vit22b/s, vit22b/ti, vit22b/test"
+POOLS = {"map": ("map", "mean"), "cls": ("cls", "mean"), "gap": ("mean",)}
+
+
+class ViT22BBackbone:
+    def __init__(self, model: vit.ViT, info: BackboneInfo):
+        self.model = model
+        self.info = info
+
+    def transform(self, train: bool = False):
+        return build_transform(self.info.preprocess, train=train)
+
+    def extract(self, images, *, layers=(-1,), pool="map", dense=False) -> Features:
+        check_pool(self.info, pool)
+        indices = absolute_layers(tuple(layers), self.info.depth)
+        if pool == "map" and indices != [self.info.depth - 1]:
+            raise EvalkitError("pool 'map' uses the model's MAP head: only layers=-1")
+        images = images.to(next(self.model.parameters()).dtype)
+        tokens = self.model.forward_layers(images, indices)
+        prefix = self.model.cfg.prefix_tokens
+        h, w = (s // self.info.patch_size for s in images.shape[-2:])
+        grids = [t[:, prefix:].transpose(1, 2).unflatten(2, (h, w)) for t in tokens]
+        if pool == "mean":
+            pooled = torch.cat([g.mean(dim=(2, 3)) for g in grids], dim=1)
+        else:
+            pooled = torch.cat([self.model.pool(t, pool) for t in tokens], dim=1)
+        return Features(pooled=pooled, grids=grids if dense else None)
+
+
+def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
+    from evalkit.parallel.load import RandomSource, SafetensorsSource
+
+    size = variant or "22b"
+    if size not in vit.SIZES:
+        raise EvalkitError(f"unknown vit22b size {size!r}: {did_you_mean(size, list(vit.SIZES))}")
+    source = SafetensorsSource(opts.weights) if opts.weights else None
+    switches = (source.config() if source else {}) | opts.model_kwargs
+    cfg = vit.config(size, **_dims_free(switches))
+    layout = mesh.current()
+    _check_can_run(size, cfg, opts, layout, has_weights=source is not None)
+    model = _build_sharded(cfg, opts, layout)
+    from evalkit.parallel.load import materialize
+
+    materialize(model, source or RandomSource(vit.init_value, opts.seed))
+    model.eval().requires_grad_(False)
+    name = f"vit22b/{size}"
+    weights_id = source.weights_id() if source else random_init_id(_id_name(name, cfg), opts.seed)
+    return ViT22BBackbone(model, _info(name, cfg, weights_id))
+
+
+def _dims_free(switches: dict) -> dict:
+    """A checkpoint's saved config fixes the switches; the size fixes the dimensions (a
+    mismatch then shows as a shape error naming the key)."""
+    return {k: v for k, v in switches.items() if k not in ("width", "depth", "heads", "mlp")}
+
+
+def _id_name(name: str, cfg) -> str:
+    """Random weights differ with the switches too: fold them into the id."""
+    return f"{name}:{sorted(cfg.as_dict().items())}"
+
+
+def _build_sharded(cfg, opts: BackboneOptions, layout) -> vit.ViT:
+    dtype = torch.bfloat16 if opts.dtype == "bf16" else torch.float32
+    with torch.device("meta"):
+        model = vit.ViT(cfg).to(dtype)
+    if layout.tp_size > 1:
+        from evalkit.parallel.plan import apply_tensor_parallel
+
+        apply_tensor_parallel(model, layout.mesh["tp"])
+    if opts.fsdp:
+        if layout.dp_size == 1:
+            raise EvalkitError(
+                "--fsdp shards over data-parallel ranks: launch more processes than --tp"
+            )
+        from evalkit.parallel.plan import apply_fsdp
+
+        apply_fsdp(model, layout.mesh["dp"])
+    return model.to_empty(device=opts.device)
+
+
+def _check_can_run(size: str, cfg, opts: BackboneOptions, layout, *, has_weights: bool):
+    from evalkit.parallel.planner import plan
+
+    if not has_weights and size in PAPER_SIZES and not opts.random_init:
+        raise EvalkitError(
+            f"vit22b/{size} has no public weights: pass --weights PATH (safetensors or an index "
+            f"JSON; `evalkit convert` makes one), add --random-init to run it untrained, or pick "
+            f"a smaller size ({SMALL_SIZES})"
+        )
+    shards = layout.tp_size * (layout.dp_size if opts.fsdp else 1)
+    need = plan(cfg, tp=layout.tp_size, dtype=opts.dtype).bytes_total // shards
+    have = available_bytes(opts.device)
+    if have is not None and need > 0.9 * have:
+        raise EvalkitError(
+            f"vit22b/{size} needs {need / 2**30:.1f} GiB per rank for its {opts.dtype} weights, "
+            f"this device has {have / 2**30:.1f} GiB: shard it (torchrun --nproc-per-node N -m "
+            f"evalkit run ... --tp N [--fsdp]), use --dtype bf16, or pick a smaller size "
+            f"({SMALL_SIZES})"
+        )
+
+
+def available_bytes(device: str) -> int | None:
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _info(name: str, cfg, weights_id: str) -> BackboneInfo:
+    return BackboneInfo(
+        name=name,
+        weights_id=weights_id,
+        embed_dim=cfg.width,
+        patch_size=cfg.patch,
+        depth=cfg.depth,
+        num_prefix_tokens=cfg.prefix_tokens,
+        params=_param_count(cfg),
+        preprocess=Preprocess(size=cfg.image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+        pools=POOLS[cfg.pool],
+        random_init=weights_id.startswith("random-init"),
+    )
+
+
+def _param_count(cfg) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in vit.ViT(cfg).parameters())

@@ -1,0 +1,99 @@
+"""The process layout of a run: a 2-D device mesh ``("dp", "tp")`` when launched by torchrun.
+
+Tensor-parallel ranks (one ``tp`` row) see the same images and split the model; data-parallel
+groups split the feature-cache shards. Rank 0 alone writes result rows; the first rank of each
+tensor-parallel group writes the shards its group computed. A single process is the trivial
+layout, so callers never branch on "distributed or not".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from evalkit.errors import EvalkitError
+
+LAUNCH_HINT = "launch with: torchrun --nproc-per-node N -m evalkit run ... --tp K"
+
+
+@dataclass(frozen=True)
+class Layout:
+    mesh: Any = None  # DeviceMesh with dims ("dp", "tp"), or None for one process
+    rank: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Writes rows and prints."""
+        return self.rank == 0
+
+    @property
+    def writer(self) -> bool:
+        """Writes the cache shards its tensor-parallel group computed."""
+        return self.tp_rank == 0
+
+    @property
+    def world(self) -> int:
+        return self.dp_size * self.tp_size
+
+
+_CURRENT = [Layout()]
+
+
+def current() -> Layout:
+    return _CURRENT[0]
+
+
+def setup(tp: int = 1, *, device: str = "cpu") -> Layout:
+    """Join the torchrun process group (gloo on CPU, nccl on CUDA) and build the mesh."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if tp < 1:
+        raise EvalkitError(f"--tp must be at least 1, got {tp}")
+    if world == 1 and tp == 1:
+        return current()
+    if world % tp:
+        raise EvalkitError(
+            f"--tp {tp} must divide the number of processes ({world}); {LAUNCH_HINT}"
+        )
+    if world == 1:
+        raise EvalkitError(f"--tp {tp} needs {tp} processes; {LAUNCH_HINT}")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    mesh = init_device_mesh(device_type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    layout = Layout(
+        mesh=mesh,
+        rank=dist.get_rank(),
+        dp_rank=mesh.get_local_rank("dp"),
+        dp_size=world // tp,
+        tp_rank=mesh.get_local_rank("tp"),
+        tp_size=tp,
+    )
+    _CURRENT[0] = layout
+    return layout
+
+
+def barrier():
+    if current().mesh is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def teardown():
+    if current().mesh is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        _CURRENT[0] = Layout()
