@@ -35,9 +35,10 @@ POOLS = {"map": ("map", "mean"), "cls": ("cls", "mean"), "gap": ("mean",)}
 
 
 class ViT22BBackbone:
-    def __init__(self, model: vit.ViT, info: BackboneInfo):
+    def __init__(self, model: vit.ViT, info: BackboneInfo, *, sharded: bool = False):
         self.model = model
         self.info = info
+        self.sharded = sharded
 
     def transform(self, train: bool = False):
         return build_transform(self.info.preprocess, train=train)
@@ -48,7 +49,7 @@ class ViT22BBackbone:
         if pool == "map" and indices != [self.info.depth - 1]:
             raise EvalkitError("pool 'map' uses the model's MAP head: only layers=-1")
         images = images.to(next(self.model.parameters()).dtype)
-        tokens = self.model.forward_layers(images, indices)
+        tokens = self._forward(images, indices)
         prefix = self.model.cfg.prefix_tokens
         h, w = (s // self.info.patch_size for s in images.shape[-2:])
         grids = [t[:, prefix:].transpose(1, 2).unflatten(2, (h, w)) for t in tokens]
@@ -57,6 +58,14 @@ class ViT22BBackbone:
         else:
             pooled = torch.cat([self.model.pool(t, pool) for t in tokens], dim=1)
         return Features(pooled=pooled, grids=grids if dense else None)
+
+    def _forward(self, images, indices) -> list[torch.Tensor]:
+        if not self.sharded:
+            return self.model.forward_layers(images, indices)
+        # Under inference_mode DTensor dispatches the undecomposed aten.linear and all-gathers
+        # the sharded weights; under no_grad it runs the sharded matmuls as planned.
+        with torch.inference_mode(False), torch.no_grad():
+            return self.model.forward_layers(images.clone(), indices)
 
 
 def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
@@ -77,7 +86,8 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     model.eval().requires_grad_(False)
     name = f"vit22b/{size}"
     weights_id = source.weights_id() if source else random_init_id(_id_name(name, cfg), opts.seed)
-    return ViT22BBackbone(model, _info(name, cfg, weights_id))
+    sharded = layout.tp_size > 1 or opts.fsdp
+    return ViT22BBackbone(model, _info(name, cfg, weights_id), sharded=sharded)
 
 
 def _dims_free(switches: dict) -> dict:
