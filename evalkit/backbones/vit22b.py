@@ -75,8 +75,8 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     if size not in vit.SIZES:
         raise EvalkitError(f"unknown vit22b size {size!r}: {did_you_mean(size, list(vit.SIZES))}")
     source = SafetensorsSource(opts.weights) if opts.weights else None
-    switches = (source.config() if source else {}) | opts.model_kwargs
-    cfg = vit.config(size, **_dims_free(switches))
+    saved = _dims_free(source.config()) if source else {}
+    cfg = vit.config(size, **(saved | opts.model_kwargs))
     layout = mesh.current()
     _check_can_run(size, cfg, opts, layout, has_weights=source is not None)
     model = _build_sharded(cfg, opts, layout)
@@ -92,7 +92,7 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
 
 def _dims_free(switches: dict) -> dict:
     """A checkpoint's saved config fixes the switches; the size fixes the dimensions (a
-    mismatch then shows as a shape error naming the key)."""
+    mismatch then shows as a shape error naming the key). ``model_kwargs`` override both."""
     return {k: v for k, v in switches.items() if k not in ("width", "depth", "heads", "mlp")}
 
 

@@ -32,7 +32,7 @@ class RandomSource:
 
 
 class SafetensorsSource:
-    """A ``.safetensors`` file, an index JSON, or a folder holding ``model.safetensors.index.json``."""
+    """A ``.safetensors`` file, an index JSON, or a folder holding either."""
 
     def __init__(self, path: str | Path):
         self.path = resolve_checkpoint(Path(path))
@@ -80,13 +80,14 @@ class SafetensorsSource:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    if path.is_dir() and (path / INDEX_NAME).is_file():
-        return path / INDEX_NAME
+    for name in (INDEX_NAME, "model.safetensors"):
+        if path.is_dir() and (path / name).is_file():
+            return path / name
     if path.is_file() and (path.suffix == ".safetensors" or path.name.endswith(".index.json")):
         return path
     raise EvalkitError(
         f"no checkpoint at {path}: expected a .safetensors file, a *.safetensors.index.json "
-        f"with its shard files, or a folder holding {INDEX_NAME} (see `evalkit convert`)"
+        f"with its shard files, or a folder holding one of them (`evalkit convert` writes one)"
     )
 
 

@@ -81,6 +81,11 @@ def human(value: float, unit: str = "") -> str:
     return f"{value:.0f} {unit}".rstrip()
 
 
+def count(n: int) -> str:
+    short = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+    return f"{short}  ({n:,})"
+
+
 def report(name: str, cfg, p: Plan) -> list[tuple[str, str]]:
     """(label, value) lines for the CLI."""
     lines = [
@@ -89,12 +94,12 @@ def report(name: str, cfg, p: Plan) -> list[tuple[str, str]]:
             f"{name}: width {cfg.width}, depth {cfg.depth}, heads {cfg.heads}, "
             f"MLP {cfg.mlp}, patch {cfg.patch}, {cfg.image} px ({cfg.grid**2} tokens)",
         ),
-        ("blocks' weight matrices", f"{p.block_matrices / 1e9:.2f}B  ({p.block_matrices:,})"),
-        ("encoder (+ embeddings, norms, biases)", f"{p.encoder / 1e9:.2f}B  ({p.encoder:,})"),
-        ("MAP head", f"{p.head / 1e9:.2f}B  ({p.head:,})" if p.head else "none"),
+        ("blocks' weight matrices", count(p.block_matrices)),
+        ("encoder (+ embeddings, norms, biases)", count(p.encoder)),
+        ("MAP head", count(p.head) if p.head else "none"),
         (f"weights, {p.dtype}", human(p.bytes_total, "B")),
         (f"weights per rank, tp={p.tp}", human(p.bytes_per_rank, "B")),
-        ("activations per image (inference peak, est.)", human(p.activation_bytes_per_image, "B")),
+        ("activations per image (est.)", human(p.activation_bytes_per_image, "B")),
         (f"forward FLOPs per image at {cfg.image} px", human(p.flops_per_image, "FLOP")),
     ]
     return lines
