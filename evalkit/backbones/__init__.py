@@ -20,7 +20,7 @@ BACKBONES.add(
 BACKBONES.add(
     "vit22b",
     "evalkit.backbones.vit22b:build",
-    "built-in ViT-22B family, shardable with --tp: vit22b[/<size>]",
+    "built-in ViT-22B family, shardable with --tp: vit22b or vit22b/<size>",
 )
 BACKBONES.add("fake", "evalkit.backbones.fake:build", "tiny deterministic backbone for tests")
 

@@ -1,0 +1,235 @@
+"""Readers for the dense tasks' real on-disk layouts, and the embedded stand-ins written in
+those same layouts (PROTOCOLS.md §4.1 and §7.5).
+
+ADE20k (SceneParsing release)::
+
+    ADEChallengeData2016/images/{training,validation}/<name>.jpg
+    ADEChallengeData2016/annotations/{training,validation}/<name>.png   # uint8, 0 = other/ignore, 1..150
+
+Depth (one flattened layout for Waymo-derived exports, KITTI and NYU-v2)::
+
+    <dataset>/<split>/image/<id>.{jpg,png}
+    <dataset>/<split>/depth/<id>.png   # uint16, metres × scale (Waymo, KITTI: 256; NYU: 1000); 0 = no return
+    <dataset>/<split>/depth/<id>.npy   # or float32 metres; 0 or NaN = no return
+    <dataset>/<split>/mask/<id>.png    # optional validity mask (non-zero = valid LiDAR return)
+
+Images are resized to a square ``size`` for the backbone; targets stay at their own resolution
+for evaluation (predictions are upsampled to them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from evalkit.data.folder import load_rgb
+from evalkit.errors import EvalkitError
+
+ADE_DIR = "ADEChallengeData2016"
+ADE_SPLITS = {"train": "training", "val": "validation"}
+ADE_CLASSES = 150
+IGNORE = 255
+ADE_LAYOUT = (
+    f"{ADE_DIR}/images/{{training,validation}}/<name>.jpg and "
+    f"{ADE_DIR}/annotations/{{training,validation}}/<name>.png"
+)
+
+
+@dataclass(frozen=True)
+class DepthSpec:
+    dirname: str
+    splits: tuple[str, str]  # folder names of (train, val)
+    scale: float  # PNG units per metre
+    min_depth: float
+    max_depth: float
+    crop: str | None  # evaluation crop: garg (KITTI), nyu, or none
+    scene: str  # embedded stand-in kind
+    embedded_size: tuple[int, int]
+
+    def layout(self, split: str) -> str:
+        return (
+            f"{self.dirname}/{split}/image/<id>.{{jpg,png}} + {self.dirname}/{split}/depth/"
+            f"<id>.{{png (uint16, metres×{self.scale:g}),npy (float metres)}}"
+        )
+
+
+DEPTH = {
+    "waymo": DepthSpec("waymo_depth", ("training", "validation"), 256.0, 1e-3, 80.0, None, "street", (160, 240)),
+    "kitti": DepthSpec("kitti_depth", ("train", "val"), 256.0, 1e-3, 80.0, "garg", "street", (128, 416)),
+    "nyu": DepthSpec("nyu_depth_v2", ("train", "test"), 1000.0, 1e-3, 10.0, "nyu", "indoor", (192, 256)),
+}
+
+
+def image_tensor(path: Path, size: int, mean, std) -> torch.Tensor:
+    image = load_rgb(path).resize((size, size), Image.BICUBIC)
+    array = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+    return (array - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+
+
+class DenseDataset(torch.utils.data.Dataset):
+    """Items are (image tensor, index); ``target(index)`` reads the ground truth."""
+
+    def __init__(self, images: list[Path], size: int, preprocess):
+        self.images = images
+        self.size = size
+        self.mean, self.std = preprocess.mean, preprocess.std
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        return image_tensor(self.images[index], self.size, self.mean, self.std), index
+
+    def original(self, index: int) -> np.ndarray:
+        return np.asarray(load_rgb(self.images[index]))
+
+    def identity(self) -> str:
+        digest = hashlib.sha256(f"size={self.size}".encode())
+        for path in self.images:
+            digest.update(f"{path.name}|{path.stat().st_size}\n".encode())
+        return digest.hexdigest()[:16]
+
+
+class ADE20k(DenseDataset):
+    def __init__(self, root: Path, split: str, size: int, preprocess):
+        folder = ADE_SPLITS[split]
+        images_dir, labels_dir = root / "images" / folder, root / "annotations" / folder
+        for path in (images_dir, labels_dir):
+            if not path.is_dir():
+                raise EvalkitError(f"ADE20k folder not found: {path} (expected {ADE_LAYOUT})")
+        images = sorted(p for p in images_dir.iterdir() if p.suffix.lower() in (".jpg", ".png"))
+        if not images:
+            raise EvalkitError(f"no images in {images_dir} (expected {ADE_LAYOUT})")
+        super().__init__(images, size, preprocess)
+        self.labels_dir = labels_dir
+
+    def target(self, index: int) -> np.ndarray:
+        """Labels with reduce_zero_label: 0 → 255 (ignored), 1..150 → 0..149."""
+        image = self.images[index]
+        path = self.labels_dir / f"{image.stem}.png"
+        if not path.is_file():
+            raise EvalkitError(f"missing annotation {path} for {image.name} (expected {ADE_LAYOUT})")
+        with Image.open(path) as png:
+            raw = np.asarray(png)
+            width, height = png.size
+        if raw.ndim != 2:
+            raise EvalkitError(f"annotation {path} is not a single-channel label PNG (mode {png.mode})")
+        with Image.open(image) as picture:
+            if picture.size != (width, height):
+                raise EvalkitError(
+                    f"annotation {path} is {width}×{height} but {image.name} is "
+                    f"{picture.size[0]}×{picture.size[1]}: they must match"
+                )
+        if raw.max() > ADE_CLASSES:
+            raise EvalkitError(
+                f"annotation {path} has label {int(raw.max())}: ADE20k labels are 0..{ADE_CLASSES}"
+            )
+        labels = raw.astype(np.int64) - 1
+        labels[raw == 0] = IGNORE
+        return labels
+
+
+class DepthFolder(DenseDataset):
+    def __init__(self, root: Path, split: str, size: int, preprocess, spec: DepthSpec):
+        folder = spec.splits[0 if split == "train" else 1]
+        base = root / folder
+        if not (base / "image").is_dir() or not (base / "depth").is_dir():
+            raise EvalkitError(f"depth dataset not found at {base} (expected {spec.layout(folder)})")
+        images = sorted(p for p in (base / "image").iterdir() if p.suffix.lower() in (".jpg", ".png"))
+        if not images:
+            raise EvalkitError(f"no images in {base / 'image'} (expected {spec.layout(folder)})")
+        super().__init__(images, size, preprocess)
+        self.base, self.spec, self.layout = base, spec, spec.layout(folder)
+
+    def target(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(depth in metres, valid mask) at the ground truth's resolution."""
+        stem = self.images[index].stem
+        png, npy = self.base / "depth" / f"{stem}.png", self.base / "depth" / f"{stem}.npy"
+        if png.is_file():
+            depth = self._read_png(png)
+        elif npy.is_file():
+            depth = np.load(npy).astype(np.float32)
+        else:
+            raise EvalkitError(f"missing depth for {self.images[index].name} (expected {self.layout})")
+        valid = np.isfinite(depth) & (depth > self.spec.min_depth) & (depth < self.spec.max_depth)
+        mask_path = self.base / "mask" / f"{stem}.png"
+        if mask_path.is_file():
+            valid &= np.asarray(Image.open(mask_path)) > 0
+        return np.nan_to_num(depth), valid
+
+    def _read_png(self, path: Path) -> np.ndarray:
+        with Image.open(path) as png:
+            if png.mode not in ("I;16", "I;16B", "I"):
+                raise EvalkitError(
+                    f"depth PNG {path} has mode {png.mode}: expected 16-bit (I;16), metres × "
+                    f"{self.spec.scale:g}"
+                )
+            raw = np.asarray(png).astype(np.float32)
+        return raw / self.spec.scale
+
+
+# --- embedded stand-ins -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SceneSet:
+    kind: str  # ade20k | waymo | kitti | nyu
+    seed: int = 0
+    train: int = 512
+    val: int = 64
+
+    def key(self) -> str:
+        return f"scenes-{self.kind}-s{self.seed}-t{self.train}-v{self.val}"
+
+
+def write_scene_set(spec: SceneSet, root: Path) -> Path:
+    """Write the stand-in once under ``root/<key>`` (atomically); returns the dataset root."""
+    from evalkit.data.scenes import scene
+
+    target = Path(root) / spec.key()
+    name = ADE_DIR if spec.kind == "ade20k" else DEPTH[spec.kind].dirname
+    if (target / "done").exists():
+        return target / name
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for split, count in (("train", spec.train), ("val", spec.val)):
+        for index in range(count):
+            if spec.kind == "ade20k":
+                image, labels, _, _ = scene("indoor", spec.seed, split, index, (192, 256))
+                _write_ade(tmp / name, split, index, image, labels)
+            else:
+                depth_spec = DEPTH[spec.kind]
+                parts = scene(depth_spec.scene, spec.seed, split, index, depth_spec.embedded_size)
+                _write_depth(tmp / name, depth_spec, split, index, parts)
+    (tmp / "done").write_text(spec.key())
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / name
+
+
+def _write_ade(root: Path, split: str, index: int, image, labels):
+    folder = ADE_SPLITS[split]
+    name = f"ADE_{folder[:5] if folder == 'training' else 'val'}_{index:08d}"
+    for sub in ("images", "annotations"):
+        (root / sub / folder).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(root / "images" / folder / f"{name}.jpg", quality=95)
+    Image.fromarray(labels.astype(np.uint8)).save(root / "annotations" / folder / f"{name}.png")
+
+
+def _write_depth(root: Path, spec: DepthSpec, split: str, index: int, parts):
+    image, _, depth, valid = parts
+    base = root / spec.splits[0 if split == "train" else 1]
+    for sub in ("image", "depth"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(base / "image" / f"{index:06d}.png")
+    encoded = np.where(valid, np.round(depth * spec.scale), 0).clip(0, 65535).astype(np.uint16)
+    Image.fromarray(encoded).save(base / "depth" / f"{index:06d}.png")
