@@ -58,6 +58,7 @@ def run_task(
     if not force and {r["metric"] for r in done} >= set(task.metrics()):
         return done, True
     start = time.perf_counter()
+    ctx.artifacts = Path(out_dir) / "pictures"
     rows = []
     for metric in task.run(backbone, ctx):
         row: Row = {

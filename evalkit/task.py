@@ -12,6 +12,7 @@ import time
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from evalkit.data import DataConfig
@@ -93,6 +94,7 @@ class TaskContext:
     extract: ExtractSettings = field(default_factory=ExtractSettings)
     seed: int = 0
     stats: dict[str, Any] = field(default_factory=lambda: {"images": 0, "seconds": 0.0, "data": {}})
+    artifacts: Path | None = None  # where tasks write pictures (set by the runner)
 
     def features(
         self, backbone, dataset, *, split: str, request: FeatureRequest, subset=None

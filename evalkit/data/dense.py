@@ -61,9 +61,15 @@ class DepthSpec:
 
 
 DEPTH = {
-    "waymo": DepthSpec("waymo_depth", ("training", "validation"), 256.0, 1e-3, 80.0, None, "street", (160, 240)),
-    "kitti": DepthSpec("kitti_depth", ("train", "val"), 256.0, 1e-3, 80.0, "garg", "street", (128, 416)),
-    "nyu": DepthSpec("nyu_depth_v2", ("train", "test"), 1000.0, 1e-3, 10.0, "nyu", "indoor", (192, 256)),
+    "waymo": DepthSpec(
+        "waymo_depth", ("training", "validation"), 256.0, 1e-3, 80.0, None, "street", (160, 240)
+    ),
+    "kitti": DepthSpec(
+        "kitti_depth", ("train", "val"), 256.0, 1e-3, 80.0, "garg", "street", (128, 416)
+    ),
+    "nyu": DepthSpec(
+        "nyu_depth_v2", ("train", "test"), 1000.0, 1e-3, 10.0, "nyu", "indoor", (192, 256)
+    ),
 }
 
 
@@ -115,12 +121,16 @@ class ADE20k(DenseDataset):
         image = self.images[index]
         path = self.labels_dir / f"{image.stem}.png"
         if not path.is_file():
-            raise EvalkitError(f"missing annotation {path} for {image.name} (expected {ADE_LAYOUT})")
+            raise EvalkitError(
+                f"missing annotation {path} for {image.name} (expected {ADE_LAYOUT})"
+            )
         with Image.open(path) as png:
             raw = np.asarray(png)
             width, height = png.size
         if raw.ndim != 2:
-            raise EvalkitError(f"annotation {path} is not a single-channel label PNG (mode {png.mode})")
+            raise EvalkitError(
+                f"annotation {path} is not a single-channel label PNG (mode {png.mode})"
+            )
         with Image.open(image) as picture:
             if picture.size != (width, height):
                 raise EvalkitError(
@@ -141,8 +151,12 @@ class DepthFolder(DenseDataset):
         folder = spec.splits[0 if split == "train" else 1]
         base = root / folder
         if not (base / "image").is_dir() or not (base / "depth").is_dir():
-            raise EvalkitError(f"depth dataset not found at {base} (expected {spec.layout(folder)})")
-        images = sorted(p for p in (base / "image").iterdir() if p.suffix.lower() in (".jpg", ".png"))
+            raise EvalkitError(
+                f"depth dataset not found at {base} (expected {spec.layout(folder)})"
+            )
+        images = sorted(
+            p for p in (base / "image").iterdir() if p.suffix.lower() in (".jpg", ".png")
+        )
         if not images:
             raise EvalkitError(f"no images in {base / 'image'} (expected {spec.layout(folder)})")
         super().__init__(images, size, preprocess)
@@ -157,7 +171,9 @@ class DepthFolder(DenseDataset):
         elif npy.is_file():
             depth = np.load(npy).astype(np.float32)
         else:
-            raise EvalkitError(f"missing depth for {self.images[index].name} (expected {self.layout})")
+            raise EvalkitError(
+                f"missing depth for {self.images[index].name} (expected {self.layout})"
+            )
         valid = np.isfinite(depth) & (depth > self.spec.min_depth) & (depth < self.spec.max_depth)
         mask_path = self.base / "mask" / f"{stem}.png"
         if mask_path.is_file():
@@ -187,6 +203,15 @@ class SceneSet:
 
     def key(self) -> str:
         return f"scenes-{self.kind}-s{self.seed}-t{self.train}-v{self.val}"
+
+
+def embedded_scene_set(kind: str) -> SceneSet:
+    """The default stand-in; ``EVALKIT_EMBEDDED_SCENES=TRAIN,VAL`` shrinks it (tests, demos)."""
+    counts = os.environ.get("EVALKIT_EMBEDDED_SCENES")
+    if not counts:
+        return SceneSet(kind)
+    train, val = (int(c) for c in counts.split(","))
+    return SceneSet(kind, train=train, val=val)
 
 
 def write_scene_set(spec: SceneSet, root: Path) -> Path:

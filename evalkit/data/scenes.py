@@ -69,7 +69,9 @@ def intersect(surface: Surface, rays: np.ndarray) -> tuple[np.ndarray, np.ndarra
     local = (hit - centre) / half
     axis = np.abs(local).argmax(-1)
     normal = np.zeros_like(hit)
-    np.put_along_axis(normal, axis[..., None], np.sign(np.take_along_axis(local, axis[..., None], -1)), -1)
+    np.put_along_axis(
+        normal, axis[..., None], np.sign(np.take_along_axis(local, axis[..., None], -1)), -1
+    )
     return t, normal
 
 
@@ -80,7 +82,9 @@ def texture(surface: Surface, points: np.ndarray, rng: np.random.Generator) -> n
     if surface.texture == "stripes":
         return 0.75 + 0.25 * np.sign(np.sin(points[..., 1] * 6 + points[..., 0] * 3))
     if surface.texture == "noise":
-        return 0.8 + 0.2 * np.sin(points[..., 0] * 13.1) * np.cos(points[..., 1] * 7.7 + points[..., 2])
+        return 0.8 + 0.2 * np.sin(points[..., 0] * 13.1) * np.cos(
+            points[..., 1] * 7.7 + points[..., 2]
+        )
     return np.ones(points.shape[:-1])
 
 
@@ -146,8 +150,20 @@ def street_scene(rng: np.random.Generator) -> list[Surface]:
     road = rng.uniform(3.5, 6.0)
     surfaces = [
         Surface("plane", ((0, ground, 0), (0, 1, 0)), 1, _rgb(rng, (90, 90, 95)), "noise"),
-        Surface("box", ((-60, ground - 1, 0), (-road, ground + 0.15, 200)), 2, _rgb(rng, (160, 155, 150)), "checker"),
-        Surface("box", ((road, ground - 1, 0), (60, ground + 0.15, 200)), 2, _rgb(rng, (160, 150, 150)), "checker"),
+        Surface(
+            "box",
+            ((-60, ground - 1, 0), (-road, ground + 0.15, 200)),
+            2,
+            _rgb(rng, (160, 155, 150)),
+            "checker",
+        ),
+        Surface(
+            "box",
+            ((road, ground - 1, 0), (60, ground + 0.15, 200)),
+            2,
+            _rgb(rng, (160, 150, 150)),
+            "checker",
+        ),
     ]
     for side in (-1, 1):
         z = rng.uniform(3, 10)
@@ -161,17 +177,36 @@ def street_scene(rng: np.random.Generator) -> list[Surface]:
     for _ in range(rng.integers(1, 5)):
         x, z = rng.uniform(-road + 1, road - 1), rng.uniform(5, 45)
         car = ((x - 0.9, ground, z), (x + 0.9, ground + 1.4, z + 4.2))
-        surfaces.append(Surface("box", car, 4, _rgb(rng, rng.choice([(200, 30, 30), (30, 60, 190), (220, 220, 220)])), "plain"))
+        surfaces.append(
+            Surface(
+                "box",
+                car,
+                4,
+                _rgb(rng, rng.choice([(200, 30, 30), (30, 60, 190), (220, 220, 220)])),
+                "plain",
+            )
+        )
     for _ in range(rng.integers(1, 4)):
         x, z = rng.choice([-1, 1]) * (road + 0.8), rng.uniform(4, 50)
-        surfaces.append(Surface("box", ((x - 0.12, ground, z - 0.12), (x + 0.12, ground + 6, z + 0.12)), 5, _rgb(rng, (60, 60, 60))))
+        surfaces.append(
+            Surface(
+                "box",
+                ((x - 0.12, ground, z - 0.12), (x + 0.12, ground + 6, z + 0.12)),
+                5,
+                _rgb(rng, (60, 60, 60)),
+            )
+        )
     for _ in range(rng.integers(0, 3)):
         centre = (rng.choice([-1, 1]) * (road + 2), ground + 4, rng.uniform(8, 40))
-        surfaces.append(Surface("sphere", (centre, rng.uniform(1.5, 2.5)), 7, _rgb(rng, (50, 130, 50)), "noise"))
+        surfaces.append(
+            Surface("sphere", (centre, rng.uniform(1.5, 2.5)), 7, _rgb(rng, (50, 130, 50)), "noise")
+        )
     return surfaces
 
 
-def lidar_mask(depth: np.ndarray, labels: np.ndarray, rng: np.random.Generator, *, max_range: float) -> np.ndarray:
+def lidar_mask(
+    depth: np.ndarray, labels: np.ndarray, rng: np.random.Generator, *, max_range: float
+) -> np.ndarray:
     """Sparse returns: ~64 scan lines over the lower two thirds of the image, points dropped
     at random along each line, nothing on the sky or beyond range."""
     height, width = depth.shape
@@ -179,7 +214,9 @@ def lidar_mask(depth: np.ndarray, labels: np.ndarray, rng: np.random.Generator, 
     rows = np.unique(np.linspace(height // 3, height - 1, 64).astype(int))
     keep = rng.random((len(rows), width)) < 0.6
     mask[rows] = keep
-    return mask & np.isfinite(depth) & (depth < max_range) & (labels != CLASSES["street"].index("sky"))
+    return (
+        mask & np.isfinite(depth) & (depth < max_range) & (labels != CLASSES["street"].index("sky"))
+    )
 
 
 def scene(kind: str, seed: int, split: str, index: int, size: tuple[int, int]):
@@ -187,7 +224,9 @@ def scene(kind: str, seed: int, split: str, index: int, size: tuple[int, int]):
     rng = np.random.default_rng([seed, ("train", "val").index(split), index, len(kind)])
     height, width = size
     surfaces = indoor_scene(rng) if kind == "indoor" else street_scene(rng)
-    image, labels, depth = render(surfaces, camera_rays(height, width, 70 if kind == "indoor" else 80), rng)
+    image, labels, depth = render(
+        surfaces, camera_rays(height, width, 70 if kind == "indoor" else 80), rng
+    )
     if kind == "street":
         sky = ~np.isfinite(depth)
         labels[sky] = CLASSES["street"].index("sky")

@@ -1,0 +1,114 @@
+"""What the dense tasks share (segmentation.py, depth.py): frozen multi-layer patch grids from
+the feature cache (4 evenly spaced layers, e.g. [2, 5, 8, 11] of 12 — DPT's taps — extracted
+once and shared by every head), seeded hashed training subsets, a head trained by
+``evalkit.train``, and a PNG picture grid (input / prediction / ground truth) of a few
+validation images written next to the rows."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from evalkit.features import FeatureRequest, FeatureSet
+from evalkit.train import TrainConfig
+
+
+def tap_layers(depth: int, taps: int = 4) -> tuple[int, ...]:
+    """Evenly spaced block indices ending at the last: 12 → (2, 5, 8, 11), 24 → (5, 11, 17, 23)."""
+    return tuple(depth * (i + 1) // taps - 1 for i in range(taps))
+
+
+def hashed_subset(names: list[str], fraction: float, seed: int) -> list[int] | None:
+    """The first ⌈n·fraction⌉ images in the order of sha256(seed:name): the same images for
+    every backbone, nested across fractions (1/16 ⊂ 1/8 ⊂ …). None for the full set."""
+    if fraction >= 1:
+        return None
+    order = sorted(
+        range(len(names)), key=lambda i: hashlib.sha256(f"{seed}:{names[i]}".encode()).hexdigest()
+    )
+    return sorted(order[: max(1, math.ceil(len(names) * fraction))])
+
+
+def dense_features(
+    task, backbone, ctx, dataset, *, split: str, subset=None
+) -> tuple[FeatureSet, bool]:
+    """Grids of the tapped layers, cached when they fit ``task.cache_budget_gb``."""
+    layers = tap_layers(backbone.info.depth)
+    request = FeatureRequest(layers=layers, pool="mean", dense=True)
+    n = len(dataset) if subset is None else len(subset)
+    grid = task.image_size // backbone.info.patch_size
+    need_gb = n * len(layers) * backbone.info.embed_dim * grid * grid * 4 / 1e9
+    cached = need_gb <= task.cache_budget_gb
+    if not cached:  # too big for the disk budget: extract into memory only
+        ctx = replace(ctx, extract=replace(ctx.extract, cache_dir=None))
+    return ctx.features(backbone, dataset, split=split, request=request, subset=subset), cached
+
+
+def train_config(task, seed: int) -> TrainConfig:
+    return TrainConfig(
+        steps=task.steps, batch_size=task.batch_size, lr=task.lr, weight_decay=task.weight_decay,
+        warmup=min(50, task.steps // 10), seed=seed,
+    )  # fmt: skip
+
+
+def batch_grids(feats: FeatureSet, indices: torch.Tensor, device: str) -> list[torch.Tensor]:
+    return [g[indices].to(device) for g in feats.grids]
+
+
+def resize_to(x: torch.Tensor, size) -> torch.Tensor:
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+
+
+# --- pictures -----------------------------------------------------------------------------------
+
+PALETTE = np.random.default_rng(7).integers(40, 255, size=(256, 3)).astype(np.uint8)
+PALETTE[255] = 0  # ignored pixels are black
+
+
+def colour_labels(labels: np.ndarray) -> np.ndarray:
+    return PALETTE[np.clip(labels, 0, 255)]
+
+
+RAMP = np.array(
+    [[48, 18, 59], [70, 134, 251], [27, 229, 181], [164, 252, 60], [251, 185, 56], [122, 4, 3]],
+    float,
+)
+
+
+def colour_depth(depth: np.ndarray, valid: np.ndarray, max_depth: float) -> np.ndarray:
+    """Near = dark blue … far = dark red (a turbo-like ramp); invalid pixels black."""
+    position = np.clip(depth / max_depth, 0, 1) * (len(RAMP) - 1)
+    low = np.floor(position).astype(int).clip(0, len(RAMP) - 2)
+    frac = (position - low)[..., None]
+    rgb = RAMP[low] * (1 - frac) + RAMP[low + 1] * frac
+    return np.where(valid[..., None], rgb, 0).astype(np.uint8)
+
+
+def save_picture_grid(rows: list[list[np.ndarray]], path: Path) -> Path:
+    """Rows of equally sized RGB arrays (input, prediction, ground truth) → one PNG."""
+    height, width = rows[0][0].shape[:2]
+    canvas = np.zeros((len(rows) * (height + 4), len(rows[0]) * (width + 4), 3), np.uint8)
+    for r, row in enumerate(rows):
+        for c, tile in enumerate(row):
+            tile = np.asarray(Image.fromarray(tile).resize((width, height), Image.NEAREST))
+            canvas[
+                r * (height + 4) : r * (height + 4) + height,
+                c * (width + 4) : c * (width + 4) + width,
+            ] = tile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(canvas).save(path)
+    return path
+
+
+def picture_path(ctx, task_name: str, backbone_name: str, head: str) -> Path | None:
+    if ctx.artifacts is None:
+        return None
+    slug = f"{task_name}--{backbone_name}--{head}".replace("/", "_")
+    return Path(ctx.artifacts) / f"{slug}.png"

@@ -1,0 +1,211 @@
+"""Monocular depth on frozen features (paper: Waymo Open depth with DPT and linear decoders,
+REFERENCE.md row 9; protocol notes PROTOCOLS.md §4).
+
+Protocol: images resized to ``image_size`` squared; patch grids of 4 evenly spaced layers
+extracted once (cached); a head — ``dpt`` (DPT decoder: reassemble, fusion, head; sigmoid ×
+max depth) or ``linear`` (DINOv2's linear head: 256 uniform bins, ReLU + 0.1 normalised) —
+trained with DINOv2's scale-invariant log loss, sqrt(Var(g) + 0.15·mean(g)²) with
+g = ln(d̂ + 1e-3) − ln(d + 1e-3), over valid ground-truth pixels at stride 4 of the input
+(sparse LiDAR depth is resampled by averaging the returns that fall in each cell). Evaluation
+at each ground truth's own resolution (prediction upsampled bilinearly), over valid pixels
+(min_depth < d < max_depth, the dataset's crop: Garg for KITTI, the NYU crop for NYU, none for
+Waymo), per image and then averaged over images. ``mse`` is in metres² — whether the paper's
+MSE is on depth, log-depth or normalised depth is not confirmed, so its numbers are shown for
+orientation only. Images without a single valid pixel are skipped and counted in the row.
+
+Paper (MSE, Waymo): DPT ViT-e 0.024 → ViT-22B 0.021; linear 0.053 → 0.039.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalkit.data.dense import DEPTH, DepthFolder, embedded_scene_set, write_scene_set
+from evalkit.errors import EvalkitError
+from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
+from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
+from evalkit.task import Metric, Task
+from evalkit.tasks.dense import (
+    batch_grids,
+    colour_depth,
+    dense_features,
+    picture_path,
+    resize_to,
+    save_picture_grid,
+    train_config,
+)
+from evalkit.train import train
+
+PAPER = {
+    ("waymo", "dpt"): {"ViT-e": 0.024, "ViT-22B": 0.021},
+    ("waymo", "linear"): {"ViT-e": 0.053, "ViT-22B": 0.039},
+}
+LOWER_IS_BETTER = {"mse", "rmse", "abs_rel", "log10"}
+PICTURES = 4
+
+
+@dataclass(frozen=True)
+class Depth(Task):
+    name: str = "waymo-depth-dpt"
+    dataset: str = "waymo"
+    head: str = "dpt"
+    image_size: int = 224
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    channels: int = 64  # DPT fusion width
+    cache_budget_gb: float = 8.0
+
+    version = 1
+
+    @property
+    def reference(self) -> dict:
+        return {"mse": PAPER.get((self.dataset, self.head), {})}
+
+    def metrics(self) -> list[str]:
+        return list(DEPTH_METRICS)
+
+    def run(self, backbone, ctx):
+        if self.head not in DEPTH_HEADS:
+            raise EvalkitError(f"--set head={self.head}: choose from {', '.join(DEPTH_HEADS)}")
+        spec = DEPTH[self.dataset]
+        train_set, val_set = (
+            open_depth(self.dataset, s, self.image_size, backbone, ctx) for s in ("train", "val")
+        )
+        feats, cached = dense_features(self, backbone, ctx, train_set, split="train")
+        val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
+        head = self.fit(feats, train_set, backbone, ctx)
+        per_image, pictures = self.evaluate(head, val_feats, val_set, ctx)
+        extra = {
+            "head": self.head,
+            "train_images": len(train_set),
+            "val_images": len(val_set),
+            "skipped_no_valid_pixels": len(val_set) - len(per_image),
+            "mse_units": "metres^2",
+            "valid": f"{spec.min_depth} < depth < {spec.max_depth} m, LiDAR returns only",
+            "crop": spec.crop or "none",
+            "aggregation": "per image, then mean over images",
+            "features_cached": cached,
+        }
+        if not per_image:
+            raise EvalkitError(f"no validation image of {self.dataset} has a valid depth pixel")
+        if path := picture_path(ctx, self.name, backbone.info.name, self.head):
+            extra["picture"] = str(save_picture_grid(pictures, path))
+        for metric in DEPTH_METRICS:
+            values = [errors[metric] for errors in per_image]
+            yield Metric(
+                metric, float(np.mean(values)), higher_is_better=metric not in LOWER_IS_BETTER,
+                n=len(per_image), seeds=[ctx.seed], extra=extra,
+            )  # fmt: skip
+
+    def build_head(self, dims: list[int], patch: int):
+        spec = DEPTH[self.dataset]
+        if self.head == "linear":
+            return LinearDepth(dims, min_depth=spec.min_depth, max_depth=spec.max_depth)
+        return DPTDepth(dims, patch=patch, max_depth=spec.max_depth, channels=self.channels)
+
+    def fit(self, feats, dataset, backbone, ctx):
+        device = ctx.extract.device
+        head = self.build_head([g.shape[1] for g in feats.grids], backbone.info.patch_size).to(
+            device
+        )
+        size = [4 * s for s in feats.grids[0].shape[-2:]]
+        targets = [sparse_resize(*dataset.target(i), size) for i in range(len(dataset))]
+        depth = torch.stack([d for d, _ in targets])
+        valid = torch.stack([v for _, v in targets])
+
+        def step_loss(indices):
+            pred = resize_to(head(batch_grids(feats, indices, device)).float(), size)[:, 0]
+            return silog_loss(pred, depth[indices].to(device), valid[indices].to(device))
+
+        train(
+            head,
+            step_loss,
+            len(dataset),
+            train_config(self, ctx.seed),
+            device=device,
+            progress=ctx.extract.progress,
+        )
+        return head
+
+    @torch.no_grad()
+    def evaluate(self, head, feats, dataset, ctx):
+        spec = DEPTH[self.dataset]
+        per_image, pictures = [], []
+        for i in range(len(dataset)):
+            gt, valid = dataset.target(i)
+            pred = head([g[i : i + 1].to(ctx.extract.device) for g in feats.grids]).float()
+            pred = (
+                resize_to(pred, gt.shape)[0, 0].clamp(spec.min_depth, spec.max_depth).cpu().numpy()
+            )
+            errors = depth_errors(pred, gt, valid & eval_crop(gt.shape, spec.crop))
+            if errors is not None:
+                per_image.append(errors)
+            if i < PICTURES:
+                full = np.ones_like(valid)
+                pictures.append(
+                    [
+                        dataset.original(i),
+                        colour_depth(pred, full, spec.max_depth),
+                        colour_depth(gt, valid, spec.max_depth),
+                    ]
+                )
+        return per_image, pictures
+
+
+def silog_loss(pred: torch.Tensor, gt: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """DINOv2's SigLoss over valid pixels: sqrt(Var(g) + 0.15·mean(g)²)."""
+    if not valid.any():
+        return pred.sum() * 0.0
+    g = torch.log(pred[valid] + 1e-3) - torch.log(gt[valid] + 1e-3)
+    return torch.sqrt(g.var(unbiased=False) + 0.15 * g.mean() ** 2 + 1e-12)
+
+
+def sparse_resize(depth: np.ndarray, valid: np.ndarray, size) -> tuple[torch.Tensor, torch.Tensor]:
+    """Average the valid returns that fall in each cell of a ``size`` grid; a cell with none
+    stays invalid (nearest-neighbour resizing would drop or invent LiDAR points)."""
+    height, width = depth.shape
+    rows, cols = np.nonzero(valid)
+    cell = (rows * size[0] // height) * size[1] + cols * size[1] // width
+    total = np.bincount(cell, weights=depth[rows, cols], minlength=size[0] * size[1])
+    count = np.bincount(cell, minlength=size[0] * size[1])
+    mean = np.where(count > 0, total / np.maximum(count, 1), 0.0)
+    shape = tuple(size)
+    return torch.from_numpy(mean.reshape(shape)).float(), torch.from_numpy(
+        (count > 0).reshape(shape)
+    )
+
+
+def open_depth(name: str, split: str, size: int, backbone, ctx) -> DepthFolder:
+    from evalkit.data import default_data_root
+
+    spec = DEPTH[name]
+    if ctx.data.source == "embedded":
+        root = write_scene_set(embedded_scene_set(name), ctx.data.cache / "embedded")
+    else:
+        base = ctx.data.root or default_data_root()
+        if base is None:
+            raise EvalkitError(
+                f"no data directory for {name} depth: pass --data-dir DIR (or set EVALKIT_DATA) "
+                f"with DIR/{spec.layout(spec.splits[0])}, or use --data embedded"
+            )
+        root = Path(base) / spec.dirname
+    return DepthFolder(root, split, size, backbone.info.preprocess, spec)
+
+
+waymo_depth_dpt = functools.partial(Depth, name="waymo-depth-dpt", dataset="waymo", head="dpt")
+waymo_depth_linear = functools.partial(
+    Depth, name="waymo-depth-linear", dataset="waymo", head="linear"
+)
+kitti_depth_dpt = functools.partial(Depth, name="kitti-depth-dpt", dataset="kitti", head="dpt")
+kitti_depth_linear = functools.partial(
+    Depth, name="kitti-depth-linear", dataset="kitti", head="linear"
+)
+nyu_depth_dpt = functools.partial(Depth, name="nyu-depth-dpt", dataset="nyu", head="dpt")
+nyu_depth_linear = functools.partial(Depth, name="nyu-depth-linear", dataset="nyu", head="linear")

@@ -1,0 +1,182 @@
+"""ADE20k semantic segmentation on frozen features, with a fraction of the training images
+(paper: "few-shot" ADE20k, REFERENCE.md rows 7-8; protocol notes PROTOCOLS.md §7).
+
+Protocol: a seeded, hashed subset of ``fraction`` of the training images (nested: the 1/16
+images are inside the 1/8 ones; the same for every backbone); images resized to
+``image_size`` squared; the patch grids of 4 evenly spaced layers extracted once (cached);
+a head — ``linear`` (BatchNorm + 1×1 conv on the last layer, DINOv2's BNHead) or ``upernet``
+(ViT feature pyramid from the 4 layers + UPerNet decoder) — trained with cross-entropy
+(ignore 255, labels reduced: 0 → ignored, 1..150 → 0..149) at stride 4 of the input by AdamW
+with warm-up and cosine decay; no augmentation (frozen features are computed once). mIoU and
+pixel accuracy on the validation images at each annotation's own resolution (logits upsampled
+bilinearly), intersection and union summed over the whole set, mean over classes present in
+the ground truth or the prediction.
+
+Paper (mIoU): 1/16: DeiT-III-L 36.1, ViT-G 42.4, ViT-22B 44.7; 1/8: 41.3 / 47.0 / 47.2;
+1/4: 45.6 / 50.2 / 50.6; 1/2: 48.4 / 52.4 / 52.5; 1/1: 51.9 / 55.6 / 54.9. The paper's crop
+is 504 px and its schedule far longer; the defaults here fit a CPU (``--set image_size=504
+--set steps=40000 --set channels=512`` for the paper's scale).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from evalkit.data.dense import (
+    ADE_CLASSES,
+    ADE_DIR,
+    ADE_LAYOUT,
+    IGNORE,
+    ADE20k,
+    embedded_scene_set,
+    write_scene_set,
+)
+from evalkit.errors import EvalkitError
+from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
+from evalkit.metrics import confusion_matrix, segmentation_scores
+from evalkit.task import Metric, Task
+from evalkit.tasks.dense import (
+    batch_grids,
+    colour_labels,
+    dense_features,
+    hashed_subset,
+    picture_path,
+    resize_to,
+    save_picture_grid,
+    train_config,
+)
+from evalkit.train import train
+
+PAPER = {
+    1 / 16: {"DeiT-III-L": 36.1, "ViT-G": 42.4, "ViT-22B": 44.7},
+    1 / 8: {"DeiT-III-L": 41.3, "ViT-G": 47.0, "ViT-22B": 47.2},
+    1 / 4: {"DeiT-III-L": 45.6, "ViT-G": 50.2, "ViT-22B": 50.6},
+    1 / 2: {"DeiT-III-L": 48.4, "ViT-G": 52.4, "ViT-22B": 52.5},
+    1.0: {"DeiT-III-L": 51.9, "ViT-G": 55.6, "ViT-22B": 54.9},
+}
+PICTURES = 4
+
+
+@dataclass(frozen=True)
+class Segmentation(Task):
+    name: str = "ade20k-1/1"
+    fraction: float = 1.0
+    head: str = "linear"
+    image_size: int = 224
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    channels: int = 64  # UperNet decoder width
+    cache_budget_gb: float = 8.0
+
+    version = 1
+
+    @property
+    def reference(self) -> dict:
+        return {"miou": PAPER.get(self.fraction, {})}
+
+    def metrics(self) -> list[str]:
+        return ["miou", "pixel_acc"]
+
+    def run(self, backbone, ctx):
+        if self.head not in SEGMENTATION_HEADS:
+            raise EvalkitError(
+                f"--set head={self.head}: choose from {', '.join(SEGMENTATION_HEADS)}"
+            )
+        train_set, val_set = (
+            open_ade20k(s, self.image_size, backbone, ctx) for s in ("train", "val")
+        )
+        subset = hashed_subset([p.name for p in train_set.images], self.fraction, ctx.seed)
+        feats, cached = dense_features(self, backbone, ctx, train_set, split="train", subset=subset)
+        val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
+        indices = subset if subset is not None else list(range(len(train_set)))
+        head = self.fit(feats, [train_set.target(i) for i in indices], ctx)
+        confusion, pictures = self.evaluate(head, val_feats, val_set, ctx)
+        scores = segmentation_scores(confusion)
+        extra = {
+            "head": self.head,
+            "train_images": len(indices),
+            "val_images": len(val_set),
+            "classes_scored": scores["classes"],
+            "features_cached": cached,
+            "eval_resolution": "annotation",
+        }
+        if path := picture_path(ctx, self.name, backbone.info.name, self.head):
+            extra["picture"] = str(save_picture_grid(pictures, path))
+        for metric in self.metrics():
+            yield Metric(metric, scores[metric], n=len(val_set), seeds=[ctx.seed], extra=extra)
+
+    def build_head(self, dims: list[int]):
+        if self.head == "linear":
+            return LinearSegmentation(dims, ADE_CLASSES)
+        return UperNetSegmentation(dims, ADE_CLASSES, self.channels)
+
+    def fit(self, feats, targets: list[np.ndarray], ctx):
+        device = ctx.extract.device
+        head = self.build_head([g.shape[1] for g in feats.grids]).to(device)
+        size = [4 * s for s in feats.grids[0].shape[-2:]]
+        labels = torch.stack([resize_labels(t, size) for t in targets])
+
+        def step_loss(indices):
+            logits = resize_to(head(batch_grids(feats, indices, device)), size)
+            return F.cross_entropy(logits.float(), labels[indices].to(device), ignore_index=IGNORE)
+
+        train(
+            head,
+            step_loss,
+            len(targets),
+            train_config(self, ctx.seed),
+            device=device,
+            progress=ctx.extract.progress,
+        )
+        return head
+
+    @torch.no_grad()
+    def evaluate(self, head, feats, dataset, ctx):
+        confusion = np.zeros((ADE_CLASSES, ADE_CLASSES), dtype=np.int64)
+        pictures = []
+        for i in range(len(dataset)):
+            target = dataset.target(i)
+            logits = head([g[i : i + 1].to(ctx.extract.device) for g in feats.grids])
+            pred = resize_to(logits.float(), target.shape).argmax(1)[0].cpu().numpy()
+            confusion += confusion_matrix(pred, target, ADE_CLASSES)
+            if i < PICTURES:
+                pictures.append([dataset.original(i), colour_labels(pred), colour_labels(target)])
+        return confusion, pictures
+
+
+def resize_labels(labels: np.ndarray, size) -> torch.Tensor:
+    """Nearest-neighbour resize of a label map (ignore pixels stay ignored)."""
+    tensor = torch.from_numpy(labels.astype(np.int64))[None, None].float()
+    return F.interpolate(tensor, size=tuple(size), mode="nearest")[0, 0].long()
+
+
+def open_ade20k(split: str, size: int, backbone, ctx) -> ADE20k:
+    from pathlib import Path
+
+    from evalkit.data import default_data_root
+
+    if ctx.data.source == "embedded":
+        root = write_scene_set(embedded_scene_set("ade20k"), ctx.data.cache / "embedded")
+    else:
+        base = ctx.data.root or default_data_root()
+        if base is None:
+            raise EvalkitError(
+                f"no data directory for ADE20k: pass --data-dir DIR (or set EVALKIT_DATA) with "
+                f"DIR/{ADE_LAYOUT}, or use --data embedded"
+            )
+        root = Path(base) / ADE_DIR
+    return ADE20k(root, split, size, backbone.info.preprocess)
+
+
+ade20k_1_16 = functools.partial(Segmentation, name="ade20k-1/16", fraction=1 / 16)
+ade20k_1_8 = functools.partial(Segmentation, name="ade20k-1/8", fraction=1 / 8)
+ade20k_1_4 = functools.partial(Segmentation, name="ade20k-1/4", fraction=1 / 4)
+ade20k_1_2 = functools.partial(Segmentation, name="ade20k-1/2", fraction=1 / 2)
+ade20k_1_1 = functools.partial(Segmentation, name="ade20k-1/1", fraction=1.0)
