@@ -198,7 +198,8 @@ def _forward(backbone, images, labels, request: FeatureRequest, settings: Extrac
         )
     out = {"pooled": feats.pooled.float().cpu(), "labels": torch.as_tensor(labels)}
     for layer, grid in enumerate(feats.grids or []):
-        out[f"grid.{layer}"] = grid.float().cpu()
+        # contiguous, as a cache read returns it: kernels pick algorithms by memory layout
+        out[f"grid.{layer}"] = grid.float().cpu().contiguous()
     return out
 
 

@@ -22,6 +22,14 @@ class TrainConfig:
     seed: int = 0
 
 
+def seeded_build(factory: Callable[[], torch.nn.Module], seed: int) -> torch.nn.Module:
+    """Build a module with its initial weights drawn from ``seed`` alone (not from whatever
+    the global generator went through before), leaving the global generator untouched."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return factory()
+
+
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup:
         return (step + 1) / cfg.warmup

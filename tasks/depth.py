@@ -39,7 +39,7 @@ from evalkit.tasks.dense import (
     save_picture_grid,
     train_config,
 )
-from evalkit.train import train
+from evalkit.train import seeded_build, train
 
 PAPER = {
     ("waymo", "dpt"): {"ViT-e": 0.024, "ViT-22B": 0.021},
@@ -112,9 +112,8 @@ class Depth(Task):
 
     def fit(self, feats, dataset, backbone, ctx):
         device = ctx.extract.device
-        head = self.build_head([g.shape[1] for g in feats.grids], backbone.info.patch_size).to(
-            device
-        )
+        dims, patch = [g.shape[1] for g in feats.grids], backbone.info.patch_size
+        head = seeded_build(lambda: self.build_head(dims, patch), ctx.seed).to(device)
         size = [4 * s for s in feats.grids[0].shape[-2:]]
         targets = [sparse_resize(*dataset.target(i), size) for i in range(len(dataset))]
         depth = torch.stack([d for d, _ in targets])

@@ -50,7 +50,7 @@ from evalkit.tasks.dense import (
     save_picture_grid,
     train_config,
 )
-from evalkit.train import train
+from evalkit.train import seeded_build, train
 
 PAPER = {
     1 / 16: {"DeiT-III-L": 36.1, "ViT-G": 42.4, "ViT-22B": 44.7},
@@ -119,7 +119,8 @@ class Segmentation(Task):
 
     def fit(self, feats, targets: list[np.ndarray], ctx):
         device = ctx.extract.device
-        head = self.build_head([g.shape[1] for g in feats.grids]).to(device)
+        dims = [g.shape[1] for g in feats.grids]
+        head = seeded_build(lambda: self.build_head(dims), ctx.seed).to(device)
         size = [4 * s for s in feats.grids[0].shape[-2:]]
         labels = torch.stack([resize_labels(t, size) for t in targets])
 
