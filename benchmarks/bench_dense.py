@@ -1,0 +1,80 @@
+"""Dense tasks on this CPU with ``vit22b/s`` at 224 px: dense feature extraction (4 tapped
+layers' patch grids) in images/s; UperNet head training steps/s on cached features against
+the same steps re-running the frozen backbone for every batch (the baseline a cache avoids);
+peak resident memory. Target: cached head training ≫ 1× the backbone-in-the-loop steps."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.bench_extraction import TensorImages
+from benchmarks.common import report
+from evalkit.backbones import BackboneOptions, load_backbone
+from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.heads.dense import UperNetSegmentation
+from evalkit.tasks.dense import tap_layers
+
+
+def train_steps(head, grids_for, steps: int, batch: int, n: int) -> float:
+    """Seconds per step of head training; ``grids_for(indices)`` supplies the inputs."""
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-3)
+    target = torch.randint(0, 150, (batch, 56, 56))
+    start = time.perf_counter()
+    for step in range(steps):
+        indices = torch.arange(step * batch, (step + 1) * batch) % n
+        logits = F.interpolate(head(grids_for(indices)), size=(56, 56), mode="bilinear")
+        loss = F.cross_entropy(logits, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / steps
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+    backbone = load_backbone("vit22b/s", BackboneOptions())
+    layers = tap_layers(backbone.info.depth)
+    torch.manual_seed(0)
+    images = torch.randn(args.images, 3, 224, 224)
+    request = FeatureRequest(layers=layers, pool="mean", dense=True)
+    settings = ExtractSettings(cache_dir=None, batch_size=args.batch, workers=0, progress=False)
+    start = time.perf_counter()
+    feats = extract_features(
+        backbone, TensorImages(images), request=request, settings=settings, split="x"
+    )
+    extract_s = time.perf_counter() - start
+    head = UperNetSegmentation([backbone.info.embed_dim] * 4, 150, 64)
+
+    def from_backbone(indices):
+        with torch.inference_mode():
+            grids = backbone.extract(images[indices], layers=layers, pool="mean", dense=True).grids
+        return [g.clone() for g in grids]
+
+    cached = train_steps(
+        head, lambda i: [g[i] for g in feats.grids], args.steps, args.batch, args.images
+    )
+    live = train_steps(head, from_backbone, args.steps, args.batch, args.images)
+    report(
+        "dense",
+        {
+            "backbone": "vit22b/s",
+            "extract_img_per_s": round(args.images / extract_s, 1),
+            "head_steps_per_s_cached": round(1 / cached, 2),
+            "head_steps_per_s_backbone_in_loop": round(1 / live, 2),
+            "cached_vs_backbone_in_loop": round(live / cached, 2),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
