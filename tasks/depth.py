@@ -80,7 +80,7 @@ class Depth(Task):
         )
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train")
         val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
-        head = self.fit(feats, train_set, backbone, ctx)
+        head = self.fit(feats, train_set, ctx)
         per_image, pictures = self.evaluate(head, val_feats, val_set, ctx)
         extra = {
             "head": self.head,
@@ -104,16 +104,16 @@ class Depth(Task):
                 n=len(per_image), seeds=[ctx.seed], extra=extra,
             )  # fmt: skip
 
-    def build_head(self, dims: list[int], patch: int):
+    def build_head(self, dims: list[int]):
         spec = DEPTH[self.dataset]
         if self.head == "linear":
             return LinearDepth(dims, min_depth=spec.min_depth, max_depth=spec.max_depth)
-        return DPTDepth(dims, patch=patch, max_depth=spec.max_depth, channels=self.channels)
+        return DPTDepth(dims, max_depth=spec.max_depth, channels=self.channels)
 
-    def fit(self, feats, dataset, backbone, ctx):
+    def fit(self, feats, dataset, ctx):
         device = ctx.extract.device
-        dims, patch = [g.shape[1] for g in feats.grids], backbone.info.patch_size
-        head = seeded_build(lambda: self.build_head(dims, patch), ctx.seed).to(device)
+        dims = [g.shape[1] for g in feats.grids]
+        head = seeded_build(lambda: self.build_head(dims), ctx.seed).to(device)
         size = [4 * s for s in feats.grids[0].shape[-2:]]
         targets = [sparse_resize(*dataset.target(i), size) for i in range(len(dataset))]
         depth = torch.stack([d for d, _ in targets])

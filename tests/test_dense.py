@@ -180,7 +180,9 @@ def test_heads_output_shapes():
     assert UperNetSegmentation([32] * 4, 150, 16)(grids).shape == (2, 150, 16, 16)
     depth = LinearDepth([32] * 4, min_depth=1.0, max_depth=5.0)(grids)
     assert depth.shape == (2, 1, 16, 16) and depth.min() >= 1.0 and depth.max() <= 5.0
-    assert DPTDepth([32] * 4, patch=16, max_depth=80.0, channels=16)(grids).shape == (2, 1, 64, 64)
+    assert DPTDepth([32] * 4, max_depth=80.0, channels=16)(grids).shape == (2, 1, 64, 64)
+    odd = [torch.randn(1, 32, 16, 16) for _ in range(4)]  # patch 14 at 224 px
+    assert DPTDepth([32] * 4, max_depth=80.0, channels=16)(odd).shape == (1, 1, 256, 256)
 
 
 @pytest.fixture()
@@ -206,13 +208,11 @@ def test_ade20k_alias_end_to_end_writes_rows_and_pictures(cli_env, small_scenes,
 
 
 def test_depth_end_to_end_is_deterministic(cli_env, small_scenes):
-    args = ("--task", "waymo-depth-linear", "--set", "steps=4", "--set", "image_size=112")
+    args = ("--task", "waymo-depth-dpt", "--set", "steps=4", "--set", "image_size=112")
     assert run_cli(*args) == 0
     assert run_cli(*args, "--force", "--out", "again") == 0
-    first = [
-        json.loads(line) for line in (cli_env / "results/runs/waymo-depth-linear.jsonl").open()
-    ]
-    second = [json.loads(line) for line in (cli_env / "again/waymo-depth-linear.jsonl").open()]
+    first = [json.loads(line) for line in (cli_env / "results/runs/waymo-depth-dpt.jsonl").open()]
+    second = [json.loads(line) for line in (cli_env / "again/waymo-depth-dpt.jsonl").open()]
     assert [r["value"] for r in first] == [r["value"] for r in second]
     assert {r["metric"]: r["higher_is_better"] for r in first}["mse"] is False
     assert first[0]["extra"]["skipped_no_valid_pixels"] == 0

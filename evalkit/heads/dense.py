@@ -95,13 +95,15 @@ class LinearDepth(nn.Module):
 
 
 class DPTDepth(nn.Module):
-    def __init__(self, dims: list[int], *, patch: int, max_depth: float, channels: int = 256):
+    def __init__(self, dims: list[int], *, max_depth: float, channels: int = 256):
         super().__init__()
         from segmentation_models_pytorch.decoders.dpt.decoder import DPTDecoder
 
         self.decoder = DPTDecoder(
             encoder_out_channels=tuple(dims),
-            encoder_output_strides=(patch,) * len(dims),
+            # smp derives the resampling from stride / 4, 8, 16, 32; 16 gives DPT's ×4, ×2,
+            # ×1, ×½ of the patch grid whatever the patch size (14 would give ×3.5 …).
+            encoder_output_strides=(16,) * len(dims),
             encoder_has_prefix_tokens=False,
             readout="ignore",
             intermediate_channels=tuple(
