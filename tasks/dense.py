@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,22 @@ import torch.nn.functional as F
 from PIL import Image
 
 from evalkit.features import FeatureRequest, FeatureSet
+from evalkit.task import Task
 from evalkit.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class DenseSettings(Task):
+    """Settings every dense task has; defaults fit a CPU (see the task modules for the
+    paper's scale)."""
+
+    image_size: int = 224
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    channels: int = 64  # UperNet decoder / DPT fusion width
+    cache_budget_gb: float = 8.0
 
 
 def tap_layers(depth: int, taps: int = 4) -> tuple[int, ...]:

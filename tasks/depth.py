@@ -29,8 +29,9 @@ from evalkit.data.dense import DEPTH, DepthFolder, embedded_scene_set, write_sce
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
-from evalkit.task import Metric, Task
+from evalkit.task import Metric
 from evalkit.tasks.dense import (
+    DenseSettings,
     batch_grids,
     colour_depth,
     dense_features,
@@ -50,17 +51,10 @@ PICTURES = 4
 
 
 @dataclass(frozen=True)
-class Depth(Task):
+class Depth(DenseSettings):
     name: str = "waymo-depth-dpt"
     dataset: str = "waymo"
     head: str = "dpt"
-    image_size: int = 224
-    steps: int = 300
-    batch_size: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    channels: int = 64  # DPT fusion width
-    cache_budget_gb: float = 8.0
 
     version = 1
 

@@ -39,8 +39,9 @@ from evalkit.data.dense import (
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
-from evalkit.task import Metric, Task
+from evalkit.task import Metric
 from evalkit.tasks.dense import (
+    DenseSettings,
     batch_grids,
     colour_labels,
     dense_features,
@@ -63,17 +64,10 @@ PICTURES = 4
 
 
 @dataclass(frozen=True)
-class Segmentation(Task):
+class Segmentation(DenseSettings):
     name: str = "ade20k-1/1"
     fraction: float = 1.0
     head: str = "linear"
-    image_size: int = 224
-    steps: int = 300
-    batch_size: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    channels: int = 64  # UperNet decoder width
-    cache_budget_gb: float = 8.0
 
     version = 1
 

@@ -101,6 +101,16 @@ def check_pool(info: BackboneInfo, pool: str):
         )
 
 
+def resolve_layers(info: BackboneInfo, layers, pool: str, *, map_head: str) -> list[int]:
+    """Check a request and return absolute layer indices; ``map`` pools with the model's own
+    attention-pool head, which sits after the last block only."""
+    check_pool(info, pool)
+    indices = absolute_layers(tuple(layers), info.depth)
+    if pool == "map" and indices != [info.depth - 1]:
+        raise EvalkitError(f"pool 'map' uses the model's {map_head}: only layers=-1")
+    return indices
+
+
 def absolute_layers(layers: tuple[int, ...], depth: int) -> list[int]:
     """Negative layer indices count from the end (-1 = last block)."""
     out = [depth + i if i < 0 else i for i in layers]

@@ -13,12 +13,11 @@ from evalkit.backbones.base import (
     BackboneInfo,
     Features,
     Preprocess,
-    absolute_layers,
     build_transform,
-    check_pool,
     count_params,
     pool_tokens,
     random_init_id,
+    resolve_layers,
 )
 from evalkit.backbones.options import BackboneOptions
 from evalkit.backbones.weights import fingerprint, load_strict, read_state_dict
@@ -35,10 +34,7 @@ class TimmBackbone:
         return build_transform(self.info.preprocess, train=train)
 
     def extract(self, images, *, layers=(-1,), pool="cls", dense=False) -> Features:
-        check_pool(self.info, pool)
-        indices = absolute_layers(tuple(layers), self.info.depth)
-        if pool == "map" and indices != [self.info.depth - 1]:
-            raise EvalkitError("pool 'map' uses the model's attention-pool head: only layers=-1")
+        indices = resolve_layers(self.info, layers, pool, map_head="attention-pool head")
         final, intermediates = self._forward(images, indices, need_final=pool == "map")
         if self._tokens:
             grids = [grid for grid, _ in intermediates]

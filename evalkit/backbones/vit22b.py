@@ -19,10 +19,9 @@ from evalkit.backbones.base import (
     BackboneInfo,
     Features,
     Preprocess,
-    absolute_layers,
     build_transform,
-    check_pool,
     random_init_id,
+    resolve_layers,
 )
 from evalkit.backbones.options import BackboneOptions
 from evalkit.errors import EvalkitError, did_you_mean
@@ -44,10 +43,7 @@ class ViT22BBackbone:
         return build_transform(self.info.preprocess, train=train)
 
     def extract(self, images, *, layers=(-1,), pool="map", dense=False) -> Features:
-        check_pool(self.info, pool)
-        indices = absolute_layers(tuple(layers), self.info.depth)
-        if pool == "map" and indices != [self.info.depth - 1]:
-            raise EvalkitError("pool 'map' uses the model's MAP head: only layers=-1")
+        indices = resolve_layers(self.info, layers, pool, map_head="MAP head")
         images = images.to(next(self.model.parameters()).dtype)
         tokens = self._forward(images, indices)
         prefix = self.model.cfg.prefix_tokens
