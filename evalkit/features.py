@@ -26,6 +26,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.parallel import mesh
+from evalkit.progress import ProgressBar
 
 FORMAT_VERSION = 1
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
@@ -163,9 +164,9 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
 def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> dict[int, dict]:
     computed, pending, shard_pos = {}, [], 0
     layout = mesh.current()
-    with _progress(
-        settings.progress and layout.main, sum(len(shards[i]) for i in todo), backbone.info.name
-    ) as advance:
+    total = sum(len(shards[i]) for i in todo)
+    enabled = settings.progress and layout.main
+    with ProgressBar(enabled, total, f"features {backbone.info.name}", status="rate") as advance:
         for images, labels in loader:
             pending.append(_forward(backbone, images, labels, request, settings))
             advance(len(labels))
@@ -254,51 +255,6 @@ def _atomic_write_text(path: Path, text: str):
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def _rate_column():
-    from rich.progress import ProgressColumn
-    from rich.text import Text
-
-    class RateColumn(ProgressColumn):
-        def render(self, task):
-            return Text(f"{task.speed:.1f} img/s" if task.speed else "… img/s")
-
-    return RateColumn()
-
-
-class _progress:
-    """A rich progress bar with images/s; a no-op when disabled."""
-
-    def __init__(self, enabled: bool, total: int, label: str):
-        self.enabled, self.total, self.label = enabled, total, label
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda n: None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            _rate_column(),
-            TimeRemainingColumn(),
-            transient=True,
-        )
-        self.bar.__enter__()
-        task = self.bar.add_task(f"features {self.label}", total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.__exit__(*exc)
 
 
 def list_cache(root: Path) -> list[dict]:

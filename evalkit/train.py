@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.progress import ProgressBar
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -66,7 +68,8 @@ def train(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     use_bf16 = torch.device(device).type == "cuda"
     losses = []
-    with _bar(progress, cfg.steps) as advance:
+    status = "loss {task.fields[loss]:.4f}"
+    with ProgressBar(progress, cfg.steps, "train head", status=status) as update:
         for indices in batch_order(n, cfg):
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
                 loss = step_loss(indices)
@@ -76,34 +79,6 @@ def train(
             optimizer.step()
             schedule.step()
             losses.append(loss.item())
-            advance(loss.item())
+            update(loss=losses[-1])
     module.eval()
     return losses
-
-
-class _bar:
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda loss: None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn("[bold]train head"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn(), transient=True,
-        )  # fmt: skip
-        self.bar.__enter__()
-        task = self.bar.add_task("train", total=self.total, loss=float("nan"))
-        return lambda loss: self.bar.update(task, advance=1, loss=loss)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.__exit__(*exc)

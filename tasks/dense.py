@@ -18,7 +18,7 @@ from PIL import Image
 
 from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.task import Task
-from evalkit.train import TrainConfig
+from evalkit.train import TrainConfig, seeded_build, train
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,22 @@ class DenseSettings(Task):
     weight_decay: float = 1e-4
     channels: int = 64  # UperNet decoder / DPT fusion width
     cache_budget_gb: float = 8.0
+
+    def build_head(self, dims: list[int]) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def new_head(self, feats: FeatureSet, ctx) -> torch.nn.Module:
+        """This task's head for these grids, initialised from the seed alone."""
+        dims = [g.shape[1] for g in feats.grids]
+        return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.extract.device)
+
+    def train_head(self, head, step_loss, n: int, ctx) -> torch.nn.Module:
+        config = TrainConfig(
+            steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+            weight_decay=self.weight_decay, warmup=min(50, self.steps // 10), seed=ctx.seed,
+        )  # fmt: skip
+        train(head, step_loss, n, config, device=ctx.extract.device, progress=ctx.extract.progress)
+        return head
 
 
 def tap_layers(depth: int, taps: int = 4) -> tuple[int, ...]:
@@ -64,13 +80,6 @@ def dense_features(
     if not cached:  # too big for the disk budget: extract into memory only
         ctx = replace(ctx, extract=replace(ctx.extract, cache_dir=None))
     return ctx.features(backbone, dataset, split=split, request=request, subset=subset), cached
-
-
-def train_config(task, seed: int) -> TrainConfig:
-    return TrainConfig(
-        steps=task.steps, batch_size=task.batch_size, lr=task.lr, weight_decay=task.weight_decay,
-        warmup=min(50, task.steps // 10), seed=seed,
-    )  # fmt: skip
 
 
 def batch_grids(feats: FeatureSet, indices: torch.Tensor, device: str) -> list[torch.Tensor]:

@@ -38,9 +38,7 @@ from evalkit.tasks.dense import (
     picture_path,
     resize_to,
     save_picture_grid,
-    train_config,
 )
-from evalkit.train import seeded_build, train
 
 PAPER = {
     ("waymo", "dpt"): {"ViT-e": 0.024, "ViT-22B": 0.021},
@@ -106,8 +104,7 @@ class Depth(DenseSettings):
 
     def fit(self, feats, dataset, ctx):
         device = ctx.extract.device
-        dims = [g.shape[1] for g in feats.grids]
-        head = seeded_build(lambda: self.build_head(dims), ctx.seed).to(device)
+        head = self.new_head(feats, ctx)
         size = [4 * s for s in feats.grids[0].shape[-2:]]
         targets = [sparse_resize(*dataset.target(i), size) for i in range(len(dataset))]
         depth = torch.stack([d for d, _ in targets])
@@ -117,15 +114,7 @@ class Depth(DenseSettings):
             pred = resize_to(head(batch_grids(feats, indices, device)).float(), size)[:, 0]
             return silog_loss(pred, depth[indices].to(device), valid[indices].to(device))
 
-        train(
-            head,
-            step_loss,
-            len(dataset),
-            train_config(self, ctx.seed),
-            device=device,
-            progress=ctx.extract.progress,
-        )
-        return head
+        return self.train_head(head, step_loss, len(dataset), ctx)
 
     @torch.no_grad()
     def evaluate(self, head, feats, dataset, ctx):

@@ -49,9 +49,7 @@ from evalkit.tasks.dense import (
     picture_path,
     resize_to,
     save_picture_grid,
-    train_config,
 )
-from evalkit.train import seeded_build, train
 
 PAPER = {
     1 / 16: {"DeiT-III-L": 36.1, "ViT-G": 42.4, "ViT-22B": 44.7},
@@ -113,8 +111,7 @@ class Segmentation(DenseSettings):
 
     def fit(self, feats, targets: list[np.ndarray], ctx):
         device = ctx.extract.device
-        dims = [g.shape[1] for g in feats.grids]
-        head = seeded_build(lambda: self.build_head(dims), ctx.seed).to(device)
+        head = self.new_head(feats, ctx)
         size = [4 * s for s in feats.grids[0].shape[-2:]]
         labels = torch.stack([resize_labels(t, size) for t in targets])
 
@@ -122,15 +119,7 @@ class Segmentation(DenseSettings):
             logits = resize_to(head(batch_grids(feats, indices, device)), size)
             return F.cross_entropy(logits.float(), labels[indices].to(device), ignore_index=IGNORE)
 
-        train(
-            head,
-            step_loss,
-            len(targets),
-            train_config(self, ctx.seed),
-            device=device,
-            progress=ctx.extract.progress,
-        )
-        return head
+        return self.train_head(head, step_loss, len(targets), ctx)
 
     @torch.no_grad()
     def evaluate(self, head, feats, dataset, ctx):

@@ -83,7 +83,7 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     name = f"vit22b/{size}"
     weights_id = source.weights_id() if source else random_init_id(_id_name(name, cfg), opts.seed)
     sharded = layout.tp_size > 1 or opts.fsdp
-    return ViT22BBackbone(model, _info(name, cfg, weights_id), sharded=sharded)
+    return ViT22BBackbone(model, _info(name, cfg, weights_id, model), sharded=sharded)
 
 
 def _dims_free(switches: dict) -> dict:
@@ -148,7 +148,7 @@ def available_bytes(device: str) -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _info(name: str, cfg, weights_id: str) -> BackboneInfo:
+def _info(name: str, cfg, weights_id: str, model: vit.ViT) -> BackboneInfo:
     return BackboneInfo(
         name=name,
         weights_id=weights_id,
@@ -156,13 +156,8 @@ def _info(name: str, cfg, weights_id: str) -> BackboneInfo:
         patch_size=cfg.patch,
         depth=cfg.depth,
         num_prefix_tokens=cfg.prefix_tokens,
-        params=_param_count(cfg),
+        params=sum(p.numel() for p in model.parameters()),  # global sizes, also when sharded
         preprocess=Preprocess(size=cfg.image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
         pools=POOLS[cfg.pool],
         random_init=weights_id.startswith("random-init"),
     )
-
-
-def _param_count(cfg) -> int:
-    with torch.device("meta"):
-        return sum(p.numel() for p in vit.ViT(cfg).parameters())
