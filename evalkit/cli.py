@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--fsdp", action="store_true", help="vit22b: also shard weights over data-parallel ranks"
     )
     run.add_argument(
+        "--model-arg",
+        dest="model_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="backbone option, e.g. qk_norm=false or parallel=false (vit22b), img_size=384 (timm)",
+    )
+    run.add_argument(
         "--random-init",
         action="store_true",
         help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
@@ -150,6 +158,7 @@ def cmd_run(args, console) -> int:
     from rich.table import Table
 
     from evalkit.backbones import BackboneOptions, load_backbone
+    from evalkit.backbones.options import parse_model_args
     from evalkit.parallel import mesh
     from evalkit.runner import alias_note, resolve_task, run_task
 
@@ -168,6 +177,7 @@ def cmd_run(args, console) -> int:
         dtype=ctx.extract.dtype,
         random_init=args.random_init,
         fsdp=args.fsdp,
+        model_kwargs=parse_model_args(args.model_args),
     )
     table = Table("task", "backbone", "metric", "value", "n", "")
     for spec in args.backbone:

@@ -247,3 +247,20 @@ def test_backbone_pools_and_dense_grids():
         assert [g.shape for g in feats.grids] == [(2, 64, 16, 16)] * 2
         with pytest.raises(EvalkitError, match="only layers=-1"):
             backbone.extract(images, layers=(0,), pool="map")
+
+
+def test_model_args_reach_the_ablation_switches(cli_env):
+    from evalkit.backbones import BackboneOptions, load_backbone
+    from evalkit.backbones.options import parse_model_args
+    from evalkit.cli import main
+
+    kwargs = parse_model_args(["qk_norm=false", "parallel=False", "depth=2", "pool=gap"])
+    assert kwargs == {"qk_norm": False, "parallel": False, "depth": 2, "pool": "gap"}
+    backbone = load_backbone("vit22b/test", BackboneOptions(model_kwargs=kwargs))
+    block = backbone.model.blocks[0]
+    assert not block.parallel and isinstance(block.attn.q_norm, torch.nn.Identity)
+    assert backbone.info.depth == 2 and backbone.info.pools == ("mean",)
+    with pytest.raises(EvalkitError, match="no model option 'qk_nrom'.*qk_norm"):
+        load_backbone("vit22b/test", BackboneOptions(model_kwargs={"qk_nrom": False}))
+    args = ["run", "--task", "imagenet-linear", "--backbone", "vit22b/test", "--data", "embedded"]
+    assert main([*args, "--model-arg", "pool=nope"]) == 2

@@ -81,7 +81,12 @@ def _create(timm, variant: str, opts: BackboneOptions):
         return model, f"timm-hub:{model.pretrained_cfg.get('hf_hub_id') or variant}"
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
-        model = timm.create_model(variant, pretrained=False, **kwargs)
+        try:
+            model = timm.create_model(variant, pretrained=False, **kwargs)
+        except TypeError as exc:  # an option the model's constructor does not take
+            raise EvalkitError(
+                f"timm/{variant} rejected --model-arg {opts.model_kwargs}: {exc}"
+            ) from exc
     if opts.weights is None:
         return model, random_init_id(f"timm/{variant}", opts.seed)
     head = model.pretrained_cfg.get("classifier") or "head"

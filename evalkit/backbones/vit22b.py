@@ -72,7 +72,7 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
         raise EvalkitError(f"unknown vit22b size {size!r}: {did_you_mean(size, list(vit.SIZES))}")
     source = SafetensorsSource(opts.weights) if opts.weights else None
     saved = _dims_free(source.config()) if source else {}
-    cfg = vit.config(size, **(saved | opts.model_kwargs))
+    cfg = _config(size, saved | opts.model_kwargs)
     layout = mesh.current()
     _check_can_run(size, cfg, opts, layout, has_weights=source is not None)
     model = _build_sharded(cfg, opts, layout)
@@ -84,6 +84,19 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     weights_id = source.weights_id() if source else random_init_id(_id_name(name, cfg), opts.seed)
     sharded = layout.tp_size > 1 or opts.fsdp
     return ViT22BBackbone(model, _info(name, cfg, weights_id, model), sharded=sharded)
+
+
+def _config(size: str, switches: dict) -> vit.ViTConfig:
+    valid = list(vit.ViTConfig.__dataclass_fields__)
+    unknown = [k for k in switches if k not in valid]
+    if unknown:
+        raise EvalkitError(
+            f"vit22b has no model option {unknown[0]!r}: {did_you_mean(unknown[0], valid)}"
+        )
+    try:
+        return vit.config(size, **switches)
+    except ValueError as exc:  # e.g. pool=foo, a width the heads do not divide
+        raise EvalkitError(f"vit22b/{size} model options {switches}: {exc}") from exc
 
 
 def _dims_free(switches: dict) -> dict:
