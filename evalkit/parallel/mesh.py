@@ -38,10 +38,6 @@ class Layout:
         """Writes the cache shards its tensor-parallel group computed."""
         return self.tp_rank == 0
 
-    @property
-    def world(self) -> int:
-        return self.dp_size * self.tp_size
-
 
 _CURRENT = [Layout()]
 
