@@ -11,8 +11,8 @@ import time
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
+from evalkit import distributed as mesh
 from evalkit.models.vit22b import ViT, config, init_value
-from evalkit.parallel import mesh
 from evalkit.parallel.load import RandomSource, materialize
 from evalkit.parallel.plan import apply_tensor_parallel
 

@@ -16,7 +16,7 @@ def list_tasks() -> list[str]:
     return TASKS.names()
 
 
-def get_task(name: str, overrides: list[str] | None = None):
+def get_task(name: str, overrides=()):
     from evalkit.runner import resolve_task
 
     return resolve_task(name, overrides)
@@ -30,27 +30,15 @@ def load_backbone(spec: str, **options):
     return _load(spec, BackboneOptions(**options))
 
 
-def run(
-    task: str,
-    backbone: str,
-    *,
-    out_dir="results/runs",
-    overrides=None,
-    force=False,
-    context=None,
-    **backbone_options,
-):
-    """Run one task on one backbone; returns the result rows (also appended under ``out_dir``)."""
-    from pathlib import Path
+def run(tasks, backbones, **options) -> list[dict]:
+    """Run each task on each backbone; returns the result rows (also appended under ``out``).
 
-    from evalkit.runner import resolve_task, run_task
-    from evalkit.task import TaskContext
+    ``tasks`` and ``backbones`` are a name or a list of names; ``options`` are the fields of
+    ``evalkit.runner.RunSpec`` (``seeds``, ``overrides``, ``weights``, ``model_args``, ``data``,
+    ``data_dir``, ``out``, ``device``, ``dtype``, ...), the same as the command line's options.
+    """
+    from evalkit.runner import RunSpec
+    from evalkit.runner import run as run_spec
 
-    rows, _ = run_task(
-        resolve_task(task, overrides),
-        load_backbone(backbone, **backbone_options),
-        context or TaskContext(),
-        out_dir=Path(out_dir),
-        force=force,
-    )
-    return rows
+    spec = RunSpec(tasks=tasks, backbones=backbones, **options)
+    return [row for job in run_spec(spec) for row in job.rows]

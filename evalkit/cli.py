@@ -19,9 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run tasks on backbones and write result rows")
-    run.add_argument("--task", action="append", required=True, help="task name (repeatable)")
+    run.add_argument(
+        "--task", dest="tasks", action="append", required=True, help="task name (repeatable)"
+    )
     run.add_argument(
         "--backbone",
+        dest="backbones",
         action="append",
         required=True,
         help="e.g. timm/vit_tiny_patch16_224 (repeatable)",
@@ -65,7 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on cuda, fp32 on cpu"
     )
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        help="seed of a run (repeatable: one run per seed; default 0); a backbone without "
+        "weights is initialised from the first",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--tp", type=int, default=1, help="tensor-parallel ranks for vit22b (under torchrun)"
@@ -154,55 +163,68 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args, console) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    from evalkit.backbones import BackboneOptions, load_backbone
-    from evalkit.backbones.options import parse_model_args
-    from evalkit.parallel import mesh
-    from evalkit.runner import alias_note, resolve_task, run_task
+    from evalkit import runner
 
-    ctx = make_context(args)
-    tasks = [resolve_task(name, args.overrides) for name in args.task]
-    if not mesh.setup(args.tp, device=ctx.extract.device).main:
-        console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
-    for name in args.task:
-        if note := alias_note(name):
+    spec = run_spec(args)
+    if not is_main_process():
+        console = quiet_console()
+    for name in spec.tasks:
+        if note := runner.alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
-    opts = BackboneOptions(
-        weights=args.weights,
-        pretrained=args.pretrained,
-        seed=args.seed,
-        device=ctx.extract.device,
-        dtype=ctx.extract.dtype,
-        random_init=args.random_init,
-        fsdp=args.fsdp,
-        model_kwargs=parse_model_args(args.model_args),
-    )
     table = Table("task", "backbone", "metric", "value", "n", "")
-    for spec in args.backbone:
-        backbone = load_backbone(spec, opts)
-        if backbone.info.random_init:
-            console.print(
-                f"[bold yellow]warning:[/] {spec} has random weights (no --weights given); "
-                "its numbers say nothing about a trained model"
-            )
-        for task in tasks:
-            rows, skipped = run_task(task, backbone, ctx, out_dir=args.out, force=args.force)
-            for row in rows:
-                spread = f" ± {row['stderr']:.2f}" if row.get("stderr") is not None else ""
-                table.add_row(
-                    row["task"],
-                    row["backbone"],
-                    row["metric"],
-                    f"{row['value']:.2f}{spread}",
-                    str(row.get("n") or ""),
-                    "skipped (on disk; --force reruns)" if skipped else "",
-                )
+    for job in runner.run(spec, on_backbone=lambda b: warn_random_init(b, console)):
+        for row in job.rows:
+            table.add_row(*summary_cells(row, skipped=job.skipped))
     console.print(table)
-    console.print(f"rows: {args.out}/")
-    mesh.teardown()
+    console.print(f"rows: {spec.out}/")
     return 0
+
+
+def run_spec(args):
+    """The command line as a ``RunSpec``: argument names are its field names."""
+    from dataclasses import fields
+
+    from evalkit.backbones.options import parse_model_args
+    from evalkit.runner import RunSpec
+
+    given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
+    given["model_args"] = parse_model_args(args.model_args)
+    given["seeds"] = tuple(args.seed or (0,))
+    given["progress"] = not args.quiet and sys.stderr.isatty()
+    return RunSpec(**given)
+
+
+def is_main_process() -> bool:
+    """Rank 0 prints (torchrun sets RANK before the process group exists)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def quiet_console():
+    from rich.console import Console
+
+    return Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
+
+
+def warn_random_init(backbone, console):
+    if backbone.info.random_init:
+        console.print(
+            f"[bold yellow]warning:[/] {backbone.info.name} has random weights (no --weights "
+            "given); its numbers say nothing about a trained model"
+        )
+
+
+def summary_cells(row, *, skipped: bool) -> list[str]:
+    spread = f" ± {row['stderr']:.2f}" if row.get("stderr") is not None else ""
+    return [
+        row["task"],
+        row["backbone"],
+        row["metric"],
+        f"{row['value']:.2f}{spread}",
+        str(row.get("n") or ""),
+        "skipped (on disk; --force reruns)" if skipped else "",
+    ]
 
 
 def cmd_backbones(args, console) -> int:
@@ -230,41 +252,18 @@ def cmd_backbones(args, console) -> int:
 
 
 def cmd_convert(args, console) -> int:
-    from evalkit.backbones.weights import read_state_dict
+    from evalkit.checkpoints import parse_size, read_state_dict, save_checkpoint
     from evalkit.models import convert
 
     if args.kind == "timm":
         state, cfg = convert.from_timm_xp(read_state_dict(args.source))
     else:
         state, cfg = convert.from_big_vision(convert.read_npz(args.source))
-    path = convert.save_checkpoint(
-        state, args.out, cfg, shard_bytes=convert.parse_size(args.shard_size)
-    )
+    path = save_checkpoint(state, args.out, cfg.as_dict(), shard_bytes=parse_size(args.shard_size))
     params = sum(t.numel() for t in state.values())
     console.print(f"wrote {path} ({params:,} parameters; width {cfg.width}, depth {cfg.depth})")
     console.print(f"use: evalkit run --backbone vit22b/<size> --weights {path} ...")
     return 0
-
-
-def make_context(args):
-    import torch
-
-    from evalkit.data import DataConfig
-    from evalkit.features import ExtractSettings, cache_root
-    from evalkit.task import TaskContext
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    root = args.cache_dir or cache_root()
-    settings = ExtractSettings(
-        cache_dir=None if args.no_cache else root,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        device=device,
-        dtype=args.dtype or ("bf16" if device.startswith("cuda") else "fp32"),
-        progress=not args.quiet and sys.stderr.isatty(),
-    )
-    data = DataConfig(source=args.data, root=args.data_dir, cache=root)
-    return TaskContext(data=data, extract=settings, seed=args.seed)
 
 
 def cmd_ls(args, console) -> int:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from evalkit import distributed as mesh
 from evalkit.errors import EvalkitError
-from evalkit.parallel import mesh
 from evalkit.progress import ProgressBar
 
 FORMAT_VERSION = 1

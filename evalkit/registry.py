@@ -8,7 +8,7 @@ under the entry-point groups ``evalkit.tasks`` and ``evalkit.backbones``.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -21,6 +21,12 @@ class Entry:
     target: str  # "package.module:attribute"
     summary: str = ""
     alias_of: str | None = None
+    params: dict[str, Any] = field(default_factory=dict, hash=False)  # keyword arguments
+
+    @property
+    def canonical(self) -> str:
+        """The real name: an alias names the entry it stands for."""
+        return self.alias_of or self.name
 
     def load(self) -> Any:
         module_name, _, attribute = self.target.partition(":")
@@ -36,10 +42,20 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._plugins_loaded = False
 
-    def add(self, name: str, target: str, summary: str = "", *, aliases: tuple[str, ...] = ()):
-        self._entries[name] = Entry(name, target, summary)
+    def add(
+        self,
+        name: str,
+        target: str,
+        summary: str = "",
+        *,
+        aliases: tuple[str, ...] = (),
+        **params: Any,
+    ):
+        """Register ``name`` → ``target``; ``params`` are the keyword arguments it is built with
+        (a task variant is a class plus its settings, written once)."""
+        self._entries[name] = Entry(name, target, summary, params=params)
         for alias in aliases:
-            self._entries[alias] = Entry(alias, target, summary, alias_of=name)
+            self._entries[alias] = Entry(alias, target, summary, alias_of=name, params=params)
 
     def names(self, *, with_aliases: bool = False) -> list[str]:
         self._load_plugins()

@@ -1,9 +1,13 @@
-"""Run one task on one backbone and write its rows with provenance.
+"""The one driver: ``run(spec)`` runs every (task, backbone, seed) of a ``RunSpec`` and yields
+its rows. The command line and ``evalkit.run()`` are thin faces over it.
 
-A run is identified by (task, task version, backbone, weights id, resolved config, seed). Rows
-are appended as each metric finishes; a rerun skips a run whose metrics are all on disk unless
-``force`` is set. Extracted features live in the feature cache, so a run that crashed resumes
-from its finished shards.
+The runner owns the defaults (device, dtype, cache folder), the process layout (set up before the
+first job and torn down in ``finally``), loading each backbone once, and a fresh ``TaskContext``
+per job, so a job's provenance counts only its own images. A job is identified by (task, task
+version, backbone, weights id, resolved config, seed); rows are appended as each metric
+finishes, and a rerun skips a job whose metrics are all on disk unless ``force`` is set.
+Extracted features live in the feature cache, so a job that crashed resumes from its finished
+shards.
 """
 
 from __future__ import annotations
@@ -15,21 +19,131 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
+from evalkit import distributed
+from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.catalog import TASKS
-from evalkit.parallel import mesh
+from evalkit.data import DataConfig
+from evalkit.features import ExtractSettings, cache_root
 from evalkit.results import Row, append_row, load_rows, rows_file
 from evalkit.task import Task, TaskContext
 
 
-def resolve_task(name: str, overrides: list[str] | None = None) -> Task:
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one command asks for. ``None`` means the runner's default: device ``cuda``
+    when available, else ``cpu``; dtype ``bf16`` on CUDA, else ``fp32``; cache folder
+    ``$EVALKIT_CACHE`` or ``~/.cache/evalkit``. A backbone without weights is initialised
+    from the first seed."""
+
+    tasks: tuple[str, ...]
+    backbones: tuple[str, ...]
+    seeds: tuple[int, ...] = (0,)
+    overrides: tuple[str, ...] = ()  # task settings, "key=value"
+    weights: str | None = None
+    pretrained: bool = False
+    random_init: bool = False
+    model_args: dict = field(default_factory=dict, hash=False)  # backbone constructor options
+    data: str = "auto"  # auto | folder | hf | embedded
+    data_dir: Path | None = None
+    out: Path = Path("results/runs")
+    force: bool = False
+    cache_dir: Path | None = None
+    no_cache: bool = False
+    batch_size: int = 64
+    workers: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    progress: bool = True
+    tp: int = 1
+    fsdp: bool = False
+
+    def __post_init__(self):
+        for name in ("tasks", "backbones", "seeds", "overrides"):
+            value = getattr(self, name)
+            as_tuple = (value,) if isinstance(value, str | int) else tuple(value)
+            object.__setattr__(self, name, as_tuple)
+        object.__setattr__(self, "out", Path(self.out))
+
+    @property
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def resolved_dtype(self) -> str:
+        return self.dtype or ("bf16" if self.resolved_device.startswith("cuda") else "fp32")
+
+    def backbone_options(self) -> BackboneOptions:
+        return BackboneOptions(
+            weights=self.weights,
+            pretrained=self.pretrained,
+            seed=self.seeds[0],
+            device=self.resolved_device,
+            dtype=self.resolved_dtype,
+            random_init=self.random_init,
+            fsdp=self.fsdp,
+            model_kwargs=dict(self.model_args),
+        )
+
+    def context(self, seed: int) -> TaskContext:
+        """A fresh context for one job: its own run statistics."""
+        root = Path(self.cache_dir or cache_root())
+        extract = ExtractSettings(
+            cache_dir=None if self.no_cache else root,
+            batch_size=self.batch_size,
+            workers=self.workers,
+            device=self.resolved_device,
+            dtype=self.resolved_dtype,
+            progress=self.progress,
+        )
+        data = DataConfig(source=self.data, root=self.data_dir, cache=root)
+        return TaskContext(data=data, extract=extract, seed=seed)
+
+
+@dataclass
+class JobResult:
+    """One finished (task, backbone, seed): its rows, and whether they came from disk."""
+
+    task: str
+    backbone: str
+    seed: int
+    rows: list[Row]
+    skipped: bool
+
+
+def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobResult]:
+    """Yield one ``JobResult`` per (backbone, task, seed), in that nesting order.
+    ``on_backbone(backbone)`` is called after each backbone loads (the CLI warns there)."""
+    tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
+    distributed.setup(spec.tp, device=spec.resolved_device)
+    try:
+        for name in spec.backbones:
+            backbone = load_backbone(name, spec.backbone_options())
+            if on_backbone is not None:
+                on_backbone(backbone)
+            for task in tasks:
+                for seed in spec.seeds:
+                    ctx = spec.context(seed)
+                    rows, skipped = run_task(
+                        task, backbone, ctx, out_dir=spec.out, force=spec.force
+                    )
+                    yield JobResult(task.name, name, seed, rows, skipped)
+            del backbone  # free it before the next one loads
+    finally:
+        distributed.teardown()
+
+
+def resolve_task(name: str, overrides=()) -> Task:
+    """The task registered as ``name`` (or an alias of it), with ``key=value`` overrides."""
     entry = TASKS.get(name)
-    task = entry.load()()
-    return task.with_overrides(list(overrides or []))
+    task = entry.load()(name=entry.canonical, **entry.params)
+    return task.with_overrides(list(overrides or ()))
 
 
 def alias_note(name: str) -> str | None:
@@ -46,45 +160,49 @@ def run_task(
     task: Task, backbone, ctx: TaskContext, *, out_dir: Path, force: bool = False
 ) -> tuple[list[Row], bool]:
     """Run ``task`` on ``backbone``; returns (rows, skipped)."""
-    config = task.config()
-    config_hash = hash_json(config)
-    info = backbone.info
-    run_key = hash_json(
-        [task.name, task.version, info.name, info.weights_id, config_hash, ctx.seed]
-    )
+    key = run_key(task, backbone.info, ctx.seed)
     path = rows_file(out_dir, task.name)
-    done = [r for r in load_rows([path]) if r.get("run_key") == run_key] if path.exists() else []
-    mesh.barrier()  # every rank has decided before rank 0 appends anything
+    done = [r for r in load_rows([path]) if r.get("run_key") == key] if path.exists() else []
+    distributed.barrier()  # every rank has decided before rank 0 appends anything
     if not force and {r["metric"] for r in done} >= set(task.metrics()):
         return done, True
     start = time.perf_counter()
     ctx.artifacts = Path(out_dir) / "pictures"
     rows = []
     for metric in task.run(backbone, ctx):
-        row: Row = {
-            "task": task.name,
-            "task_version": task.version,
-            "backbone": info.name,
-            "weights_id": info.weights_id,
-            "random_init": info.random_init,
-            "metric": metric.metric,
-            "value": metric.value,
-            "stderr": metric.stderr,
-            "higher_is_better": metric.higher_is_better,
-            "n": metric.n,
-            "seeds": metric.seeds,
-            "seed": ctx.seed,
-            "config": config,
-            "config_hash": config_hash,
-            "run_key": run_key,
-            "data_id": dict(ctx.stats["data"]),
-            "extra": metric.extra,
-            "provenance": provenance(ctx, wall_s=time.perf_counter() - start),
-        }
-        if mesh.current().main:
+        row = make_row(task, backbone.info, metric, ctx, wall_s=time.perf_counter() - start)
+        if distributed.current().main:
             append_row(path, row)
         rows.append(row)
     return rows, False
+
+
+def run_key(task: Task, info, seed: int) -> str:
+    config_hash = hash_json(task.config())
+    return hash_json([task.name, task.version, info.name, info.weights_id, config_hash, seed])
+
+
+def make_row(task: Task, info, metric, ctx: TaskContext, *, wall_s: float) -> Row:
+    return {
+        "task": task.name,
+        "task_version": task.version,
+        "backbone": info.name,
+        "weights_id": info.weights_id,
+        "random_init": info.random_init,
+        "metric": metric.metric,
+        "value": metric.value,
+        "stderr": metric.stderr,
+        "higher_is_better": metric.higher_is_better,
+        "n": metric.n,
+        "seeds": metric.seeds,
+        "seed": ctx.seed,
+        "config": task.config(),
+        "config_hash": hash_json(task.config()),
+        "run_key": run_key(task, info, ctx.seed),
+        "data_id": dict(ctx.stats["data"]),
+        "extra": metric.extra,
+        "provenance": provenance(ctx, wall_s=wall_s),
+    }
 
 
 def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
@@ -94,6 +212,7 @@ def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
         "device": ctx.extract.device,
         "dtype": ctx.extract.dtype,
         "wall_s": round(wall_s, 3),
+        "images_extracted": ctx.stats["images"],  # this job's own forward passes
         "images_per_s": round(ctx.stats["images"] / seconds, 2) if seconds else None,
         "peak_mem_mb": peak_memory_mb(ctx.extract.device),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

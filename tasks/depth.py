@@ -18,14 +18,13 @@ Paper (MSE, Waymo): DPT ViT-e 0.024 → ViT-22B 0.021; linear 0.053 → 0.039.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from evalkit.data.dense import DEPTH, DepthFolder, embedded_scene_set, write_scene_set
+from evalkit.data import open_dataset
+from evalkit.data.dense import DEPTH
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
@@ -68,7 +67,10 @@ class Depth(DenseSettings):
             raise EvalkitError(f"--set head={self.head}: choose from {', '.join(DEPTH_HEADS)}")
         spec = DEPTH[self.dataset]
         train_set, val_set = (
-            open_depth(self.dataset, s, self.image_size, backbone, ctx) for s in ("train", "val")
+            open_dataset(
+                self.dataset, s, ctx.data, size=self.image_size, preprocess=backbone.info.preprocess
+            )
+            for s in ("train", "val")
         )
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train")
         val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
@@ -162,32 +164,3 @@ def sparse_resize(depth: np.ndarray, valid: np.ndarray, size) -> tuple[torch.Ten
     return torch.from_numpy(mean.reshape(shape)).float(), torch.from_numpy(
         (count > 0).reshape(shape)
     )
-
-
-def open_depth(name: str, split: str, size: int, backbone, ctx) -> DepthFolder:
-    from evalkit.data import default_data_root
-
-    spec = DEPTH[name]
-    if ctx.data.source == "embedded":
-        root = write_scene_set(embedded_scene_set(name), ctx.data.cache / "embedded")
-    else:
-        base = ctx.data.root or default_data_root()
-        if base is None:
-            raise EvalkitError(
-                f"no data directory for {name} depth: pass --data-dir DIR (or set EVALKIT_DATA) "
-                f"with DIR/{spec.layout(spec.splits[0])}, or use --data embedded"
-            )
-        root = Path(base) / spec.dirname
-    return DepthFolder(root, split, size, backbone.info.preprocess, spec)
-
-
-waymo_depth_dpt = functools.partial(Depth, name="waymo-depth-dpt", dataset="waymo", head="dpt")
-waymo_depth_linear = functools.partial(
-    Depth, name="waymo-depth-linear", dataset="waymo", head="linear"
-)
-kitti_depth_dpt = functools.partial(Depth, name="kitti-depth-dpt", dataset="kitti", head="dpt")
-kitti_depth_linear = functools.partial(
-    Depth, name="kitti-depth-linear", dataset="kitti", head="linear"
-)
-nyu_depth_dpt = functools.partial(Depth, name="nyu-depth-dpt", dataset="nyu", head="dpt")
-nyu_depth_linear = functools.partial(Depth, name="nyu-depth-linear", dataset="nyu", head="linear")

@@ -68,16 +68,3 @@ def kshot_indices(labels: torch.Tensor, shots: int, *, seed: int) -> torch.Tenso
         idx = torch.nonzero(labels == cls).squeeze(1)
         picks.append(idx[torch.randperm(len(idx), generator=gen)[:shots]])
     return torch.cat(picks)
-
-
-def _factory(shots: int):
-    def build() -> FewShot:
-        return FewShot(name=f"imagenet-{shots}shot", shots=shots)
-
-    return build
-
-
-imagenet_1shot = _factory(1)
-imagenet_5shot = _factory(5)
-imagenet_10shot = _factory(10)
-imagenet_25shot = _factory(25)

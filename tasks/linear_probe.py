@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.data import open_classification
+from evalkit.data import open_dataset
 from evalkit.features import FeatureRequest
 from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path
 from evalkit.metrics import topk_accuracy
@@ -42,9 +42,7 @@ class FrozenClassification(Task):
         request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
         out = []
         for split in (self.train_split, self.eval_split):
-            dataset = open_classification(
-                self.dataset, split, transform=backbone.transform(), config=ctx.data
-            )
+            dataset = open_dataset(self.dataset, split, ctx.data, transform=backbone.transform())
             out.append(ctx.features(backbone, dataset, split=split, request=request))
         return out
 
@@ -121,7 +119,3 @@ def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):
         held.append(idx[:cut])
         fit.append(idx[cut:])
     return torch.cat(fit).sort().values, torch.cat(held).sort().values
-
-
-def imagenet_linear() -> LinearProbe:
-    return LinearProbe()

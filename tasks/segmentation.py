@@ -20,22 +20,14 @@ is 504 px and its schedule far longer; the defaults here fit a CPU (``--set imag
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evalkit.data.dense import (
-    ADE_CLASSES,
-    ADE_DIR,
-    ADE_LAYOUT,
-    IGNORE,
-    ADE20k,
-    embedded_scene_set,
-    write_scene_set,
-)
+from evalkit.data import open_dataset
+from evalkit.data.dense import ADE_CLASSES, IGNORE
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
@@ -82,7 +74,10 @@ class Segmentation(DenseSettings):
                 f"--set head={self.head}: choose from {', '.join(SEGMENTATION_HEADS)}"
             )
         train_set, val_set = (
-            open_ade20k(s, self.image_size, backbone, ctx) for s in ("train", "val")
+            open_dataset(
+                "ade20k", s, ctx.data, size=self.image_size, preprocess=backbone.info.preprocess
+            )
+            for s in ("train", "val")
         )
         subset = hashed_subset([p.name for p in train_set.images], self.fraction, ctx.seed)
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train", subset=subset)
@@ -139,28 +134,3 @@ def resize_labels(labels: np.ndarray, size) -> torch.Tensor:
     """Nearest-neighbour resize of a label map (ignore pixels stay ignored)."""
     tensor = torch.from_numpy(labels.astype(np.int64))[None, None].float()
     return F.interpolate(tensor, size=tuple(size), mode="nearest")[0, 0].long()
-
-
-def open_ade20k(split: str, size: int, backbone, ctx) -> ADE20k:
-    from pathlib import Path
-
-    from evalkit.data import default_data_root
-
-    if ctx.data.source == "embedded":
-        root = write_scene_set(embedded_scene_set("ade20k"), ctx.data.cache / "embedded")
-    else:
-        base = ctx.data.root or default_data_root()
-        if base is None:
-            raise EvalkitError(
-                f"no data directory for ADE20k: pass --data-dir DIR (or set EVALKIT_DATA) with "
-                f"DIR/{ADE_LAYOUT}, or use --data embedded"
-            )
-        root = Path(base) / ADE_DIR
-    return ADE20k(root, split, size, backbone.info.preprocess)
-
-
-ade20k_1_16 = functools.partial(Segmentation, name="ade20k-1/16", fraction=1 / 16)
-ade20k_1_8 = functools.partial(Segmentation, name="ade20k-1/8", fraction=1 / 8)
-ade20k_1_4 = functools.partial(Segmentation, name="ade20k-1/4", fraction=1 / 4)
-ade20k_1_2 = functools.partial(Segmentation, name="ade20k-1/2", fraction=1 / 2)
-ade20k_1_1 = functools.partial(Segmentation, name="ade20k-1/1", fraction=1.0)

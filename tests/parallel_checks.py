@@ -14,9 +14,10 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from evalkit import distributed as mesh
+from evalkit.checkpoints import SafetensorsSource
 from evalkit.models.vit22b import ViT, build, config, init_value
-from evalkit.parallel import mesh
-from evalkit.parallel.load import RandomSource, SafetensorsSource, materialize
+from evalkit.parallel.load import RandomSource, materialize
 from evalkit.parallel.plan import apply_fsdp, apply_tensor_parallel
 
 SWITCHES = {

@@ -3,7 +3,7 @@ import hashlib
 import pytest
 from PIL import Image
 
-from evalkit.data import DataConfig, open_classification
+from evalkit.data import DataConfig, open_dataset
 from evalkit.data.embedded import ShapesSpec, class_names, render, write_shapes
 from evalkit.data.folder import ImageFolder
 from evalkit.errors import EvalkitError
@@ -37,15 +37,15 @@ def test_embedded_seed_changes_images():
 
 def test_missing_data_dir_names_expected_layout(tmp_path):
     with pytest.raises(EvalkitError, match=r"imagenet/\{train,val\}/<class>/<image>"):
-        open_classification(
-            "imagenet", "train", transform=None, config=DataConfig(source="folder", root=tmp_path)
+        open_dataset(
+            "imagenet", "train", DataConfig(source="folder", root=tmp_path), transform=None
         )
 
 
 def test_no_data_dir_at_all_says_how_to_fix(monkeypatch):
     monkeypatch.delenv("EVALKIT_DATA", raising=False)
     with pytest.raises(EvalkitError, match="--data-dir"):
-        open_classification("imagenet", "val", transform=None, config=DataConfig())
+        open_dataset("imagenet", "val", DataConfig(), transform=None)
 
 
 def test_empty_class_folder_is_an_error(tmp_path):
@@ -85,8 +85,6 @@ def test_hf_parquet_source_reads_same_images(tmp_path):
     )
     (tmp_path / "data" / "imagenet" / "val").mkdir(parents=True)
     ds.to_parquet(tmp_path / "data" / "imagenet" / "val" / "part-0.parquet")
-    hf = open_classification(
-        "imagenet", "val", transform=None, config=DataConfig(root=tmp_path / "data")
-    )
+    hf = open_dataset("imagenet", "val", DataConfig(root=tmp_path / "data"), transform=None)
     assert len(hf) == len(folder) and hf.labels == folder.labels
     assert hf[3][0].tobytes() == folder[3][0].tobytes()

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from evalkit.data import DataConfig, open_classification
+from evalkit.data import DataConfig, open_dataset
 from evalkit.features import (
     ExtractSettings,
     FeatureRequest,
@@ -19,11 +19,11 @@ from evalkit.features import (
 
 
 def _val(backbone, data_cache):
-    return open_classification(
+    return open_dataset(
         "imagenet",
         "val",
+        DataConfig(source="embedded", cache=data_cache),
         transform=backbone.transform(),
-        config=DataConfig(source="embedded", cache=data_cache),
     )
 
 
@@ -95,12 +95,11 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import torch
     from evalkit import load_backbone
-    from evalkit.data import DataConfig, open_classification
+    from evalkit.data import DataConfig, open_dataset
     from evalkit.features import ExtractSettings, FeatureRequest, extract_features
     delay, data_cache, cache, out = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     bb = load_backbone("fake", model_kwargs={"delay": delay})
-    ds = open_classification("imagenet", "val", transform=bb.transform(),
-                             config=DataConfig(source="embedded", cache=data_cache))
+    ds = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache), transform=bb.transform())
     f = extract_features(bb, ds, request=FeatureRequest(), split="val",
                          settings=ExtractSettings(cache_dir=cache, batch_size=16, shard_size=32,
                                                   progress=False))

@@ -35,13 +35,13 @@ def torchrun(*args, cwd=None, env_extra=None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
-    from evalkit.models.convert import save_checkpoint
+    from evalkit.checkpoints import save_checkpoint
     from evalkit.models.vit22b import build, config
 
     tmp = tmp_path_factory.mktemp("parallel")
     cfg = config("test")
     state = build(cfg, seed=11).state_dict()
-    checkpoint = save_checkpoint(state, tmp / "ckpt", cfg, shard_bytes=200_000)
+    checkpoint = save_checkpoint(state, tmp / "ckpt", cfg.as_dict(), shard_bytes=200_000)
     script = Path(__file__).with_name("parallel_checks.py")
     torchrun(str(script), str(tmp / "result.json"), str(checkpoint))
     return json.loads((tmp / "result.json").read_text())

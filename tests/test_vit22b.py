@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from evalkit import checkpoints
 from evalkit.errors import EvalkitError
 from evalkit.models import convert
 from evalkit.models.vit22b import SIZES, ViT, build, config
@@ -191,9 +192,12 @@ def test_sharded_checkpoint_with_index_loads_through_the_backbone(tmp_path):
 
     cfg = config("test", parallel=False)
     model = build(cfg, seed=9).eval()
-    path = convert.save_checkpoint(model.state_dict(), tmp_path / "ck", cfg, shard_bytes=100_000)
+    path = checkpoints.save_checkpoint(
+        model.state_dict(), tmp_path / "ck", cfg.as_dict(), shard_bytes=100_000
+    )
     assert (
-        path.name == convert.INDEX_NAME and len(list((tmp_path / "ck").glob("*.safetensors"))) > 2
+        path.name == checkpoints.INDEX_NAME
+        and len(list((tmp_path / "ck").glob("*.safetensors"))) > 2
     )
     backbone = load_backbone("vit22b/test", BackboneOptions(weights=str(tmp_path / "ck")))
     assert not backbone.info.random_init
@@ -207,7 +211,7 @@ def test_checkpoint_shape_mismatch_names_key_and_shapes(tmp_path):
     from evalkit.backbones import BackboneOptions, load_backbone
 
     cfg = config("test")
-    path = convert.save_checkpoint(build(cfg).state_dict(), tmp_path / "ck", cfg)
+    path = checkpoints.save_checkpoint(build(cfg).state_dict(), tmp_path / "ck", cfg.as_dict())
     with pytest.raises(
         EvalkitError, match=r"blocks.0.attn.k.weight has shape \(64, 64\).*expects \(192, 192\)"
     ):

@@ -41,7 +41,7 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
         raise EvalkitError(
             f"backbone {spec!r} needs a variant: {family}/<name>, e.g. {EXAMPLES.get(family, '')}"
         )
-    from evalkit.parallel import mesh
+    from evalkit import distributed as mesh
 
     if mesh.current().tp_size > 1 and family != "vit22b":
         raise EvalkitError(

@@ -20,7 +20,7 @@ from evalkit.backbones.base import (
     random_init_id,
 )
 from evalkit.backbones.options import BackboneOptions
-from evalkit.backbones.weights import fingerprint, load_strict, read_state_dict
+from evalkit.checkpoints import fingerprint, load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
 

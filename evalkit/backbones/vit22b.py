@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from evalkit import distributed as mesh
 from evalkit.backbones.base import (
     BackboneInfo,
     Features,
@@ -26,7 +27,6 @@ from evalkit.backbones.base import (
 from evalkit.backbones.options import BackboneOptions
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.models import vit22b as vit
-from evalkit.parallel import mesh
 
 PAPER_SIZES = ("22b", "e", "g")
 SMALL_SIZES = "vit22b/l, vit22b/b, vit22b/s, vit22b/ti, vit22b/test"
@@ -65,7 +65,8 @@ class ViT22BBackbone:
 
 
 def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
-    from evalkit.parallel.load import RandomSource, SafetensorsSource
+    from evalkit.checkpoints import SafetensorsSource
+    from evalkit.parallel.load import RandomSource
 
     size = variant or "22b"
     if size not in vit.SIZES:

@@ -1,16 +1,41 @@
-"""Where datasets come from: real layouts under ``--data-dir``/``EVALKIT_DATA``, Hugging Face
-``datasets`` files, or the embedded procedural stand-ins (written to disk in the same layout).
+"""The data contract and the one resolver every task calls.
+
+A *dataset kind* (``DataKind``) says where a dataset lives under the data root, which layout a
+user must provide, how to write its embedded stand-in, and which reader opens a split. Kinds are
+registry entries (``DATASETS``; plugins add kinds under the entry-point group
+``evalkit.datasets``), so classification folders, dense layouts and the kinds to come
+(image–text pairs, video clips) are resolved the same way: embedded stand-in, ``--data-dir``,
+``$EVALKIT_DATA``, or Hugging Face ``datasets`` files. Readers never know which backbone reads
+them: a task hands them a transform or a size and normalisation.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from evalkit.errors import EvalkitError
+from evalkit.registry import Registry
 
 SOURCES = ("auto", "folder", "hf", "embedded")
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What a reader returns. Items are ``(input, label)`` for classification and
+    ``(input, index)`` for tasks whose targets are read with ``target(index)``; an input is an
+    image tensor (C, H, W) or, for video, a clip (T, C, H, W). ``identity()`` changes whenever
+    the files (or their order, labels or preprocessing size) change: it is part of the feature
+    cache key. Classification readers also expose ``classes`` (names) and ``labels``."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]: ...
+
+    def identity(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -27,18 +52,21 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class ClassificationData:
-    """A class-folder dataset: where it lives and the layout users must provide."""
+class DataKind:
+    """One kind of dataset the resolver knows."""
 
-    dirname: str
-    splits: tuple[str, ...] = ("train", "val")
+    name: str
+    dirname: str  # folder under the data root
+    layout: str  # what the user provides under the data root, shown in errors
+    write_embedded: Callable[[Path], Path]  # writes the stand-in under a folder; returns its root
+    open_split: Callable[..., Dataset]  # (root, split, *, source, **options) -> Dataset
 
-    @property
-    def layout(self) -> str:
-        return f"{self.dirname}/{{{','.join(self.splits)}}}/<class>/<image>"
 
-
-CLASSIFICATION = {"imagenet": ClassificationData("imagenet")}
+DATASETS = Registry("dataset", "evalkit.datasets")
+DATASETS.add("imagenet", "evalkit.data.folder:IMAGENET", "ImageNet-style class folders or parquet")
+DATASETS.add("ade20k", "evalkit.data.dense:ADE20K", "ADEChallengeData2016 (SceneParsing)")
+for _name in ("waymo", "kitti", "nyu"):
+    DATASETS.add(_name, f"evalkit.data.dense:{_name.upper()}", f"{_name} depth, flattened layout")
 
 
 def default_data_root() -> Path | None:
@@ -46,27 +74,20 @@ def default_data_root() -> Path | None:
     return Path(value) if value else None
 
 
-def open_classification(name: str, split: str, *, transform, config: DataConfig):
-    """One split of a classification dataset, read with its transform."""
-    from evalkit.data.folder import ImageFolder, open_hf_split
+def open_dataset(name: str, split: str, config: DataConfig, **options) -> Dataset:
+    """One split of dataset ``name`` from where ``config`` says, read with ``options`` (a
+    transform, an image size, ...: whatever that kind's reader takes)."""
+    kind = DATASETS.get(name).load()
+    return kind.open_split(dataset_root(kind, config), split, source=config.source, **options)
 
-    spec = CLASSIFICATION[name]
+
+def dataset_root(kind: DataKind, config: DataConfig) -> Path:
     if config.source == "embedded":
-        from evalkit.data.embedded import ShapesSpec, write_shapes
-
-        root = write_shapes(ShapesSpec(), config.cache / "embedded")
-        return ImageFolder(root / split, transform, layout_hint=spec.layout)
+        return kind.write_embedded(config.cache / "embedded")
     base = config.root or default_data_root()
     if base is None:
         raise EvalkitError(
-            f"no data directory for {name!r}: pass --data-dir DIR (or set EVALKIT_DATA) with "
-            f"DIR/{spec.layout}, or use --data embedded"
+            f"no data directory for {kind.name!r}: pass --data-dir DIR (or set EVALKIT_DATA) "
+            f"with DIR/{kind.layout}, or use --data embedded"
         )
-    root = Path(base) / spec.dirname
-    if config.source == "hf" or (config.source == "auto" and _has_parquet(root, split)):
-        return open_hf_split(root, split, transform)
-    return ImageFolder(root / split, transform, layout_hint=f"{base}/{spec.layout}")
-
-
-def _has_parquet(root: Path, split: str) -> bool:
-    return any((root / split).glob("*.parquet")) or any(root.glob(f"data/{split}-*.parquet"))
+    return Path(base) / kind.dirname

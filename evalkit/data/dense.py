@@ -1,5 +1,6 @@
 """Readers for the dense tasks' real on-disk layouts, and the embedded stand-ins written in
-those same layouts (PROTOCOLS.md §4.1 and §7.5).
+those same layouts (docs/protocols.md, "Monocular depth" and "ADE20k"), and the dataset kinds
+``ade20k``, ``waymo``, ``kitti`` and ``nyu`` that the resolver in ``evalkit.data`` opens.
 
 ADE20k (SceneParsing release)::
 
@@ -19,6 +20,7 @@ for evaluation (predictions are upsampled to them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from evalkit.data import DataKind
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
 
@@ -258,3 +261,50 @@ def _write_depth(root: Path, spec: DepthSpec, split: str, index: int, parts):
     Image.fromarray(image).save(base / "image" / f"{index:06d}.png")
     encoded = np.where(valid, np.round(depth * spec.scale), 0).clip(0, 65535).astype(np.uint16)
     Image.fromarray(encoded).save(base / "depth" / f"{index:06d}.png")
+
+
+# --- dataset kinds ----------------------------------------------------------------------------
+
+
+def _folders_only(name: str, source: str):
+    if source == "hf":
+        raise EvalkitError(f"{name} is read from its folder layout only: drop --data hf")
+
+
+def _open_ade20k(root: Path, split: str, *, source: str, size: int, preprocess) -> ADE20k:
+    _folders_only("ADE20k", source)
+    return ADE20k(root, split, size, preprocess)
+
+
+def _open_depth(
+    name: str, root: Path, split: str, *, source: str, size: int, preprocess
+) -> DepthFolder:
+    _folders_only(f"{name} depth", source)
+    return DepthFolder(root, split, size, preprocess, DEPTH[name])
+
+
+def _write_embedded(kind: str, folder: Path) -> Path:
+    return write_scene_set(embedded_scene_set(kind), folder)
+
+
+ADE20K = DataKind(
+    name="ade20k",
+    dirname=ADE_DIR,
+    layout=ADE_LAYOUT,
+    write_embedded=functools.partial(_write_embedded, "ade20k"),
+    open_split=_open_ade20k,
+)
+
+
+def _depth_kind(name: str) -> DataKind:
+    spec = DEPTH[name]
+    return DataKind(
+        name=name,
+        dirname=spec.dirname,
+        layout=spec.layout(spec.splits[0]),
+        write_embedded=functools.partial(_write_embedded, name),
+        open_split=functools.partial(_open_depth, name),
+    )
+
+
+WAYMO, KITTI, NYU = (_depth_kind(name) for name in ("waymo", "kitti", "nyu"))

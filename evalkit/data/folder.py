@@ -1,5 +1,6 @@
 """Readers for class-folder image datasets (ImageNet layout: ``<split>/<class>/<image>``)
-and for Hugging Face ``datasets`` (imagefolder or parquet with ``image`` and ``label`` columns)."""
+and for Hugging Face ``datasets`` (imagefolder or parquet with ``image`` and ``label`` columns),
+and the ``imagenet`` dataset kind that resolves to one or the other."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from evalkit.data import DataKind
 from evalkit.errors import EvalkitError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}
@@ -120,3 +122,29 @@ def open_hf_split(root: Path, split: str, transform=None) -> HFImages:
             f"(expected {root}/{split}/*.parquet or {root}/{split}/<class>/<image>)"
         )
     return HFImages(ds, transform)
+
+
+def open_classification_split(root: Path, split: str, *, source: str, transform=None):
+    """Parquet files when asked for (``--data hf``) or found (``auto``), else class folders."""
+    if source == "hf" or (source == "auto" and _has_parquet(root, split)):
+        return open_hf_split(root, split, transform)
+    return ImageFolder(root / split, transform, layout_hint=f"{root}/{{train,val}}/<class>/<image>")
+
+
+def _has_parquet(root: Path, split: str) -> bool:
+    return any((root / split).glob("*.parquet")) or any(root.glob(f"data/{split}-*.parquet"))
+
+
+def _write_embedded_shapes(folder: Path) -> Path:
+    from evalkit.data.embedded import ShapesSpec, write_shapes
+
+    return write_shapes(ShapesSpec(), folder)
+
+
+IMAGENET = DataKind(
+    name="imagenet",
+    dirname="imagenet",
+    layout="imagenet/{train,val}/<class>/<image>",
+    write_embedded=_write_embedded_shapes,
+    open_split=open_classification_split,
+)

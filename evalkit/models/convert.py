@@ -1,28 +1,22 @@
-"""Checkpoint conversion into the ViT-22B family's layout, with explicit key maps, and the
-checkpoint writer (safetensors, sharded with an index JSON past a size).
+"""Checkpoint conversion into the ViT-22B family's layout, with explicit key maps.
 
 Sources: timm's parallel/QK-norm ViTs (``vit_*_xp_*``: fused ``in_proj`` = [MLP-in, Q, K, V],
 RMSNorm, class token) and big_vision-style parameter trees saved as ``.npz`` (``/``-separated
 names; Dense kernels stored (in, out); attention kernels (D, heads, head_dim); per-block or
-scanned ``encoderblock``). Each converter also reads the model switches from the tree, and the
-written checkpoint carries them in its metadata, so ``--weights`` alone rebuilds the model.
+scanned ``encoderblock``). Each converter also reads the model switches from the tree;
+``evalkit.checkpoints.save_checkpoint`` writes them into the checkpoint's metadata, so
+``--weights`` alone rebuilds the model.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from pathlib import Path
 
 import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.models.vit22b import ViTConfig
-
-INDEX_NAME = "model.safetensors.index.json"
-CONFIG_KEY = "evalkit_vit"
-
 
 # --- timm vit_*_xp_* -------------------------------------------------------------------------
 
@@ -229,51 +223,3 @@ def to_big_vision(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, t
         bv: _LAYOUTS[kind][1](state[ours], cfg).contiguous()
         for bv, ours, kind in big_vision_keys(cfg)
     }
-
-
-# --- writing -------------------------------------------------------------------------------------
-
-
-def save_checkpoint(
-    state: dict[str, torch.Tensor], out: Path, cfg: ViTConfig, *, shard_bytes: int = 5 << 30
-) -> Path:
-    """Write ``out/model.safetensors``, or shards plus ``out/model.safetensors.index.json``
-    when the weights exceed ``shard_bytes``. Returns the path to pass as ``--weights``."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    metadata = {CONFIG_KEY: json.dumps(cfg.as_dict())}
-    groups = _shard_groups(state, shard_bytes)
-    if len(groups) == 1:
-        save_file(state, str(out / "model.safetensors"), metadata=metadata)
-        return out / "model.safetensors"
-    weight_map = {}
-    for number, keys in enumerate(groups, 1):
-        name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
-        save_file({k: state[k] for k in keys}, str(out / name), metadata=metadata)
-        weight_map |= dict.fromkeys(keys, name)
-    index = {"metadata": {CONFIG_KEY: cfg.as_dict()}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=1))
-    return out / INDEX_NAME
-
-
-def _shard_groups(state: dict, shard_bytes: int) -> list[list[str]]:
-    groups, size = [[]], 0
-    for key, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if groups[-1] and size + nbytes > shard_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(key)
-        size += nbytes
-    return groups
-
-
-def parse_size(text: str) -> int:
-    """'5GB', '200MB', '1024' → bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?B?)\s*", text.upper())
-    if not match:
-        raise EvalkitError(f"cannot read size {text!r}: expected e.g. 5GB, 200MB or 1048576")
-    scale = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    return int(float(match[1]) * scale[match[2].rstrip("B") or ""])
