@@ -18,14 +18,17 @@ def install(session, extra: str = "test"):
 @nox.session
 def tests(session):
     install(session)
+    session.run("lint-imports")
     session.run("pytest", "-q", *session.posargs, env=OFFLINE)
 
 
 @nox.session
 def lint(session):
-    session.install("ruff")
+    """ruff, and the layer rules of docs/architecture.md (import-linter)."""
+    install(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
 
 
 @nox.session

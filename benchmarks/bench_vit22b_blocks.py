@@ -1,5 +1,5 @@
-"""The paper's efficiency switches on this machine (Dehghani et al. 2023 §2; REFERENCE.md rows
-3-4): parallel vs sequential block, bias-free vs biased (QKV and LayerNorm biases), and fused vs
+"""The paper's efficiency switches on this machine (Dehghani et al. 2023 §2; effect-table rows
+3-4 in docs/protocols.md): parallel vs sequential block, bias-free vs biased (QKV and LayerNorm biases), and fused vs
 separate projections (QKV + MLP-in in one matmul, attn-out + MLP-out in one), forward and
 forward+backward throughput at two widths; then the tensor-parallel mechanism on 2 CPU ranks
 (``benchmarks/tp_timing.py``): the parallel block's TP=2 forward against the sequential

@@ -17,14 +17,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     sub = parser.add_subparsers(dest="command", required=True)
-
     run = sub.add_parser("run", help="run tasks on backbones and write result rows")
+    add_jobs_arguments(run)
+    add_data_arguments(run)
+    add_execution_arguments(run)
+    add_results_commands(sub)
+    add_model_commands(sub)
+    add_cache_command(sub)
+    return parser
+
+
+def add_jobs_arguments(run) -> None:
+    """What to run: tasks, backbones, weights, settings."""
     run.add_argument(
-        "--task", dest="tasks", action="append", required=True, help="task name (repeatable)"
+        "--task",
+        dest="tasks",
+        metavar="TASK",
+        action="append",
+        required=True,
+        help="task name (repeatable)",
     )
     run.add_argument(
         "--backbone",
         dest="backbones",
+        metavar="BACKBONE",
         action="append",
         required=True,
         help="e.g. timm/vit_tiny_patch16_224 (repeatable)",
@@ -33,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--pretrained", action="store_true", help="let timm fetch published weights (needs network)"
     )
+
+
+def add_data_arguments(run) -> None:
+    """Where data comes from and where rows and features go."""
     run.add_argument(
         "--data", default="auto", help="auto | folder | hf | embedded (built-in stand-in data)"
     )
@@ -55,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="feature/data cache (default: $EVALKIT_CACHE or ~/.cache/evalkit)",
     )
+
+
+def add_execution_arguments(run) -> None:
+    """How to run: batches, device, precision, seeds, sharding."""
     run.add_argument("--batch-size", type=int, default=64)
     run.add_argument(
         "--workers",
@@ -96,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
     )
 
+
+def add_results_commands(sub) -> None:
+    """ls, table and compare."""
     ls = sub.add_parser("ls", help="list tasks or backbone families")
     ls.add_argument("what", nargs="?", choices=("tasks", "backbones"), default="tasks")
 
@@ -126,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="report only; always exit 0",
     )
 
+
+def add_model_commands(sub) -> None:
+    """backbones (list, plan) and convert."""
     backbones = sub.add_parser("backbones", help="list backbone families or plan a model")
     backbones.add_argument("action", choices=("ls", "info"))
     backbones.add_argument("spec", nargs="?", default="vit22b", help="e.g. vit22b, vit22b/l")
@@ -138,11 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--from", dest="kind", choices=("timm", "big_vision"), required=True)
     convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
 
+
+def add_cache_command(sub) -> None:
+    """cache ls / clear."""
     cache = sub.add_parser("cache", help="inspect or clear the feature cache")
     cache.add_argument("action", choices=("ls", "clear"))
     cache.add_argument("--backbone", help="clear only this backbone's entries")
     cache.add_argument("--cache-dir", type=Path)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The process layout of a run: a 2-D device mesh ``("dp", "tp")`` when launched by torchrun.
+"""Ground floor: the process layout of a run, a 2-D device mesh ``("dp", "tp")`` when launched
+by torchrun. It knows no model: the ViT-22B sharding plan lives in ``evalkit.parallel``.
 
 Tensor-parallel ranks (one ``tp`` row) see the same images and split the model; data-parallel
 groups split the feature-cache shards. Rank 0 alone writes result rows; the first rank of each

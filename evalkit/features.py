@@ -9,6 +9,10 @@ boundaries depend on the sample index alone, never on batch size or the number o
 
 Under torchrun, data-parallel groups take the missing shards round-robin and meet on disk;
 tensor-parallel ranks of one group compute the same shards together and one of them writes.
+
+Video: a dataset whose items are clips (T, C, H, W) is extracted frame by frame through the
+backbone's image path (the frames of a batch of clips are folded into one batch) and cached per
+clip: ``pooled`` is then (N, T, D), and a shard holds whole clips.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ class FeatureRequest:
     layers: tuple[int, ...] = (-1,)
     pool: str = "cls"
     dense: bool = False
+    frames: int | None = None  # frames per clip for video datasets; None for images
+
+    def key_material(self) -> dict:
+        """What enters the cache key (``frames`` only when set, so image keys stay stable)."""
+        material = asdict(self)
+        if self.frames is None:
+            del material["frames"]
+        return material
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class ExtractSettings:
 
 @dataclass
 class FeatureSet:
-    pooled: torch.Tensor  # (N, D) float32
+    pooled: torch.Tensor  # (N, D) float32; (N, T, D) for clips of T frames
     labels: torch.Tensor  # (N,)
     grids: list[torch.Tensor] = field(default_factory=list)  # per layer (N, D, h, w), dense only
     from_cache: bool = False
@@ -84,7 +96,7 @@ def cache_key(
         "weights": info.weights_id,
         "backbone": info.name,
         "preprocess": info.preprocess.as_dict(),
-        "request": asdict(request),
+        "request": request.key_material(),
         "dtype": dtype,
         "dataset": dataset_id,
         "split": split,
@@ -187,6 +199,9 @@ def _workers(settings: ExtractSettings, shards: int) -> int:
 
 def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:
     device = torch.device(settings.device)
+    frames = _clip_frames(images, request)
+    if frames:
+        images = images.flatten(0, 1)  # (B, T, C, H, W) → (B·T, C, H, W)
     with (
         torch.inference_mode(),
         torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.dtype == "bf16"),
@@ -197,11 +212,28 @@ def _forward(backbone, images, labels, request: FeatureRequest, settings: Extrac
             pool=request.pool,
             dense=request.dense,
         )
-    out = {"pooled": feats.pooled.float().cpu(), "labels": torch.as_tensor(labels)}
+    pooled = feats.pooled.float().cpu()
+    if frames:
+        pooled = pooled.unflatten(0, (-1, frames))
+    out = {"pooled": pooled, "labels": torch.as_tensor(labels)}
     for layer, grid in enumerate(feats.grids or []):
         # contiguous, as a cache read returns it: kernels pick algorithms by memory layout
         out[f"grid.{layer}"] = grid.float().cpu().contiguous()
     return out
+
+
+def _clip_frames(images: torch.Tensor, request: FeatureRequest) -> int | None:
+    """Frames per clip of a batch, checked against the request; None for images."""
+    if images.dim() == 4 and request.frames is None:
+        return None
+    frames = images.shape[1] if images.dim() == 5 else None
+    if frames is None or frames != request.frames:
+        got = f"clips of {frames} frames" if frames else "images"
+        want = f"clips of {request.frames} frames" if request.frames else "images"
+        raise EvalkitError(f"the dataset yields {got}, the task asked for {want}")
+    if request.dense:
+        raise EvalkitError("dense features of video clips are not supported: use pooled features")
+    return frames
 
 
 def _merge(parts: list[dict]) -> dict:

@@ -1,6 +1,6 @@
 """Metrics, implemented here and tested against hand-computed values: top-k accuracy; mIoU
-and pixel accuracy from a dataset-wide confusion matrix (PROTOCOLS.md §7.5); monocular depth
-errors over valid pixels (PROTOCOLS.md §4.2), computed per image and averaged over images."""
+and pixel accuracy from a dataset-wide confusion matrix (docs/protocols.md, "ADE20k"); monocular depth
+errors over valid pixels (docs/protocols.md, "Monocular depth"), computed per image and averaged over images."""
 
 from __future__ import annotations
 

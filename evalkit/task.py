@@ -35,7 +35,7 @@ class Metric:
 
 class Task:
     """Mixin for task dataclasses. Subclasses set ``version`` and may set ``reference``:
-    ``{metric: {paper model: value}}`` from shared/paper/REFERENCE.md."""
+    ``{metric: {paper model: value}}``, the paper's numbers as docs/protocols.md lists them."""
 
     name: str
     version: ClassVar[int] = 1

@@ -1,5 +1,5 @@
 """Monocular depth on frozen features (paper: Waymo Open depth with DPT and linear decoders,
-REFERENCE.md row 9; protocol notes PROTOCOLS.md §4).
+effect-table row 9; docs/protocols.md, "Monocular depth").
 
 Protocol: images resized to ``image_size`` squared; patch grids of 4 evenly spaced layers
 extracted once (cached); a head — ``dpt`` (DPT decoder: reassemble, fusion, head; sigmoid ×
@@ -29,7 +29,8 @@ from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
 from evalkit.task import Metric
-from evalkit.tasks.dense import (
+
+from .dense import (
     DenseSettings,
     batch_grids,
     colour_depth,

@@ -17,7 +17,8 @@ import torch
 
 from evalkit.heads.linear import ridge_fewshot_accuracy
 from evalkit.task import Metric
-from evalkit.tasks.linear_probe import FrozenClassification
+
+from .linear_probe import FrozenClassification
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Linear probe on frozen features (paper: ImageNet-1k linear probe, REFERENCE.md row 5).
+"""Linear probe on frozen features (paper: ImageNet-1k linear probe, effect-table row 5;
+docs/protocols.md, "Linear probe").
 
 Protocol: features of the train and eval splits are extracted once (cached) with the
 backbone's own eval preprocessing and standardised with train statistics. A multinomial

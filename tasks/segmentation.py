@@ -1,5 +1,5 @@
 """ADE20k semantic segmentation on frozen features, with a fraction of the training images
-(paper: "few-shot" ADE20k, REFERENCE.md rows 7-8; protocol notes PROTOCOLS.md §7).
+(paper: "few-shot" ADE20k, effect-table rows 7-8; docs/protocols.md, "ADE20k segmentation").
 
 Protocol: a seeded, hashed subset of ``fraction`` of the training images (nested: the 1/16
 images are inside the 1/8 ones; the same for every backbone); images resized to
@@ -32,7 +32,8 @@ from evalkit.errors import EvalkitError
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
 from evalkit.task import Metric
-from evalkit.tasks.dense import (
+
+from .dense import (
     DenseSettings,
     batch_grids,
     colour_labels,

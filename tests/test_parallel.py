@@ -109,6 +109,31 @@ def test_torchrun_cli_matches_single_process(cli_env, data_cache):
     assert first.keys() == second.keys() == {"train", "val"}
     for split, features in first.items():
         assert (features - second[split]).abs().max() <= 1e-5
+    api_rows_match_cli_rows_under_torchrun(cli_env, env)
+
+
+API_SCRIPT = """
+import evalkit
+evalkit.run("imagenet-linear", "vit22b/test", data="embedded", tp=2, out="api", cache_dir="c3",
+            progress=False)
+"""
+
+
+def api_rows_match_cli_rows_under_torchrun(cli_env: Path, env: dict):
+    """The Python API under torchrun writes the rows the CLI wrote under torchrun."""
+    from evalkit.results import load_rows
+
+    (cli_env / "api_run.py").write_text(API_SCRIPT)
+    torchrun(str(cli_env / "api_run.py"), cwd=cli_env, env_extra=env)
+    volatile = {"time", "wall_s", "images_per_s", "peak_mem_mb"}
+
+    def stable(rows):
+        return [
+            {**r, "provenance": {k: v for k, v in r["provenance"].items() if k not in volatile}}
+            for r in rows
+        ]
+
+    assert stable(load_rows([cli_env / "api"])) == stable(load_rows([cli_env / "two"]))
 
 
 def cached_features(root: Path) -> dict:

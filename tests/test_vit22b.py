@@ -22,7 +22,7 @@ def test_22b_planner_counts_match_the_paper():
     p = plan(config("22b"), tp=8, dtype="bf16")
     assert p.block_matrices == 48 * (4 * 6144**2 + 2 * 6144 * 24576) == 21_743_271_936
     assert abs(p.encoder / 21.743e9 - 1) < 1e-3
-    assert 0.4e9 < p.head < 0.5e9  # the MAP head, counted apart (REFERENCE.md)
+    assert 0.4e9 < p.head < 0.5e9  # the MAP head, counted apart (docs/protocols.md, "Architecture")
     assert p.bytes_total == 2 * (p.encoder + p.head)
     replicated = p.head + 8e6  # the MAP head, norms, embeddings, out-projection biases
     assert p.bytes_per_rank / 2 == pytest.approx(

@@ -30,14 +30,14 @@ EXAMPLES = {
     "vit22b": "vit22b (22b), vit22b/e, vit22b/g, vit22b/l, vit22b/b, vit22b/s, vit22b/test",
     "fake": "fake",
 }
-NO_VARIANT_NEEDED = ("fake", "vit22b")
+NEEDS_VARIANT = ("timm", "open_clip")
 
 
 def load_backbone(spec: str, opts: BackboneOptions | None = None):
     """Build the backbone named ``spec`` (e.g. ``timm/vit_tiny_patch16_224``)."""
     family, _, variant = spec.partition("/")
     build = BACKBONES.get(family).load()
-    if family not in NO_VARIANT_NEEDED and not variant:
+    if family in NEEDS_VARIANT and not variant:
         raise EvalkitError(
             f"backbone {spec!r} needs a variant: {family}/<name>, e.g. {EXAMPLES.get(family, '')}"
         )

@@ -1,8 +1,11 @@
-"""The one Backbone protocol every adapter implements (DESIGN §3).
+"""The one Backbone protocol every adapter implements, the optional text-tower protocol, and
+the pools every backbone draws from (docs/architecture.md, "Contracts").
 
-A backbone owns its preprocessing (``info.preprocess``) and returns ``Features``: one pooled
-vector per requested layer and, for dense tasks, per-layer patch grids, following timm's
-``forward_intermediates`` semantics (layer -1 is the last block, after the final norm).
+A backbone owns its preprocessing (``info.preprocess``) and returns ``Features``: the pooled
+vectors of the requested layers and, for dense tasks, per-layer patch grids, following timm's
+``forward_intermediates`` semantics (layer -1 is the last block, after the final norm). Video
+enters through the same path: the feature extractor folds a clip's frames into the batch and
+unfolds them after (``evalkit.features``), so an adapter only ever sees images.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ import torch
 
 from evalkit.errors import EvalkitError
 
-POOLS = ("cls", "mean", "map")
+# Every pool a backbone may offer, declared once; ``BackboneInfo.pools`` lists an adapter's own,
+# its preferred first (a task's ``pool=auto``).
+POOLS = {
+    "cls": "the class token of each requested layer",
+    "mean": "the mean of the patch tokens of each requested layer",
+    "map": "the model's attention-pooling (MAP) head, after the last block",
+    "embed": "the model's own image embedding in the space its text tower shares (CLIP)",
+}
 
 
 @dataclass(frozen=True)
@@ -50,14 +60,33 @@ class BackboneInfo:
 
 @dataclass
 class Features:
-    """Outputs of one forward pass: ``pooled`` is (B, L, D); ``grids`` is (B, L, D, h, w)."""
+    """Outputs of one forward pass over B images and L requested layers.
+
+    ``pooled`` is (B, L·D): each layer's pooled vector, concatenated in the order requested
+    (``embed`` gives the model's own embedding, (B, E), whatever the layers). ``grids`` is
+    ``None`` unless ``dense=True``; then a list of L tensors (B, D, h, w), one patch grid per
+    requested layer."""
 
     pooled: torch.Tensor | None = None
-    grids: torch.Tensor | None = None
+    grids: list[torch.Tensor] | None = None
+
+
+@runtime_checkable
+class TextTower(Protocol):
+    """A text encoder that shares an embedding space with an image backbone: open_clip's text
+    tower, or a tower trained by LiT. ``encode`` returns L2-normalised (N, embed_dim)."""
+
+    embed_dim: int
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor: ...
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable
 class Backbone(Protocol):
+    """An image backbone. An adapter may also carry ``text: TextTower`` (see ``text_tower``)."""
+
     info: BackboneInfo
 
     def transform(self, train: bool = False): ...
@@ -65,6 +94,17 @@ class Backbone(Protocol):
     def extract(
         self, images: torch.Tensor, *, layers: tuple[int, ...], pool: str, dense: bool = False
     ) -> Features: ...
+
+
+def text_tower(backbone) -> TextTower:
+    """The backbone's text tower, or a one-line error saying which backbones have one."""
+    tower = getattr(backbone, "text", None)
+    if not isinstance(tower, TextTower):
+        raise EvalkitError(
+            f"backbone {backbone.info.name} has no text tower: use an open_clip/<arch> backbone, "
+            "or train one with a LiT task"
+        )
+    return tower
 
 
 def build_transform(pre: Preprocess, *, train: bool = False):
@@ -95,6 +135,9 @@ def pool_tokens(prefix: torch.Tensor | None, grid: torch.Tensor, pool: str) -> t
 
 
 def check_pool(info: BackboneInfo, pool: str):
+    unknown = [p for p in info.pools if p not in POOLS]
+    if unknown:  # an adapter bug, not a user error
+        raise ValueError(f"backbone {info.name} declares undeclared pools {unknown}")
     if pool not in info.pools:
         raise EvalkitError(
             f"backbone {info.name} does not support pool={pool!r}: choose from {', '.join(info.pools)}"

@@ -6,6 +6,8 @@ embedding (pooled + projected), the space its text tower shares for zero-shot ta
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from evalkit.backbones.base import (
@@ -24,12 +26,19 @@ from evalkit.checkpoints import fingerprint, load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
 
-class TextTower:
-    """Tokenizer + encoder of a CLIP-style model; ``encode`` returns L2-normalised embeddings."""
+class OpenClipText:
+    """open_clip's tokenizer and text encoder as a ``TextTower``; ``encode`` returns
+    L2-normalised embeddings in the space of the image tower's ``embed`` pool."""
 
     def __init__(self, model, tokenizer):
         self.model = model
         self.tokenizer = tokenizer
+
+    @functools.cached_property
+    def embed_dim(self) -> int:
+        # CLIP and CustomTextCLIP keep the projection in different places; one encode is exact.
+        with torch.no_grad():
+            return int(self.encode(self.tokenize([""])).shape[-1])
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts)
@@ -39,7 +48,7 @@ class TextTower:
 
 
 class OpenClipBackbone:
-    def __init__(self, model, info: BackboneInfo, text: TextTower):
+    def __init__(self, model, info: BackboneInfo, text: OpenClipText):
         self.model = model
         self.visual = model.visual
         self.info = info
@@ -85,7 +94,7 @@ def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
         raise EvalkitError(f"open_clip/{variant}: its image tower has no forward_intermediates")
     model.eval().requires_grad_(False).to(opts.device)
     info = _info(f"open_clip/{variant}", model, weights_id)
-    return OpenClipBackbone(model, info, TextTower(model, open_clip.get_tokenizer(variant)))
+    return OpenClipBackbone(model, info, OpenClipText(model, open_clip.get_tokenizer(variant)))
 
 
 def _create(open_clip, variant: str, opts: BackboneOptions):

@@ -30,7 +30,7 @@ from evalkit.models import vit22b as vit
 
 PAPER_SIZES = ("22b", "e", "g")
 SMALL_SIZES = "vit22b/l, vit22b/b, vit22b/s, vit22b/ti, vit22b/test"
-POOLS = {"map": ("map", "mean"), "cls": ("cls", "mean"), "gap": ("mean",)}
+POOLS_BY_HEAD = {"map": ("map", "mean"), "cls": ("cls", "mean"), "gap": ("mean",)}
 
 
 class ViT22BBackbone:
@@ -172,6 +172,6 @@ def _info(name: str, cfg, weights_id: str, model: vit.ViT) -> BackboneInfo:
         num_prefix_tokens=cfg.prefix_tokens,
         params=sum(p.numel() for p in model.parameters()),  # global sizes, also when sharded
         preprocess=Preprocess(size=cfg.image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
-        pools=POOLS[cfg.pool],
+        pools=POOLS_BY_HEAD[cfg.pool],
         random_init=weights_id.startswith("random-init"),
     )

@@ -1,7 +1,7 @@
 """Heads trained on frozen multi-layer patch grids (``(B, D, h, w)`` per tapped layer).
 
 - ``LinearSegmentation``: DINOv2's BNHead — BatchNorm then a 1×1 conv on the last tapped
-  layer (PROTOCOLS.md §7.1); the paper's frozen "linear" ADE20k head.
+  layer (docs/protocols.md, "ADE20k"); the paper's frozen "linear" ADE20k head.
 - ``UperNetSegmentation``: a ViT feature pyramid from 4 layers (×4 and ×2 transposed convs,
   identity, ×½ max-pool, channels halved per up-step as in ViTDet) feeding
   segmentation_models_pytorch's UPerNet decoder (PPM + FPN).

@@ -1,5 +1,6 @@
-"""The ViT-22B model family (Dehghani et al. 2023, §2 "Model architecture"; REFERENCE.md,
-"Architecture").
+"""The ViT-22B model family (Dehghani et al. 2023, §2 "Model architecture"; docs/protocols.md,
+"Architecture"). This file holds no distributed code: sharding is applied from outside by
+``evalkit.parallel``.
 
 One recipe at every size: a parallel block, ``y = x + Attn(LN(x)) + MLP(LN(x))`` on one shared
 pre-LayerNorm; LayerNorm on queries and keys per head (over the head dimension); no bias on the

@@ -1,4 +1,4 @@
-"""Sharding plans for the ViT-22B family, keyed by module name (DESIGN §4).
+"""Sharding plans for the ViT-22B family, keyed by module name (docs/architecture.md).
 
 Tensor parallel (Megatron style, with DTensor): the in-projections (``attn.q/k/v``, ``mlp.fc1``)
 are split by output columns, so each rank holds whole heads and a slice of the MLP; the

@@ -1,7 +1,7 @@
 """Memory and compute planner for the ViT-22B family: built on the meta device, so it reports
 the full 22B model without allocating a byte of weights (``evalkit backbones info vit22b``).
 
-Counts follow REFERENCE.md "Architecture": the paper's 21,743M is the blocks' weight matrices;
+Counts follow docs/protocols.md, "Architecture": the paper's 21,743M is the blocks' weight matrices;
 embeddings, norms and biases are listed on top, and the MAP head separately. Per-rank bytes
 use the tensor-parallel plan of ``evalkit.parallel.plan``. Activation memory is an estimate of
 the inference peak inside one block (tensors alive at once, attention scores materialised, as

@@ -1,0 +1,311 @@
+"""The driver and the contracts: the CLI and the API write the same rows, each job counts only
+its own images, a task and a backbone (and a dataset kind) are added by one module each through
+entry points, video clips and text towers fit the backbone contract, and the layer rules that
+import-linter cannot express (torch.distributed, the evalkit.tasks mapping, file citations)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import evalkit
+from evalkit.cli import main
+from evalkit.errors import EvalkitError
+from evalkit.results import load_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+VOLATILE = {"time", "wall_s", "images_per_s", "peak_mem_mb", "git_sha"}
+
+
+def stable(rows: list[dict]) -> list[dict]:
+    """Rows without the fields that differ between two identical runs (clock, memory)."""
+    out = []
+    for row in rows:
+        prov = {k: v for k, v in row["provenance"].items() if k not in VOLATILE}
+        out.append({**row, "provenance": prov})
+    return out
+
+
+def test_cli_and_api_write_identical_rows(cli_env):
+    common = dict(data="embedded", progress=False)
+    args = ["--task", "imagenet-linear", "--task", "imagenet-1shot", "--backbone", "fake"]
+    assert (
+        main(["run", *args, "--data", "embedded", "--quiet", "--out", "cli", "--cache-dir", "c1"])
+        == 0
+    )
+    returned = evalkit.run(
+        ["imagenet-linear", "imagenet-1shot"], "fake", out="api", cache_dir="c2", **common
+    )
+    cli_rows, api_rows = load_rows([cli_env / "cli"]), load_rows([cli_env / "api"])
+    assert len(cli_rows) == 3
+    key = lambda r: (r["task"], r["metric"])  # noqa: E731 - files list tasks alphabetically
+    assert sorted(stable(cli_rows), key=key) == sorted(stable(api_rows), key=key)
+    as_written = json.loads(json.dumps(returned))
+    assert sorted(stable(as_written), key=key) == sorted(stable(api_rows), key=key)
+
+
+def test_each_job_counts_only_its_own_images(cli_env):
+    """Two tasks on the same features in one command: the second reads the cache and counts
+    no images (one shared context used to report the first job's count again)."""
+    tasks = ["imagenet-linear", "imagenet-1shot"]
+    common = dict(data="embedded", progress=False)
+    rows = evalkit.run(tasks, "fake", cache_dir="fresh", out="a", **common)
+    n = rows[0]["extra"]["n_train"] + rows[0]["n"]
+    counted = {r["task"]: r["provenance"]["images_extracted"] for r in rows}
+    assert counted == {"imagenet-linear": n, "imagenet-1shot": 0}
+    rows = evalkit.run(tasks, "fake", no_cache=True, out="b", **common)
+    counted = {r["task"]: r["provenance"]["images_extracted"] for r in rows}
+    assert counted == {"imagenet-linear": n, "imagenet-1shot": n}
+
+
+def test_seeds_make_one_job_each(cli_env):
+    rows = evalkit.run(
+        "imagenet-1shot", "fake", data="embedded", progress=False, seeds=[0, 1], out="s",
+        overrides=["seeds=1"],
+    )  # fmt: skip
+    assert [r["seed"] for r in rows] == [0, 1] and rows[0]["value"] != rows[1]["value"]
+
+
+def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
+    from evalkit import distributed, runner
+
+    torn_down = []
+    monkeypatch.setattr(distributed, "teardown", lambda: torn_down.append(True))
+    spec = runner.RunSpec(tasks="imagenet-linear", backbones="fake", data="folder",
+                          data_dir=cli_env / "nowhere", progress=False)  # fmt: skip
+    with pytest.raises(EvalkitError, match="dataset folder not found"):
+        list(runner.run(spec))
+    assert torn_down == [True]
+
+
+def test_every_catalog_entry_builds_its_own_name():
+    from evalkit.catalog import TASKS
+    from evalkit.runner import resolve_task
+
+    for name in TASKS.names(with_aliases=True):
+        entry = TASKS.get(name)
+        assert resolve_task(name).name == entry.canonical
+    assert resolve_task("adek20k-1/16").name == "ade20k-1/16"
+    assert resolve_task("ade20k-1/16").fraction == 1 / 16
+    assert resolve_task("kitti-depth-linear").head == "linear"
+
+
+# --- one module per plugin, through entry points -------------------------------------------
+
+PLUGIN = '''
+"""A toy plugin: one dataset kind, one task, one backbone."""
+import torch
+from dataclasses import dataclass
+from evalkit.data import DataKind, open_dataset
+from evalkit.task import Metric, Task, resolve_pool
+from evalkit.features import FeatureRequest
+from evalkit.backbones.base import BackboneInfo, Features, Preprocess
+
+
+class Stripes(torch.utils.data.Dataset):
+    def __init__(self, root, split, *, source, transform=None):
+        self.n = 40 if split == "train" else 20
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        label = i % 2
+        image = torch.zeros(3, 8, 8)
+        image[:, ::2] = 1.0 if label else 0.0
+        return image, label
+    def identity(self):
+        return f"stripes-{self.n}"
+
+
+STRIPES = DataKind("stripes", "stripes", "stripes/<nothing>", lambda folder: folder, Stripes)
+
+
+@dataclass(frozen=True)
+class MeanGap(Task):
+    name: str = "toy-gap"
+    pool: str = "auto"
+
+    def metrics(self):
+        return ["gap"]
+
+    def run(self, backbone, ctx):
+        request = FeatureRequest(pool=resolve_pool(self.pool, backbone))
+        feats = ctx.features(backbone, open_dataset("stripes", "val", ctx.data), split="val",
+                             request=request)
+        gap = feats.pooled[feats.labels == 1].mean() - feats.pooled[feats.labels == 0].mean()
+        yield Metric("gap", float(gap), n=len(feats.labels))
+
+
+class Toy:
+    info = BackboneInfo(name="toy", weights_id="toy-v1", embed_dim=3, patch_size=8, depth=1,
+                        num_prefix_tokens=0, params=0, pools=("mean",))
+
+    def transform(self, train=False):
+        return None
+
+    def extract(self, images, *, layers=(-1,), pool="mean", dense=False):
+        return Features(pooled=images.mean(dim=(2, 3)))
+
+
+def build(variant, opts):
+    return Toy()
+'''
+
+ENTRY_POINTS = """
+[evalkit.tasks]
+toy-gap = toy_plugin:MeanGap
+[evalkit.backbones]
+toy = toy_plugin:build
+[evalkit.datasets]
+stripes = toy_plugin:STRIPES
+"""
+
+
+def test_a_task_a_backbone_and_a_dataset_are_one_module_each(tmp_path):
+    (tmp_path / "toy_plugin.py").write_text(textwrap.dedent(PLUGIN))
+    info = tmp_path / "toy_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "EVALKIT_CACHE": str(tmp_path / "c")}
+    cmd = [sys.executable, "-m", "evalkit", "run", "--task", "toy-gap", "--backbone", "toy",
+           "--data", "folder", "--data-dir", str(tmp_path), "--out", str(tmp_path / "rows")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [row] = load_rows([tmp_path / "rows"])
+    assert row["task"] == "toy-gap" and row["backbone"] == "toy"
+    assert row["value"] == pytest.approx(0.5) and row["n"] == 20
+    listing = subprocess.run([sys.executable, "-m", "evalkit", "ls", "tasks"], env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert "toy-gap" in listing.stdout
+
+
+# --- the backbone contract: video clips and text towers -------------------------------------
+
+
+class Clips(torch.utils.data.Dataset):
+    def __init__(self, frames: int, n: int = 10):
+        gen = torch.Generator().manual_seed(3)
+        self.clips = torch.rand(n, frames, 3, 32, 32, generator=gen)
+
+    def __len__(self):
+        return len(self.clips)
+
+    def __getitem__(self, index):
+        return self.clips[index], index % 3
+
+    def identity(self):
+        return f"clips-{tuple(self.clips.shape)}"
+
+
+def test_clips_go_through_the_image_path_and_cache_per_clip(fake, tmp_path):
+    from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+
+    clips = Clips(frames=4)
+    settings = ExtractSettings(cache_dir=tmp_path, batch_size=3, shard_size=4, progress=False)
+    request = FeatureRequest(pool="mean", frames=4)
+    feats = extract_features(fake, clips, request=request, settings=settings, split="val")
+    assert feats.pooled.shape == (10, 4, fake.info.embed_dim)
+    frame = fake.extract(clips.clips[7, 2:3], layers=(-1,), pool="mean").pooled[0]
+    torch.testing.assert_close(feats.pooled[7, 2], frame)
+    again = extract_features(fake, clips, request=request, settings=settings, split="val")
+    assert again.from_cache and torch.equal(again.pooled, feats.pooled)
+    assert len(list(tmp_path.glob("features/*/shard-*.safetensors"))) == 3  # 4 + 4 + 2 clips
+    with pytest.raises(EvalkitError, match="clips of 4 frames, the task asked for clips of 8"):
+        extract_features(fake, clips, request=FeatureRequest(pool="mean", frames=8),
+                         settings=settings, split="val")  # fmt: skip
+    with pytest.raises(EvalkitError, match="yields clips of 4 frames, the task asked for images"):
+        extract_features(fake, clips, request=FeatureRequest(pool="mean"), settings=settings,
+                         split="val")  # fmt: skip
+
+
+class TrainedTower:
+    """What a LiT task will train: any object with tokenize, encode and embed_dim."""
+
+    embed_dim = 4
+
+    def tokenize(self, texts):
+        return torch.tensor([[len(t)] for t in texts])
+
+    def encode(self, tokens):
+        return torch.nn.functional.normalize(tokens.float().repeat(1, 4), dim=-1)
+
+
+def test_text_tower_protocol(fake):
+    from evalkit.backbones.base import TextTower, text_tower
+
+    assert isinstance(TrainedTower(), TextTower)
+    fake.text = TrainedTower()
+    assert text_tower(fake).encode(text_tower(fake).tokenize(["ab"])).shape == (1, 4)
+    del fake.text
+    with pytest.raises(EvalkitError, match="fake has no text tower"):
+        text_tower(fake)
+
+
+def test_open_clip_text_tower_satisfies_the_protocol():
+    pytest.importorskip("open_clip")
+    from evalkit import load_backbone
+    from evalkit.backbones.base import TextTower, text_tower
+
+    backbone = load_backbone("open_clip/ViT-B-32", model_kwargs={"force_image_size": 64})
+    assert isinstance(backbone.text, TextTower) and text_tower(backbone).embed_dim == 512
+
+
+def test_every_declared_pool_is_documented():
+    from evalkit.backbones.base import POOLS
+
+    assert set(POOLS) == {"cls", "mean", "map", "embed"}
+
+
+# --- rules import-linter cannot state -------------------------------------------------------
+
+
+def python_files(*folders: str) -> list[Path]:
+    return [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def imported_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_model_family_imports_no_torch_distributed():
+    for path in python_files("evalkit/models"):
+        bad = [n for n in imported_names(path) if n.startswith("torch.distributed")]
+        assert not bad, f"{path.name} imports {bad}"
+
+
+def test_the_core_imports_no_task_by_its_installed_name():
+    for path in python_files("evalkit"):
+        bad = [n for n in imported_names(path) if n.startswith("evalkit.tasks")]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_docstrings_and_docs_cite_only_files_in_the_repository():
+    cited = re.compile(r"\b([\w./-]+\.md)\b")
+    outside = re.compile(r"\b(DESIGN|REFERENCE|PROTOCOLS)\b|shared/")
+    sources = python_files("evalkit", "tasks", "tests", "benchmarks") + sorted(
+        (ROOT / "docs").glob("*.md")
+    )
+    for path in [*sources, ROOT / "README.md"]:
+        text = path.read_text()
+        if path.name != "test_architecture.py":
+            assert not outside.search(text), f"{path.relative_to(ROOT)} cites a file outside"
+        for name in cited.findall(text):
+            if name.startswith(("http", "www.")):
+                continue
+            candidates = [ROOT / name, ROOT / "docs" / name, path.parent / name]
+            assert any(c.exists() for c in candidates), f"{path.relative_to(ROOT)} cites {name}"
