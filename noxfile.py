@@ -53,7 +53,13 @@ def demo(session):
 def bench(session):
     """Every benchmark in benchmarks/, each printing ratios against its own baseline."""
     install(session)
-    for module in ("bench_extraction", "bench_linear_probe", "bench_vit22b_blocks", "bench_dense"):
+    for module in (
+        "bench_extraction",
+        "bench_linear_probe",
+        "bench_vit22b_blocks",
+        "bench_dense",
+        "bench_identity",
+    ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 
 

@@ -1,8 +1,8 @@
 """Ground floor: everything evalkit knows about checkpoint files, for every model family.
 
 Reading (safetensors, or ``torch.load(weights_only=True)`` so no pickled object ever runs),
-a cheap content fingerprint used as the weights id, strict key/shape checks with one-line
-errors, and writing: one ``model.safetensors`` or, past a size, shards plus Hugging Face's
+the weights id (a hash of every byte, memoised in ``evalkit.identity``), strict key/shape
+checks with one-line errors, and writing: one ``model.safetensors`` or, past a size, shards plus Hugging Face's
 ``model.safetensors.index.json`` whose ``weight_map`` names the file of each key. A model's
 config travels in the safetensors metadata, so ``--weights`` alone rebuilds the model.
 ``SafetensorsSource`` reads any of these lazily, one slice at a time, for sharded loading.
@@ -12,7 +12,6 @@ This module knows no model, no backbone and no process layout (docs/architecture
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -20,27 +19,20 @@ from pathlib import Path
 import torch
 
 from evalkit.errors import EvalkitError
+from evalkit.identity import content_id, spec_key
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 CONFIG_KEY = "evalkit_config"
-_FINGERPRINT_CHUNK = 4 << 20
 _WRAPPER_KEYS = ("state_dict", "model", "module", "params")
 
 
 # --- reading ---------------------------------------------------------------------------------
 
 
-def fingerprint(path: str | Path) -> str:
-    """sha256 over the size and the first and last 4 MiB: stable for a file's content and
-    cheap even for a 44 GB checkpoint (hashing it whole would take minutes)."""
-    path = Path(path)
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as f:
-        digest.update(f.read(_FINGERPRINT_CHUNK))
-        f.seek(max(0, path.stat().st_size - _FINGERPRINT_CHUNK))
-        digest.update(f.read(_FINGERPRINT_CHUNK))
-    return "sha256-fp:" + digest.hexdigest()[:16]
+def weights_id(path: str | Path) -> str:
+    """The id of a weights file: sha256 of all its bytes (memoised, so hashed once)."""
+    return "sha256:" + content_id(path)[:16]
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -153,8 +145,9 @@ class SafetensorsSource:
         return self._handle(self.weight_map[name]).get_slice(name)[index]
 
     def weights_id(self) -> str:
+        """sha256 over the content ids of every file (index and shards)."""
         files = sorted({self.path, *self.weight_map.values()})
-        return "sha256-fp:" + "+".join(fingerprint(f).split(":")[1][:8] for f in files)
+        return "sha256:" + spec_key([content_id(f) for f in files], length=16)
 
 
 def resolve_checkpoint(path: Path) -> Path:

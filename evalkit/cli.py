@@ -58,6 +58,11 @@ def add_data_arguments(run) -> None:
     )
     run.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
     run.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="identify data files by their bytes, not size and modification time (slower)",
+    )
+    run.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -255,7 +260,9 @@ def summary_cells(row, *, skipped: bool) -> list[str]:
         row["metric"],
         f"{row['value']:.2f}{spread}",
         str(row.get("n") or ""),
-        "skipped (on disk; --force reruns)" if skipped else "",
+        "skipped: same task, settings, backbone, weights, data and seed on disk (--force reruns)"
+        if skipped
+        else "",
     ]
 
 
@@ -396,7 +403,8 @@ def cmd_compare(args, console) -> int:
 def cmd_cache(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.features import cache_root, clear_cache, list_cache
+    from evalkit.features import clear_cache, list_cache
+    from evalkit.identity import cache_root
 
     root = args.cache_dir or cache_root()
     if args.action == "clear":

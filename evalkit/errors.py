@@ -7,6 +7,7 @@ exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import sys
 
 
 class EvalkitError(Exception):
@@ -21,3 +22,8 @@ def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
     if len(choices) <= 12:
         return "choose from " + ", ".join(sorted(choices))
     return "run `evalkit ls` to see the choices"
+
+
+def warn(message: str):
+    """One line on stderr for something evalkit recovered from by itself."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)

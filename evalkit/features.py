@@ -1,11 +1,13 @@
 """Batched feature extraction with a content-addressed, crash-safe on-disk cache.
 
-The cache key covers everything that changes the numbers: backbone weights id, preprocessing,
-layers, pooling, dense or not, dtype, dataset identity, split and subset. An entry is a folder
-of fixed-size shards (``shard-00000.safetensors`` …) plus ``manifest.json``. Each shard is
-written to a temporary name and renamed, so a shard on disk is always complete; a crash at any
-point loses at most the shard in flight, and the rerun extracts only the missing shards. Shard
-boundaries depend on the sample index alone, never on batch size or the number of ranks.
+An entry's key is the hash of ``feature_spec``: everything that changes the features (the
+backbone's name, options, weights content id, preprocessing and dtype, the feature libraries'
+versions, layers, pooling, dataset identity, split and subset). An entry is a folder of
+fixed-size shards (``shard-00000.safetensors`` …) plus ``manifest.json``. Each shard carries a
+checksum of its tensors and is written to a temporary name and renamed, so a shard on disk is
+complete; a crash at any point loses at most the shard in flight, the rerun extracts only the
+missing shards, and a damaged shard is reported, deleted and recomputed. Shard boundaries
+depend on the sample index alone, never on batch size or the number of ranks.
 
 Under torchrun, data-parallel groups take the missing shards round-robin and meet on disk;
 tensor-parallel ranks of one group compute the same shards together and one of them writes.
@@ -29,17 +31,15 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, warn
+from evalkit.identity import library_versions, spec_key
 from evalkit.progress import ProgressBar
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksummed shards, keys from feature_spec
+CHECKSUM = "evalkit_sha256"
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
 MANIFEST = "manifest.json"
 META = "meta.json"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
 
 
 @dataclass(frozen=True)
@@ -77,32 +77,36 @@ class FeatureSet:
     dataset_id: str = ""
 
 
-def cache_key(
-    info,
-    request: FeatureRequest,
-    *,
-    dtype: str,
-    dataset_id: str,
-    split: str,
-    subset: Sequence[int] | None,
-) -> str:
-    subset_hash = (
-        hashlib.sha256(json.dumps(list(subset)).encode()).hexdigest()
-        if subset is not None
-        else "all"
-    )
-    material = {
-        "format": FORMAT_VERSION,
+def backbone_spec(info, dtype: str) -> dict:
+    """Everything about a backbone that changes its features: name, weights content id, every
+    constructor option, preprocessing, compute dtype and the versions of the libraries that run
+    it. The device is not in it (see the README's "Feature cache")."""
+    return {
+        "name": info.name,
         "weights": info.weights_id,
-        "backbone": info.name,
+        "options": info.options,
         "preprocess": info.preprocess.as_dict(),
-        "request": request.key_material(),
         "dtype": dtype,
+        "libraries": library_versions(),
+    }
+
+
+def feature_spec(info, request: FeatureRequest, *, dtype: str, dataset_id: str, split: str,
+                 subset: Sequence[int] | None) -> dict:  # fmt: skip
+    """The one description of what produces a set of cached features."""
+    return {
+        "format": FORMAT_VERSION,
+        "backbone": backbone_spec(info, dtype),
+        "request": request.key_material(),
         "dataset": dataset_id,
         "split": split,
-        "subset": subset_hash,
+        "subset": "all" if subset is None else spec_key(list(subset), length=64),
     }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_key(info, request: FeatureRequest, **spec) -> str:
+    """The folder name of a cache entry: the key of its ``feature_spec``."""
+    return spec_key(feature_spec(info, request, **spec))
 
 
 def extract_features(
@@ -122,22 +126,16 @@ def extract_features(
     folder = None
     dataset_id = dataset.identity()  # stats every file: compute once
     if settings.cache_dir is not None:
-        key = cache_key(
-            backbone.info,
-            request,
-            dtype=settings.dtype,
-            dataset_id=dataset_id,
-            split=split,
-            subset=subset,
-        )
+        key = cache_key(backbone.info, request, dtype=settings.dtype, dataset_id=dataset_id,
+                        split=split, subset=subset)  # fmt: skip
         folder = Path(settings.cache_dir) / "features" / key
         _write_meta(folder, backbone.info.name, split, request, settings.dtype, len(indices))
+    verified = _verify_cached(folder, len(shards))
     done = {i for i in range(len(shards)) if folder is not None and _shard_path(folder, i).exists()}
-    mesh.barrier()  # all ranks agree on what is missing before any rank writes
     computed = _compute_missing(backbone, dataset, shards, done, request, settings, folder)
     mesh.barrier()  # every group's shards are on disk
     parts = [
-        computed[i] if i in computed else _load_shard(_shard_path(folder, i))
+        computed.get(i) or verified.get(i) or _load_shard(_shard_path(folder, i))
         for i in range(len(shards))
     ]
     if folder is not None and mesh.current().main and not (folder / MANIFEST).exists():
@@ -147,6 +145,26 @@ def extract_features(
     feats = _concat(parts, from_cache=not computed and bool(shards))
     feats.dataset_id = dataset_id
     return feats
+
+
+def _verify_cached(folder: Path | None, count: int) -> dict[int, dict]:
+    """The main rank checks every cached shard against its checksum; a corrupt, truncated or
+    unreadable one is deleted (with a warning) so that it is recomputed. Returns the shards it
+    read, to be used without reading them again. All ranks wait until this is done."""
+    verified = {}
+    if folder is not None and mesh.current().main:
+        for index in range(count):
+            path = _shard_path(folder, index)
+            if not path.exists():
+                continue
+            try:
+                verified[index] = _load_shard(path)
+            except CorruptShard as exc:
+                warn(f"cached features {path} are unusable ({exc}): recomputing them")
+                path.unlink(missing_ok=True)
+                (folder / MANIFEST).unlink(missing_ok=True)
+    mesh.barrier()  # all ranks agree on what is missing before any rank writes
+    return verified
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
@@ -254,18 +272,41 @@ def _shard_path(folder: Path, index: int) -> Path:
     return folder / f"shard-{index:05d}.safetensors"
 
 
+class CorruptShard(Exception):
+    """A cached shard that cannot be trusted: unreadable, truncated or not matching its sum."""
+
+
+def shard_checksum(shard: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(shard):
+        tensor = shard[name].contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
 def _save_shard(path: Path, shard: dict):
     from safetensors.torch import save_file
 
+    shard = {k: v.contiguous() for k, v in shard.items()}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({k: v.contiguous() for k, v in shard.items()}, str(tmp))
+    save_file(shard, str(tmp), metadata={CHECKSUM: shard_checksum(shard)})
     os.replace(tmp, path)
 
 
 def _load_shard(path: Path) -> dict:
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    return load_file(str(path))
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            expected = (f.metadata() or {}).get(CHECKSUM)
+            shard = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not iterable
+    except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways
+        raise CorruptShard(f"unreadable: {type(exc).__name__}") from exc
+    if expected is None or shard_checksum(shard) != expected:
+        raise CorruptShard("checksum mismatch")
+    return shard
 
 
 def _write_meta(folder: Path, backbone: str, split: str, request, dtype: str, n: int):

@@ -1,6 +1,8 @@
 """Result rows (one JSON line per metric), their files, paper-style tables and comparisons.
 
-Tables and comparisons are rendered from rows only. Rows of runs that differ only in seed
+Tables and comparisons are rendered from rows only. Rows are grouped by task, backbone and
+weights id (a backbone name whose rows come from two weights files shows both, each labelled
+with its weights id), metric and settings; rows of runs that differ only in seed
 are aggregated as mean ± std; a single row that carries its own spread over seeds (few-shot)
 shows value ± stderr.
 """
@@ -68,13 +70,33 @@ def load_rows(paths) -> list[Row]:
     return rows
 
 
+def weights_group(row: Row) -> str:
+    """Which weights a row came from, for grouping: the weights id, except that random weights
+    (whose id follows the seed) form one group, so their seeds aggregate."""
+    return "random init" if row.get("random_init") else row.get("weights_id", "")
+
+
+def backbone_labels(rows: list[Row]) -> dict[tuple[str, str], str]:
+    """(backbone, weights group) → how tables name it: the backbone alone, or with its weights
+    id when rows of one backbone name come from different weights."""
+    groups: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        groups[row["backbone"]].add(weights_group(row))
+    return {
+        (name, group): name if len(found) == 1 else f"{name} [{group}]"
+        for name, found in groups.items()
+        for group in found
+    }
+
+
 def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
-    """One record per (task, backbone, metric, config): mean and spread over seeds."""
+    """One record per (task, backbone and weights, metric, config): mean and spread over
+    seeds."""
+    labels = backbone_labels(rows)
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for row in rows:
-        groups[(row["task"], row["backbone"], row["metric"], row.get("config_hash", ""))].append(
-            row
-        )
+        label = labels[(row["backbone"], weights_group(row))]
+        groups[(row["task"], label, row["metric"], row.get("config_hash", ""))].append(row)
     out = []
     for (task, backbone, metric, config_hash), members in groups.items():
         by_seed = {r.get("seed", 0): r for r in members}  # a rerun of a seed replaces it

@@ -30,7 +30,8 @@ from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.catalog import TASKS
 from evalkit.data import DataConfig
-from evalkit.features import ExtractSettings, cache_root
+from evalkit.features import ExtractSettings, backbone_spec
+from evalkit.identity import cache_root, spec_key
 from evalkit.results import Row, append_row, load_rows, rows_file
 from evalkit.task import Task, TaskContext
 
@@ -52,6 +53,7 @@ class RunSpec:
     model_args: dict = field(default_factory=dict, hash=False)  # backbone constructor options
     data: str = "auto"  # auto | folder | hf | embedded
     data_dir: Path | None = None
+    verify_data: bool = False  # data identities hash file bytes instead of size and mtime
     out: Path = Path("results/runs")
     force: bool = False
     cache_dir: Path | None = None
@@ -91,8 +93,9 @@ class RunSpec:
             model_kwargs=dict(self.model_args),
         )
 
-    def context(self, seed: int) -> TaskContext:
-        """A fresh context for one job: its own run statistics."""
+    def context(self, seed: int, identities: dict | None = None) -> TaskContext:
+        """A fresh context for one job: its own run statistics; ``identities`` (dataset
+        identities) may be shared by the jobs of one run, so each dataset is walked once."""
         root = Path(self.cache_dir or cache_root())
         extract = ExtractSettings(
             cache_dir=None if self.no_cache else root,
@@ -102,8 +105,10 @@ class RunSpec:
             dtype=self.resolved_dtype,
             progress=self.progress,
         )
-        data = DataConfig(source=self.data, root=self.data_dir, cache=root)
-        return TaskContext(data=data, extract=extract, seed=seed)
+        data = DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
+        ctx = TaskContext(data=data, extract=extract, seed=seed)
+        ctx.identities = identities if identities is not None else {}
+        return ctx
 
 
 @dataclass
@@ -122,6 +127,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     ``on_backbone(backbone)`` is called after each backbone loads (the CLI warns there)."""
     tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
     distributed.setup(spec.tp, device=spec.resolved_device)
+    identities = {}
     try:
         for name in spec.backbones:
             backbone = load_backbone(name, spec.backbone_options())
@@ -129,7 +135,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
                 on_backbone(backbone)
             for task in tasks:
                 for seed in spec.seeds:
-                    ctx = spec.context(seed)
+                    ctx = spec.context(seed, identities)
                     rows, skipped = run_task(
                         task, backbone, ctx, out_dir=spec.out, force=spec.force
                     )
@@ -159,8 +165,9 @@ def hash_json(value) -> str:
 def run_task(
     task: Task, backbone, ctx: TaskContext, *, out_dir: Path, force: bool = False
 ) -> tuple[list[Row], bool]:
-    """Run ``task`` on ``backbone``; returns (rows, skipped)."""
-    key = run_key(task, backbone.info, ctx.seed)
+    """Run ``task`` on ``backbone``; returns (rows, skipped). Rows on disk are reused only
+    when their run key — the whole ``job_spec`` — matches."""
+    key = spec_key(job_spec(task, backbone.info, ctx), length=16)
     path = rows_file(out_dir, task.name)
     done = [r for r in load_rows([path]) if r.get("run_key") == key] if path.exists() else []
     distributed.barrier()  # every rank has decided before rank 0 appends anything
@@ -170,24 +177,35 @@ def run_task(
     ctx.artifacts = Path(out_dir) / "pictures"
     rows = []
     for metric in task.run(backbone, ctx):
-        row = make_row(task, backbone.info, metric, ctx, wall_s=time.perf_counter() - start)
+        row = make_row(task, backbone.info, metric, ctx, key=key)
+        row["provenance"] = provenance(ctx, wall_s=time.perf_counter() - start)
         if distributed.current().main:
             append_row(path, row)
         rows.append(row)
     return rows, False
 
 
-def run_key(task: Task, info, seed: int) -> str:
-    config_hash = hash_json(task.config())
-    return hash_json([task.name, task.version, info.name, info.weights_id, config_hash, seed])
+def job_spec(task: Task, info, ctx: TaskContext) -> dict:
+    """The one description of what produces a job's numbers: the task (name, version,
+    settings), the backbone as the feature cache sees it, the files of every dataset the task
+    reads, and the seed."""
+    return {
+        "task": task.name,
+        "version": task.version,
+        "config": task.config(),
+        "backbone": backbone_spec(info, ctx.extract.dtype),
+        "data": {name: ctx.data_identity(name) for name in task.datasets()},
+        "seed": ctx.seed,
+    }
 
 
-def make_row(task: Task, info, metric, ctx: TaskContext, *, wall_s: float) -> Row:
+def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
     return {
         "task": task.name,
         "task_version": task.version,
         "backbone": info.name,
         "weights_id": info.weights_id,
+        "backbone_options": info.options,
         "random_init": info.random_init,
         "metric": metric.metric,
         "value": metric.value,
@@ -198,10 +216,9 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, wall_s: float) -> Ro
         "seed": ctx.seed,
         "config": task.config(),
         "config_hash": hash_json(task.config()),
-        "run_key": run_key(task, info, ctx.seed),
+        "run_key": key,
         "data_id": dict(ctx.stats["data"]),
         "extra": metric.extra,
-        "provenance": provenance(ctx, wall_s=wall_s),
     }
 
 

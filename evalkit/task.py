@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evalkit.data import DataConfig
+from evalkit.data import DataConfig, data_identity
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.features import ExtractSettings, FeatureRequest, FeatureSet, extract_features
 
@@ -47,6 +47,12 @@ class Task:
     def metrics(self) -> list[str]:
         """Metric names one run produces; a rerun is skipped when all are on disk."""
         raise NotImplementedError
+
+    def datasets(self) -> tuple[str, ...]:
+        """The datasets a run reads (their files are part of the run key): by default the
+        ``dataset`` setting, when the task has one."""
+        name = getattr(self, "dataset", None)
+        return (name,) if isinstance(name, str) else ()
 
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,6 +101,13 @@ class TaskContext:
     seed: int = 0
     stats: dict[str, Any] = field(default_factory=lambda: {"images": 0, "seconds": 0.0, "data": {}})
     artifacts: Path | None = None  # where tasks write pictures (set by the runner)
+    identities: dict[str, str] = field(default_factory=dict)  # shared by the jobs of one run
+
+    def data_identity(self, name: str) -> str:
+        """Identity of every file of dataset ``name`` (walked once per run)."""
+        if name not in self.identities:
+            self.identities[name] = data_identity(name, self.data)
+        return self.identities[name]
 
     def features(
         self, backbone, dataset, *, split: str, request: FeatureRequest, subset=None

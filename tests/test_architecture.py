@@ -36,14 +36,34 @@ def stable(rows: list[dict]) -> list[dict]:
 
 
 def test_cli_and_api_write_identical_rows(cli_env):
+    """Both read the same stand-in files (under c1); neither uses the feature cache, so
+    every image is extracted in both."""
     common = dict(data="embedded", progress=False)
     args = ["--task", "imagenet-linear", "--task", "imagenet-1shot", "--backbone", "fake"]
     assert (
-        main(["run", *args, "--data", "embedded", "--quiet", "--out", "cli", "--cache-dir", "c1"])
+        main(
+            [
+                "run",
+                *args,
+                "--data",
+                "embedded",
+                "--quiet",
+                "--out",
+                "cli",
+                "--cache-dir",
+                "c1",
+                "--no-cache",
+            ]
+        )
         == 0
     )
     returned = evalkit.run(
-        ["imagenet-linear", "imagenet-1shot"], "fake", out="api", cache_dir="c2", **common
+        ["imagenet-linear", "imagenet-1shot"],
+        "fake",
+        out="api",
+        cache_dir="c1",
+        no_cache=True,
+        **common,
     )
     cli_rows, api_rows = load_rows([cli_env / "cli"]), load_rows([cli_env / "api"])
     assert len(cli_rows) == 3

@@ -114,8 +114,8 @@ def test_torchrun_cli_matches_single_process(cli_env, data_cache):
 
 API_SCRIPT = """
 import evalkit
-evalkit.run("imagenet-linear", "vit22b/test", data="embedded", tp=2, out="api", cache_dir="c3",
-            progress=False)
+evalkit.run("imagenet-linear", "vit22b/test", data="embedded", tp=2, out="api", cache_dir="c2",
+            no_cache=True, progress=False)
 """
 
 

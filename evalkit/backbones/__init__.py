@@ -6,6 +6,8 @@ through the ``evalkit.backbones`` entry-point group (a callable ``build(variant,
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from evalkit.backbones.options import BackboneOptions
 from evalkit.errors import EvalkitError
 from evalkit.registry import Registry
@@ -47,4 +49,8 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
         raise EvalkitError(
             f"--tp shards the built-in vit22b family only; {spec} runs data-parallel (drop --tp)"
         )
-    return build(variant, opts or BackboneOptions())
+    opts = opts or BackboneOptions()
+    backbone = build(variant, opts)
+    # The options reach every key through the info, whatever the adapter does with them.
+    backbone.info = replace(backbone.info, options=dict(sorted(opts.model_kwargs.items())))
+    return backbone

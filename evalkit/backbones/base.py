@@ -53,6 +53,7 @@ class BackboneInfo:
     preprocess: Preprocess = field(default_factory=Preprocess)
     pools: tuple[str, ...] = ("cls", "mean")
     random_init: bool = False
+    options: dict[str, Any] = field(default_factory=dict, hash=False)  # --model-arg values
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,5 +168,8 @@ def count_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def random_init_id(name: str, seed: int) -> str:
-    return "random-init:" + hashlib.sha256(f"{name}:{seed}".encode()).hexdigest()[:16]
+def random_init_id(name: str, seed: int, options: dict | None = None) -> str:
+    """The id of seeded random weights; constructor options change the weights, so they are
+    part of it (an option-free id is the same as it always was)."""
+    material = f"{name}:{seed}" + (f":{sorted(options.items())}" if options else "")
+    return "random-init:" + hashlib.sha256(material.encode()).hexdigest()[:16]

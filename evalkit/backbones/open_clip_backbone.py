@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from evalkit import checkpoints
 from evalkit.backbones.base import (
     BackboneInfo,
     Features,
@@ -22,7 +23,7 @@ from evalkit.backbones.base import (
     random_init_id,
 )
 from evalkit.backbones.options import BackboneOptions
-from evalkit.checkpoints import fingerprint, load_strict, read_state_dict
+from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
 
@@ -106,9 +107,9 @@ def _create(open_clip, variant: str, opts: BackboneOptions):
         torch.manual_seed(opts.seed)
         model = open_clip.create_model(variant, pretrained=None, **opts.model_kwargs)
     if opts.weights is None:
-        return model, random_init_id(f"open_clip/{variant}", opts.seed)
+        return model, random_init_id(f"open_clip/{variant}", opts.seed, opts.model_kwargs)
     load_strict(model, read_state_dict(opts.weights), source=opts.weights)
-    return model, fingerprint(opts.weights)
+    return model, checkpoints.weights_id(opts.weights)
 
 
 def _info(name: str, model, weights_id: str) -> BackboneInfo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from evalkit import checkpoints
 from evalkit.backbones.base import (
     BackboneInfo,
     Features,
@@ -20,7 +21,7 @@ from evalkit.backbones.base import (
     resolve_layers,
 )
 from evalkit.backbones.options import BackboneOptions
-from evalkit.checkpoints import fingerprint, load_strict, read_state_dict
+from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
 
@@ -88,11 +89,11 @@ def _create(timm, variant: str, opts: BackboneOptions):
                 f"timm/{variant} rejected --model-arg {opts.model_kwargs}: {exc}"
             ) from exc
     if opts.weights is None:
-        return model, random_init_id(f"timm/{variant}", opts.seed)
+        return model, random_init_id(f"timm/{variant}", opts.seed, opts.model_kwargs)
     head = model.pretrained_cfg.get("classifier") or "head"
     heads = (head,) if isinstance(head, str) else tuple(head)
     load_strict(model, read_state_dict(opts.weights), source=opts.weights, skip=heads)
-    return model, fingerprint(opts.weights)
+    return model, checkpoints.weights_id(opts.weights)
 
 
 def _info(timm, name: str, model, weights_id: str) -> BackboneInfo:

@@ -43,6 +43,7 @@ class DataConfig:
     source: str = "auto"  # auto: class folders, or parquet files when a split holds them
     root: Path | None = None
     cache: Path = Path(".cache/evalkit")  # embedded stand-ins are written here
+    verify: bool = False  # identities hash file bytes, not sizes and modification times
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -78,7 +79,22 @@ def open_dataset(name: str, split: str, config: DataConfig, **options) -> Datase
     """One split of dataset ``name`` from where ``config`` says, read with ``options`` (a
     transform, an image size, ...: whatever that kind's reader takes)."""
     kind = DATASETS.get(name).load()
-    return kind.open_split(dataset_root(kind, config), split, source=config.source, **options)
+    dataset = kind.open_split(dataset_root(kind, config), split, source=config.source, **options)
+    dataset.verify_content = config.verify
+    return dataset
+
+
+def verifies_content(dataset) -> bool:
+    """Whether ``open_dataset`` asked this dataset's identity to hash file bytes."""
+    return getattr(dataset, "verify_content", False)
+
+
+def data_identity(name: str, config: DataConfig) -> str:
+    """Identity of every file under dataset ``name``'s root (one walk): what a run read."""
+    from evalkit.identity import tree_identity
+
+    kind = DATASETS.get(name).load()
+    return tree_identity(dataset_root(kind, config), content=config.verify)
 
 
 def dataset_root(kind: DataKind, config: DataConfig) -> Path:

@@ -21,7 +21,6 @@ for evaluation (predictions are upsampled to them).
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -31,9 +30,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.data import DataKind
+from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
+from evalkit.identity import files_identity
 
 ADE_DIR = "ADEChallengeData2016"
 ADE_SPLITS = {"train": "training", "val": "validation"}
@@ -100,10 +100,11 @@ class DenseDataset(torch.utils.data.Dataset):
         return np.asarray(load_rgb(self.images[index]))
 
     def identity(self) -> str:
-        digest = hashlib.sha256(f"size={self.size}".encode())
-        for path in self.images:
-            digest.update(f"{path.name}|{path.stat().st_size}\n".encode())
-        return digest.hexdigest()[:16]
+        """The images the backbone reads (path, size, mtime; bytes with ``--verify-data``)
+        and the size they are resized to; targets do not change features."""
+        root = self.images[0].parent if self.images else Path()
+        return files_identity(self.images, root, content=verifies_content(self),
+                              extra=f"size={self.size}")  # fmt: skip
 
 
 class ADE20k(DenseDataset):

@@ -4,14 +4,14 @@ and the ``imagenet`` dataset kind that resolves to one or the other."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from evalkit.data import DataKind
+from evalkit.data import DataKind, verifies_content
 from evalkit.errors import EvalkitError
+from evalkit.identity import files_identity
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}
 
@@ -44,12 +44,12 @@ class ImageFolder(torch.utils.data.Dataset):
         return (self.transform(image) if self.transform else image), label
 
     def identity(self) -> str:
-        """Hash of every (relative path, size): changes when a file is added, removed or
-        rewritten with another size, without reading image bytes."""
-        digest = hashlib.sha256()
-        for path, label in self.samples:
-            digest.update(f"{path.relative_to(self.root)}|{path.stat().st_size}|{label}\n".encode())
-        return digest.hexdigest()[:16]
+        """Every file's relative path, size and modification time (or its bytes, with
+        ``--verify-data``) and label: changes when a file is added, removed, rewritten or
+        relabelled, without reading image bytes."""
+        labels = ",".join(map(str, self.labels))
+        return files_identity([p for p, _ in self.samples], self.root,
+                              content=verifies_content(self), extra=labels)  # fmt: skip
 
 
 def _scan(root: Path, hint: str):
