@@ -144,6 +144,9 @@ class SafetensorsSource:
     def read(self, name: str, shape, index) -> torch.Tensor:
         return self._handle(self.weight_map[name]).get_slice(name)[index]
 
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._handle(self.weight_map[name]).get_tensor(name)
+
     def weights_id(self) -> str:
         """sha256 over the content ids of every file (index and shards)."""
         files = sorted({self.path, *self.weight_map.values()})

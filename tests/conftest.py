@@ -41,3 +41,24 @@ def cli_env(monkeypatch, data_cache, tmp_path):
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def _randomised_timm_xp(**kwargs):
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    options = dict(embed_dim=64, depth=2, num_heads=4, num_classes=0) | kwargs
+    model = timm.create_model("vit_base_patch16_xp_224", **options).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # timm inits norms to 1 and biases to 0: make them matter
+                p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0, 0.1)
+    return model
+
+
+@pytest.fixture()
+def randomised_timm_xp():
+    """Builds a small timm ``vit_base_patch16_xp_224`` (width 64, 2 blocks; ``kwargs`` change
+    it) with norms and biases randomised so that every parameter matters."""
+    return _randomised_timm_xp

@@ -33,6 +33,12 @@ SMALL_SIZES = "vit22b/l, vit22b/b, vit22b/s, vit22b/ti, vit22b/test"
 POOLS_BY_HEAD = {"map": ("map", "mean"), "cls": ("cls", "mean"), "gap": ("mean",)}
 
 
+def pools_of(cfg) -> tuple[str, ...]:
+    """The model's own pooling first; a class token beside MAP or GAP pools too."""
+    extra = ("cls",) if cfg.class_token and cfg.pool != "cls" else ()
+    return POOLS_BY_HEAD[cfg.pool] + extra
+
+
 class ViT22BBackbone:
     def __init__(self, model: vit.ViT, info: BackboneInfo, *, sharded: bool = False):
         self.model = model
@@ -49,10 +55,8 @@ class ViT22BBackbone:
         prefix = self.model.cfg.prefix_tokens
         h, w = (s // self.info.patch_size for s in images.shape[-2:])
         grids = [t[:, prefix:].transpose(1, 2).unflatten(2, (h, w)) for t in tokens]
-        if pool == "mean":
-            pooled = torch.cat([g.mean(dim=(2, 3)) for g in grids], dim=1)
-        else:
-            pooled = torch.cat([self.model.pool(t, pool) for t in tokens], dim=1)
+        how = "gap" if pool == "mean" else pool
+        pooled = torch.cat([self.model.pool(t, how) for t in tokens], dim=1)
         return Features(pooled=pooled, grids=grids if dense else None)
 
     def _forward(self, images, indices) -> list[torch.Tensor]:
@@ -172,6 +176,6 @@ def _info(name: str, cfg, weights_id: str, model: vit.ViT) -> BackboneInfo:
         num_prefix_tokens=cfg.prefix_tokens,
         params=sum(p.numel() for p in model.parameters()),  # global sizes, also when sharded
         preprocess=Preprocess(size=cfg.image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
-        pools=POOLS_BY_HEAD[cfg.pool],
+        pools=pools_of(cfg),
         random_init=weights_id.startswith("random-init"),
     )

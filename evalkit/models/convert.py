@@ -1,87 +1,178 @@
-"""Checkpoint conversion into the ViT-22B family's layout, with explicit key maps.
+"""Checkpoint conversion into and out of the ViT-22B family's layout, with explicit key maps
+that account for every key.
 
 Sources: timm's parallel/QK-norm ViTs (``vit_*_xp_*``: fused ``in_proj`` = [MLP-in, Q, K, V],
-RMSNorm, class token) and big_vision-style parameter trees saved as ``.npz`` (``/``-separated
-names; Dense kernels stored (in, out); attention kernels (D, heads, head_dim); per-block or
-scanned ``encoderblock``). Each converter also reads the model switches from the tree;
-``evalkit.checkpoints.save_checkpoint`` writes them into the checkpoint's metadata, so
-``--weights`` alone rebuilds the model.
+RMSNorm, class token; MAP pooling ``attn_pool.*``, ``fc_norm``, ``norm_pre``) and big_vision-style
+parameter trees saved as ``.npz`` (``/``-separated names; Dense kernels stored (in, out);
+attention kernels (D, heads, head_dim); per-block or scanned ``encoderblock``). Each converter
+reads the model switches from the tree; ``evalkit.checkpoints.save_checkpoint`` writes them into
+the checkpoint's metadata, so ``--weights`` alone rebuilds the model.
+
+Every source key is mapped, or named on the converter's short list of keys dropped on purpose
+(``TIMM_DROPPED``, ``BIG_VISION_DROPPED``: classifiers, which a feature extractor does not use);
+any other key is an error naming it, and so is a parameter the target needs that the source
+lacks. What a big_vision tree has no names for (norm kind, pooling) travels in the ``.npz`` as a JSON
+string under ``CONFIG_ENTRY``; what cannot travel (a pre-norm, a norm after pooling) makes the
+export refuse, naming the parameter.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.models.vit22b import ViTConfig
 
+TIMM_DROPPED = ("head.weight", "head.bias")  # the classifier
+BIG_VISION_DROPPED = ("head/kernel", "head/bias")  # the classifier
+CONFIG_ENTRY = "evalkit/config"
+
+
+class Converted(NamedTuple):
+    state: dict[str, torch.Tensor]
+    config: ViTConfig
+    dropped: list[str]  # source keys left out on purpose
+
+
+class Ledger:
+    """The keys of a source, and which of them a converter has used."""
+
+    def __init__(self, source: dict, *, name: str, dropped: tuple[str, ...]):
+        self.source, self.name, self.used = source, name, set()
+        self.dropped = sorted(k for k in source if k in dropped)
+
+    def take(self, key: str):
+        if key not in self.source:
+            raise EvalkitError(f"{self.name} lacks {key}, which the converted model needs")
+        self.used.add(key)
+        return self.source[key]
+
+    def check_all_used(self):
+        left = sorted(set(self.source) - self.used - set(self.dropped))
+        if left:
+            raise EvalkitError(
+                f"{self.name} has {len(left)} keys the family cannot express: "
+                f"{', '.join(left[:4])}{' …' if len(left) > 4 else ''} (nothing was written)"
+            )
+
+
+def check_produces(state: dict, cfg: ViTConfig, *, name: str):
+    """Every parameter of ``cfg``'s model is in ``state``, with its shape."""
+    from evalkit.models.vit22b import ViT
+
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in ViT(cfg).state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    wrong = [k for k in expected if k in state and tuple(state[k].shape) != expected[k]]
+    if missing or wrong:
+        raise EvalkitError(
+            f"{name}: the converted model misses {missing[:3]} ({len(missing)}) and has "
+            f"wrong shapes for {wrong[:3]} ({len(wrong)})"
+        )
+
+
 # --- timm vit_*_xp_* -------------------------------------------------------------------------
 
 
 def timm_xp_config(state: dict[str, torch.Tensor]) -> ViTConfig:
+    """The switches a timm xp state dict shows. Pooling: ``attn_pool`` → MAP; ``fc_norm`` →
+    average (timm puts the final norm after an average pool); else a class token → that
+    token; else average."""
     width = state["pos_embed"].shape[-1]
     patch = state["patch_embed.proj.weight"].shape[-1]
     depth = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    has_cls, fc_norm = "cls_token" in state, "fc_norm.weight" in state
+    pool = "cls" if has_cls and not fc_norm else "gap"
+    pool = "map" if "attn_pool.latent" in state else pool
     return ViTConfig(
         width=width,
         depth=depth,
         heads=width // state["blocks.0.q_norm.weight"].shape[0],
-        mlp=state["blocks.0.mlp_bias"].shape[0],
+        mlp=state["blocks.0.in_proj.weight"].shape[0] - 3 * width,
         patch=patch,
         image=math.isqrt(state["pos_embed"].shape[1]) * patch,
-        qkv_bias="blocks.0.qkv_bias" in state,
-        pool="cls" if "cls_token" in state else "gap",
+        qkv_bias="blocks.0.in_proj.bias" in state,
+        pool=pool,
         norm="rms",  # every timm xp model uses RmsNorm
         pre_norm="norm_pre.weight" in state,
         patch_bias="patch_embed.proj.bias" in state,
+        class_token=has_cls,
+        fc_norm=fc_norm,
     )
 
 
-def from_timm_xp(state: dict[str, torch.Tensor]) -> tuple[dict, ViTConfig]:
-    """A timm ``vit_*_xp_*`` state dict → (our state dict, config). The classifier is dropped."""
+TIMM_RENAMES = {
+    "patch_embed.proj.weight": "patch_embed.weight",
+    "patch_embed.proj.bias": "patch_embed.bias",
+    "pos_embed": "pos_embed",
+    "cls_token": "cls_token",
+    "norm_pre.weight": "norm_pre.weight",
+    "norm.weight": "norm.weight",
+    "fc_norm.weight": "fc_norm.weight",
+    "attn_pool.latent": "head.probe",
+    "attn_pool.q.weight": "head.q.weight",
+    "attn_pool.q.bias": "head.q.bias",
+    "attn_pool.proj.weight": "head.out.weight",
+    "attn_pool.proj.bias": "head.out.bias",
+    "attn_pool.norm.weight": "head.norm.weight",
+    "attn_pool.mlp.fc1.weight": "head.mlp.fc1.weight",
+    "attn_pool.mlp.fc1.bias": "head.mlp.fc1.bias",
+    "attn_pool.mlp.fc2.weight": "head.mlp.fc2.weight",
+    "attn_pool.mlp.fc2.bias": "head.mlp.fc2.bias",
+}
+
+
+def from_timm_xp(state: dict[str, torch.Tensor]) -> Converted:
+    """A timm ``vit_*_xp_*`` state dict → our state dict, config and the keys dropped."""
     if "blocks.0.in_proj.weight" not in state:
         raise EvalkitError(
             "not a timm parallel-block ViT checkpoint (no blocks.0.in_proj.weight): expected "
             "a vit_*_xp_* state dict"
         )
     cfg = timm_xp_config(state)
-    renames = {
-        "patch_embed.proj.weight": "patch_embed.weight",
-        "patch_embed.proj.bias": "patch_embed.bias",
-        "pos_embed": "pos_embed",
-        "cls_token": "cls_token",
-        "norm_pre.weight": "norm_pre.weight",
-        "norm.weight": "norm.weight",
-    }
-    out = {new: state[old] for old, new in renames.items() if old in state}
+    ledger = Ledger(state, name="timm checkpoint", dropped=TIMM_DROPPED)
+    out = {new: ledger.take(old) for old, new in TIMM_RENAMES.items() if old in state}
+    for prefix in ("weight", "bias"):
+        if f"attn_pool.kv.{prefix}" in state:  # fused [K, V]
+            key, value = ledger.take(f"attn_pool.kv.{prefix}").chunk(2)
+            out |= {f"head.k.{prefix}": key, f"head.v.{prefix}": value}
     for i in range(cfg.depth):
-        out |= _timm_xp_block(state, f"blocks.{i}.", cfg)
-    return out, cfg
+        out |= _timm_xp_block(ledger, f"blocks.{i}.", cfg)
+    ledger.check_all_used()
+    out = {k: t.contiguous() for k, t in out.items()}
+    check_produces(out, cfg, name="timm checkpoint")
+    return Converted(out, cfg, ledger.dropped)
 
 
-def _timm_xp_block(state: dict, p: str, cfg: ViTConfig) -> dict:
-    mlp_in, q, k, v = torch.split(state[p + "in_proj.weight"], [cfg.mlp] + [cfg.width] * 3)
+def _timm_xp_block(ledger: Ledger, p: str, cfg: ViTConfig) -> dict:
+    """One ParallelScalingBlock: ``in_proj`` = [MLP-in, Q, K, V]; with QKV biases its bias is
+    [MLP-in, Q, K, V] too, otherwise the MLP-in bias is ``mlp_bias``."""
+    take, split = ledger.take, [cfg.mlp] + [cfg.width] * 3
+    mlp_in, q, k, v = torch.split(take(p + "in_proj.weight"), split)
     out = {
-        p + "norm1.weight": state[p + "in_norm.weight"],
+        p + "norm1.weight": take(p + "in_norm.weight"),
         p + "mlp.fc1.weight": mlp_in,
-        p + "mlp.fc1.bias": state[p + "mlp_bias"],
         p + "attn.q.weight": q,
         p + "attn.k.weight": k,
         p + "attn.v.weight": v,
-        p + "attn.q_norm.weight": state[p + "q_norm.weight"],
-        p + "attn.k_norm.weight": state[p + "k_norm.weight"],
-        p + "attn.out.weight": state[p + "attn_out_proj.weight"],
-        p + "attn.out.bias": state[p + "attn_out_proj.bias"],
-        p + "mlp.fc2.weight": state[p + "mlp_out_proj.weight"],
-        p + "mlp.fc2.bias": state[p + "mlp_out_proj.bias"],
+        p + "attn.q_norm.weight": take(p + "q_norm.weight"),
+        p + "attn.k_norm.weight": take(p + "k_norm.weight"),
+        p + "attn.out.weight": take(p + "attn_out_proj.weight"),
+        p + "attn.out.bias": take(p + "attn_out_proj.bias"),
+        p + "mlp.fc2.weight": take(p + "mlp_out_proj.weight"),
+        p + "mlp.fc2.bias": take(p + "mlp_out_proj.bias"),
     }
     if cfg.qkv_bias:
-        q_bias, k_bias, v_bias = state[p + "qkv_bias"].chunk(3)
+        mlp_bias, q_bias, k_bias, v_bias = torch.split(take(p + "in_proj.bias"), split)
         out |= {p + "attn.q.bias": q_bias, p + "attn.k.bias": k_bias, p + "attn.v.bias": v_bias}
-    return {k: t.contiguous() for k, t in out.items()}
+    else:
+        mlp_bias = take(p + "mlp_bias")
+    return out | {p + "mlp.fc1.bias": mlp_bias}
 
 
 # --- big_vision parameter trees ----------------------------------------------------------------
@@ -137,7 +228,7 @@ def big_vision_keys(cfg: ViTConfig) -> list[tuple[str, str, str]]:
     ]
     if cfg.patch_bias:
         keys.append(("embedding/bias", "patch_embed.bias", "same"))
-    if cfg.pool == "cls":
+    if cfg.prefix_tokens:
         keys.append(("cls", "cls_token", "same"))
     keys += _norm_keys("Transformer/encoder_norm", "norm", cfg, bias=cfg.ln_bias)
     for i in range(cfg.depth):
@@ -158,17 +249,21 @@ def big_vision_keys(cfg: ViTConfig) -> list[tuple[str, str, str]]:
         keys += _attention_keys(
             "MAPHead_0/MultiHeadDotProductAttention_0", "head", cfg, qkv_bias=True, qk_norm=False
         )
-        keys += _norm_keys("MAPHead_0/LayerNorm_0", "head.norm", cfg, bias=True)
+        keys += _norm_keys("MAPHead_0/LayerNorm_0", "head.norm", cfg, bias=cfg.norm == "layer")
         keys += _mlp_keys("MAPHead_0/MlpBlock_0", "head.mlp")
     return keys
 
 
 def big_vision_config(tree: dict) -> ViTConfig:
+    """The switches a tree shows, and those its ``CONFIG_ENTRY`` states (the norm kind, and
+    the pooling where a class token could be pooled or averaged over)."""
+    saved = json.loads(tree.get(CONFIG_ENTRY, "{}"))
     block = "Transformer/encoderblock_0/"
     attn = block + "MultiHeadDotProductAttention_0/"
     kernel = tree["embedding/kernel"]
     width = kernel.shape[-1]
     pool = "map" if "MAPHead_0/probe" in tree else "cls" if "cls" in tree else "gap"
+    pool = saved.get("pool", pool)  # a class token may be there and still be averaged over
     return ViTConfig(
         width=width,
         depth=len({k.split("/")[1] for k in tree if k.startswith("Transformer/encoderblock_")}),
@@ -182,44 +277,78 @@ def big_vision_config(tree: dict) -> ViTConfig:
         parallel=block + "LayerNorm_1/scale" not in tree,
         pool=pool,
         patch_bias="embedding/bias" in tree,
+        norm=saved.get("norm", "layer"),
+        class_token="cls" in tree,
     )
 
 
-def read_npz(path: str | Path) -> dict[str, torch.Tensor]:
-    """A big_vision ``.npz`` as {name: tensor}; a leading ``params/`` is dropped and a scanned
-    ``encoderblock`` (stacked along axis 0) is split into ``encoderblock_<i>``."""
+def read_npz(path: str | Path) -> dict:
+    """A big_vision ``.npz`` as {name: tensor} (and ``CONFIG_ENTRY`` as its JSON string); a
+    leading ``params/`` is dropped and a scanned ``encoderblock`` (stacked along axis 0) is
+    split into ``encoderblock_<i>``. Never unpickles."""
     import numpy as np
 
     try:
         with np.load(path, allow_pickle=False) as npz:
-            raw = {k.removeprefix("params/"): torch.from_numpy(npz[k].copy()) for k in npz.files}
+            raw = {k.removeprefix("params/"): npz[k].copy() for k in npz.files}
     except (OSError, ValueError) as exc:
         raise EvalkitError(f"cannot read {path} as a big_vision .npz: {exc}") from exc
     tree = {}
     for key, value in raw.items():
-        if key.startswith("Transformer/encoderblock/"):
+        if key == CONFIG_ENTRY:
+            tree[key] = str(value)
+        elif key.startswith("Transformer/encoderblock/"):
             rest = key.removeprefix("Transformer/encoderblock/")
-            tree |= {f"Transformer/encoderblock_{i}/{rest}": v for i, v in enumerate(value)}
+            tree |= {
+                f"Transformer/encoderblock_{i}/{rest}": torch.from_numpy(v.copy())
+                for i, v in enumerate(value)
+            }
         else:
-            tree[key] = value
+            tree[key] = torch.from_numpy(value)
     return tree
 
 
-def from_big_vision(tree: dict[str, torch.Tensor]) -> tuple[dict, ViTConfig]:
+def write_npz(tree: dict, path: str | Path) -> Path:
+    """The inverse of ``read_npz`` for a tree of per-block keys."""
+    import numpy as np
+
+    arrays = {k: np.array(v) if isinstance(v, str) else v.numpy() for k, v in tree.items()}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
+    return path
+
+
+def from_big_vision(tree: dict) -> Converted:
     cfg = big_vision_config(tree)
-    missing = [bv for bv, _, _ in big_vision_keys(cfg) if bv not in tree]
-    if missing:
-        raise EvalkitError(f"big_vision tree lacks {missing[:3]} ({len(missing)} keys missing)")
+    ledger = Ledger(tree, name="big_vision tree", dropped=BIG_VISION_DROPPED)
+    if CONFIG_ENTRY in tree:
+        ledger.take(CONFIG_ENTRY)
     state = {
-        ours: _LAYOUTS[kind][0](tree[bv], cfg).contiguous()
+        ours: _LAYOUTS[kind][0](ledger.take(bv), cfg).contiguous()
         for bv, ours, kind in big_vision_keys(cfg)
     }
-    return state, cfg
+    ledger.check_all_used()
+    return Converted(state, cfg, ledger.dropped)
 
 
-def to_big_vision(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """The inverse of ``from_big_vision`` (export, and the round-trip test)."""
-    return {
-        bv: _LAYOUTS[kind][1](state[ours], cfg).contiguous()
+# What a big_vision tree cannot hold: the export refuses, naming the parameter.
+NOT_IN_BIG_VISION = {"pre_norm": "norm_pre.weight", "fc_norm": "fc_norm.weight"}
+
+
+def to_big_vision(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict:
+    """The inverse of ``from_big_vision``: every parameter of ``state`` gets a big_vision
+    name, the norm kind and pooling go into ``CONFIG_ENTRY``; a model with a parameter a big_vision tree
+    has no place for is refused."""
+    for switch, parameter in NOT_IN_BIG_VISION.items():
+        if getattr(cfg, switch):
+            raise EvalkitError(
+                f"a big_vision tree has no place for {parameter} ({switch}=true): export refused"
+            )
+    ledger = Ledger(state, name="evalkit checkpoint", dropped=())
+    tree = {
+        bv: _LAYOUTS[kind][1](ledger.take(ours), cfg).contiguous()
         for bv, ours, kind in big_vision_keys(cfg)
     }
+    ledger.check_all_used()
+    return tree | {CONFIG_ENTRY: json.dumps({"norm": cfg.norm, "pool": cfg.pool})}

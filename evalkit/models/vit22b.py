@@ -51,6 +51,8 @@ class ViTConfig:
     norm: str = "layer"
     pre_norm: bool = False
     patch_bias: bool = True
+    class_token: bool = False  # a class token (``pool="cls"`` sets it; MAP and GAP skip it)
+    fc_norm: bool = False  # the final norm after pooling instead of before (timm's fc_norm)
     eps: float = 1e-6
 
     def __post_init__(self):
@@ -58,6 +60,10 @@ class ViTConfig:
             raise ValueError(f"width {self.width} is not divisible by {self.heads} heads")
         if self.pool not in POOLS or self.norm not in NORMS:
             raise ValueError(f"pool must be one of {POOLS} and norm one of {NORMS}")
+        if self.norm == "rms" and self.ln_bias:
+            raise ValueError("RMS norms have no bias: ln_bias needs norm=layer")
+        if self.pool == "cls":  # one spelling per model: class-token pooling has a class token
+            object.__setattr__(self, "class_token", True)
 
     @property
     def head_dim(self) -> int:
@@ -69,7 +75,7 @@ class ViTConfig:
 
     @property
     def prefix_tokens(self) -> int:
-        return 1 if self.pool == "cls" else 0
+        return 1 if self.class_token else 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -174,7 +180,11 @@ class MAPHead(nn.Module):
         self.k = nn.Linear(cfg.width, cfg.width)
         self.v = nn.Linear(cfg.width, cfg.width)
         self.out = nn.Linear(cfg.width, cfg.width)
-        self.norm = nn.LayerNorm(cfg.width, eps=cfg.eps)
+        # big_vision's MAP head norm is a LayerNorm with bias; timm's follows the model's norm.
+        rms = cfg.norm == "rms"
+        self.norm = (
+            nn.RMSNorm(cfg.width, eps=cfg.eps) if rms else nn.LayerNorm(cfg.width, eps=cfg.eps)
+        )
         self.mlp = MLP(cfg.width, cfg.mlp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -192,11 +202,12 @@ class ViT(nn.Module):
         self.cfg = cfg
         self.patch_embed = nn.Conv2d(3, cfg.width, cfg.patch, cfg.patch, bias=cfg.patch_bias)
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.grid**2, cfg.width))
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.pool == "cls" else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.prefix_tokens else None
         self.norm_pre = make_norm(cfg, cfg.width) if cfg.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.norm = make_norm(cfg, cfg.width)
+        self.norm = nn.Identity() if cfg.fc_norm else make_norm(cfg, cfg.width)
         self.head = MAPHead(cfg) if cfg.pool == "map" else None
+        self.fc_norm = make_norm(cfg, cfg.width) if cfg.fc_norm else nn.Identity()
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(images)
@@ -228,12 +239,13 @@ class ViT(nn.Module):
         return [out[i] for i in layers]
 
     def pool(self, tokens: torch.Tensor, how: str | None = None) -> torch.Tensor:
+        """One vector per image: the MAP head or the mean over the patch tokens (a class
+        token is left out of both), or the class token; then ``fc_norm`` when it is on."""
         how = how or self.cfg.pool
-        if how == "map":
-            return self.head(tokens)
         if how == "cls":
-            return tokens[:, 0]
-        return tokens[:, self.cfg.prefix_tokens :].mean(dim=1)
+            return self.fc_norm(tokens[:, 0])
+        patches = tokens[:, self.cfg.prefix_tokens :]
+        return self.fc_norm(self.head(patches) if how == "map" else patches.mean(dim=1))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.pool(self.forward_layers(images, [self.cfg.depth - 1])[0])
