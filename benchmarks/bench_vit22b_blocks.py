@@ -96,7 +96,7 @@ def compare(first, second, *, repeats: int) -> dict:
 
 PAIRS = {
     "parallel_vs_sequential": ({}, {"parallel": False}, False),
-    "biasfree_vs_biased": ({}, {"qkv_bias": True, "ln_bias": True}, False),
+    "biasfree_vs_biased": ({}, {"qkv_bias": True, "ln_bias": True, "norm": "layer"}, False),
     "fused_vs_separate": ({}, {}, True),
 }
 

@@ -183,6 +183,11 @@ def add_model_commands(sub) -> None:
         default="evalkit",
         help="big_vision: export an evalkit checkpoint as a big_vision .npz",
     )
+    convert.add_argument(
+        "--norm",
+        choices=("layer", "rms"),
+        help="big_vision source: its norms centre (layer) or not (rms); a tree does not say",
+    )
     convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
 
 
@@ -312,9 +317,11 @@ def cmd_convert(args, console) -> int:
     from evalkit.checkpoints import parse_size, read_state_dict, save_checkpoint
 
     if args.kind == "timm":
+        if args.norm not in (None, "rms"):
+            raise EvalkitError("timm xp models use RMS norms: drop --norm")
         result = convert.from_timm_xp(read_state_dict(args.source))
     else:
-        result = convert.from_big_vision(convert.read_npz(args.source))
+        result = convert.from_big_vision(convert.read_npz(args.source), norm=args.norm)
     state, cfg = result.state, result.config
     path = save_checkpoint(state, args.out, cfg.as_dict(), shard_bytes=parse_size(args.shard_size))
     params = sum(t.numel() for t in state.values())

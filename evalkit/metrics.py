@@ -41,7 +41,9 @@ def segmentation_scores(confusion: np.ndarray) -> dict[str, float]:
     }
 
 
-DEPTH_METRICS = ("mse", "rmse", "abs_rel", "log10", "delta1", "delta2", "delta3")
+DEPTH_METRICS = (
+    "mse", "mse_log", "rmse", "abs_rel", "log10", "delta1.1", "delta1", "delta2", "delta3"
+)  # fmt: skip
 
 
 def depth_errors(pred: np.ndarray, gt: np.ndarray, valid: np.ndarray) -> dict[str, float] | None:
@@ -53,10 +55,12 @@ def depth_errors(pred: np.ndarray, gt: np.ndarray, valid: np.ndarray) -> dict[st
     ratio = np.maximum(d / p, p / d)
     squared = (d - p) ** 2
     return {
-        "mse": float(squared.mean()),
+        "mse": float(squared.mean()),  # metres²
+        "mse_log": float(((np.log(d) - np.log(p)) ** 2).mean()),  # on natural-log depth
         "rmse": float(np.sqrt(squared.mean())),
         "abs_rel": float((np.abs(d - p) / d).mean()),
         "log10": float(np.abs(np.log10(d) - np.log10(p)).mean()),
+        "delta1.1": float((ratio < 1.1).mean()),
         "delta1": float((ratio < 1.25).mean()),
         "delta2": float((ratio < 1.25**2).mean()),
         "delta3": float((ratio < 1.25**3).mean()),

@@ -30,6 +30,7 @@ from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.catalog import TASKS
 from evalkit.data import DataConfig
+from evalkit.errors import EvalkitError
 from evalkit.features import ExtractSettings, backbone_spec
 from evalkit.identity import cache_root, spec_key
 from evalkit.results import Row, append_row, load_rows, rows_file
@@ -72,6 +73,20 @@ class RunSpec:
             as_tuple = (value,) if isinstance(value, str | int) else tuple(value)
             object.__setattr__(self, name, as_tuple)
         object.__setattr__(self, "out", Path(self.out))
+        self.check()
+
+    def check(self):
+        """Refuse options that would fail later with a traceback or give a wrong number."""
+        if self.batch_size < 1:
+            raise EvalkitError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.workers is not None and self.workers < 0:
+            raise EvalkitError(f"--workers must be 0 or more, got {self.workers}")
+        if self.tp < 1:
+            raise EvalkitError(f"--tp must be at least 1, got {self.tp}")
+        if self.dtype not in (None, "fp32", "bf16"):
+            raise EvalkitError(f"--dtype must be fp32 or bf16, got {self.dtype!r}")
+        if self.device is not None:
+            check_device(self.device)
 
     @property
     def resolved_device(self) -> str:
@@ -109,6 +124,20 @@ class RunSpec:
         ctx = TaskContext(data=data, extract=extract, seed=seed)
         ctx.identities = identities if identities is not None else {}
         return ctx
+
+
+def check_device(device: str):
+    """A device torch knows and this machine has."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise EvalkitError(
+            f"unknown --device {device!r}: expected cpu, cuda or cuda:<index>"
+        ) from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise EvalkitError(f"--device {device}: this machine has no CUDA device (use --device cpu)")
+    if kind not in ("cpu", "cuda"):
+        raise EvalkitError(f"--device {device}: evalkit runs on cpu or cuda")
 
 
 @dataclass

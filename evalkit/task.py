@@ -2,7 +2,9 @@
 metric rows, plus the context it runs in (data, extraction settings, feature cache).
 
 Settings are overridable from the command line (``--set key=value``): values are parsed to the
-field's type and an unknown key is an error that lists the valid ones.
+field's type and an unknown key is an error that lists the valid ones. A setting states its
+range or choices where it is declared (``setting(default, POSITIVE)``); every task checks them
+when it is built, so the command line and the Python API refuse the same values.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,6 +20,31 @@ from typing import Any, ClassVar
 from evalkit.data import DataConfig, data_identity
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.features import ExtractSettings, FeatureRequest, FeatureSet, extract_features
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A range or set of choices for a setting: ``text`` says it to the user."""
+
+    text: str
+    accepts: Callable[[Any], bool]
+
+
+POSITIVE = Rule("a positive number", lambda v: v > 0)
+NON_NEGATIVE = Rule("zero or more", lambda v: v >= 0)
+FRACTION = Rule("a fraction in (0, 1)", lambda v: 0 < v < 1)
+SHARE = Rule("a fraction in (0, 1]", lambda v: 0 < v <= 1)
+POSITIVES = Rule("a non-empty list of positive numbers", lambda v: bool(v) and min(v) > 0)
+LAYERS = Rule("a non-empty list of layer indices", lambda v: bool(v))
+
+
+def one_of(*choices: str) -> Rule:
+    return Rule(f"one of {', '.join(choices)}", lambda v: v in choices)
+
+
+def setting(default, rule: Rule):
+    """A task setting with its rule, checked whenever the task is built."""
+    return field(default=default, metadata={"rule": rule})
 
 
 @dataclass
@@ -40,6 +67,15 @@ class Task:
     name: str
     version: ClassVar[int] = 1
     reference: ClassVar[dict[str, dict[str, float]]] = {}
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            rule, value = f.metadata.get("rule"), getattr(self, f.name)
+            if rule is not None and not _accepts(rule, value):
+                raise EvalkitError(
+                    f"task {self.name}: {f.name}={_show(value)} is out of range: "
+                    f"expected {rule.text}"
+                )
 
     def run(self, backbone, ctx: TaskContext) -> Iterator[Metric]:
         raise NotImplementedError
@@ -71,6 +107,17 @@ class Task:
                 )
             changes[key] = parse_value(raw, hints[key], key)
         return dataclasses.replace(self, **changes)
+
+
+def _accepts(rule: Rule, value) -> bool:
+    try:
+        return bool(rule.accepts(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _show(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no"}

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
-from evalkit.task import Task
+from evalkit.task import NON_NEGATIVE, POSITIVE, Task, setting
 from evalkit.train import TrainConfig, seeded_build, train
 
 
@@ -26,13 +27,13 @@ class DenseSettings(Task):
     """Settings every dense task has; defaults fit a CPU (see the task modules for the
     paper's scale)."""
 
-    image_size: int = 224
-    steps: int = 300
-    batch_size: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    channels: int = 64  # UperNet decoder / DPT fusion width
-    cache_budget_gb: float = 8.0
+    image_size: int = setting(224, POSITIVE)  # and at least the patch size (checked at run)
+    steps: int = setting(300, POSITIVE)
+    batch_size: int = setting(8, POSITIVE)
+    lr: float = setting(1e-3, POSITIVE)
+    weight_decay: float = setting(1e-4, NON_NEGATIVE)
+    channels: int = setting(64, POSITIVE)  # UperNet decoder / DPT fusion width
+    cache_budget_gb: float = setting(8.0, NON_NEGATIVE)
 
     def build_head(self, dims: list[int]) -> torch.nn.Module:
         raise NotImplementedError
@@ -71,6 +72,11 @@ def dense_features(
     task, backbone, ctx, dataset, *, split: str, subset=None
 ) -> tuple[FeatureSet, bool]:
     """Grids of the tapped layers, cached when they fit ``task.cache_budget_gb``."""
+    if task.image_size < backbone.info.patch_size:
+        raise EvalkitError(
+            f"task {task.name}: image_size={task.image_size} is smaller than the patch size of "
+            f"{backbone.info.name} ({backbone.info.patch_size})"
+        )
     layers = tap_layers(backbone.info.depth)
     request = FeatureRequest(layers=layers, pool="mean", dense=True)
     n = len(dataset) if subset is None else len(subset)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.heads.linear import ridge_fewshot_accuracy
-from evalkit.task import Metric
+from evalkit.task import POSITIVE, Metric, setting
 
 from .linear_probe import FrozenClassification
 
@@ -24,9 +24,9 @@ from .linear_probe import FrozenClassification
 @dataclass(frozen=True)
 class FewShot(FrozenClassification):
     name: str = "imagenet-5shot"
-    shots: int = 5
-    seeds: int = 3
-    l2: float = 1024.0
+    shots: int = setting(5, POSITIVE)
+    seeds: int = setting(3, POSITIVE)
+    l2: float = setting(1024.0, POSITIVE)
 
     version = 1
 

@@ -18,11 +18,23 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.backbones.base import POOLS
 from evalkit.data import open_dataset
+from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest
 from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path
 from evalkit.metrics import topk_accuracy
-from evalkit.task import Metric, Task, resolve_pool
+from evalkit.task import (
+    FRACTION,
+    LAYERS,
+    POSITIVE,
+    POSITIVES,
+    Metric,
+    Task,
+    one_of,
+    resolve_pool,
+    setting,
+)
 
 DEFAULT_L2 = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5)
 
@@ -35,24 +47,35 @@ class FrozenClassification(Task):
     dataset: str = "imagenet"
     train_split: str = "train"
     eval_split: str = "val"
-    pool: str = "auto"
-    layers: tuple[int, ...] = (-1,)
+    pool: str = setting("auto", one_of("auto", *POOLS))
+    layers: tuple[int, ...] = setting((-1,), LAYERS)
 
     def split_features(self, backbone, ctx):
-        """Cached features of the train and eval splits, with the backbone's eval transform."""
+        """Cached features of the train and eval splits, with the backbone's eval transform.
+        The eval split's labels are the training classes' indices, matched by class name."""
         request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
-        out = []
-        for split in (self.train_split, self.eval_split):
-            dataset = open_dataset(self.dataset, split, ctx.data, transform=backbone.transform())
-            out.append(ctx.features(backbone, dataset, split=split, request=request))
-        return out
+        train = self.open_split(self.train_split, backbone, ctx)
+        if len(train.classes) < 2:
+            raise EvalkitError(
+                f"the training split of {self.dataset} has {len(train.classes)} class "
+                f"({', '.join(train.classes)}): a classifier needs at least two"
+            )
+        test = self.open_split(self.eval_split, backbone, ctx, classes=train.classes)
+        return [
+            ctx.features(backbone, dataset, split=split, request=request)
+            for split, dataset in ((self.train_split, train), (self.eval_split, test))
+        ]
+
+    def open_split(self, split: str, backbone, ctx, classes=None):
+        transform = backbone.transform()
+        return open_dataset(self.dataset, split, ctx.data, transform=transform, classes=classes)
 
 
 @dataclass(frozen=True)
 class LinearProbe(FrozenClassification):
-    l2_grid: tuple[float, ...] = DEFAULT_L2
-    holdout: float = 0.2
-    max_iter: int = 100
+    l2_grid: tuple[float, ...] = setting(DEFAULT_L2, POSITIVES)
+    holdout: float = setting(0.2, FRACTION)
+    max_iter: int = setting(100, POSITIVE)
 
     version = 1
     reference = {"top1": {"ViT-22B": 89.51, "ViT-e": 89.26}}

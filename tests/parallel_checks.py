@@ -24,7 +24,7 @@ SWITCHES = {
     "default": {},
     "sequential": {"parallel": False},
     "no_qk_norm": {"qk_norm": False},
-    "biases": {"qkv_bias": True, "ln_bias": True},
+    "biases": {"qkv_bias": True, "ln_bias": True, "norm": "layer"},
     "timm_like": {"pool": "cls", "norm": "rms", "pre_norm": True, "patch_bias": False},
 }
 

@@ -44,6 +44,8 @@ def test_depth_errors_by_hand():
     assert errors["rmse"] == pytest.approx(np.sqrt(2 / 3))
     assert errors["abs_rel"] == pytest.approx((0 + 0.25 + 1) / 3)
     assert errors["log10"] == pytest.approx((0 + np.log10(5 / 4) + np.log10(2)) / 3)
+    assert errors["mse_log"] == pytest.approx((0 + np.log(5 / 4) ** 2 + np.log(2) ** 2) / 3)
+    assert errors["delta1.1"] == pytest.approx(1 / 3)  # only the exact pixel is within 10%
     # ratios 1, 1.25, 2: δ<1.25 counts only the first (strict), δ<1.5625 the first two.
     assert (errors["delta1"], errors["delta2"], errors["delta3"]) == pytest.approx(
         (1 / 3, 2 / 3, 2 / 3)

@@ -58,7 +58,8 @@ def test_switches_change_the_parameters():
     assert not any(n.endswith(("attn.q.bias", "norm1.bias", "q_norm.bias")) for n in names)
     assert "blocks.0.mlp.fc1.bias" in names and "blocks.0.attn.q_norm.weight" in names
     assert not any("norm2" in n for n in names)
-    biased = set(dict(build(config("test", qkv_bias=True, ln_bias=True)).named_parameters()))
+    biased_cfg = config("test", qkv_bias=True, ln_bias=True, norm="layer")
+    biased = set(dict(build(biased_cfg).named_parameters()))
     assert {"blocks.0.attn.q.bias", "blocks.0.norm1.bias", "blocks.0.attn.q_norm.bias"} <= biased
     sequential = build(config("test", parallel=False, qk_norm=False))
     assert hasattr(sequential.blocks[0], "norm2")
@@ -68,7 +69,7 @@ def test_switches_change_the_parameters():
 def test_parallel_block_is_shared_norm_attention_plus_mlp():
     block = build(config("test")).blocks[0]
     x = torch.randn(2, 9, 64)
-    h = torch.nn.functional.layer_norm(x, (64,), block.norm1.weight, None, eps=1e-6)
+    h = torch.nn.functional.rms_norm(x, (64,), block.norm1.weight, eps=1e-6)
     with torch.no_grad():
         assert torch.allclose(block(x), x + block.attn(h) + block.mlp(h), atol=1e-6)
         seq = build(config("test", parallel=False)).blocks[0]
@@ -76,8 +77,22 @@ def test_parallel_block_is_shared_norm_attention_plus_mlp():
         assert torch.allclose(seq(x), y + seq.mlp(seq.norm2(y)), atol=1e-6)
 
 
-def test_qk_norm_is_per_head_layernorm_before_the_softmax():
-    attn = build(config("test"), seed=1).blocks[0].attn
+def test_norms_are_without_bias_and_centering_by_default():
+    """The paper: all LayerNorms "without bias and centering", i.e. RMS normalisation with a
+    learned scale, the QK norms included; centred LayerNorm stays a switch."""
+    model = build(config("test"))
+    for module in (model.norm, model.blocks[0].norm1, model.blocks[0].attn.q_norm):
+        assert isinstance(module, torch.nn.RMSNorm)
+    x = torch.randn(2, 9, 64) + 3.0  # a mean that centering would remove
+    with torch.no_grad():
+        expected = x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * model.norm.weight
+        torch.testing.assert_close(model.norm(x), expected)
+    centred = build(config("test", norm="layer"))
+    assert isinstance(centred.norm, torch.nn.LayerNorm) and centred.norm.bias is None
+
+
+def test_qk_norm_is_per_head_norm_before_the_softmax():
+    attn = build(config("test", norm="layer"), seed=1).blocks[0].attn
     with torch.no_grad():
         attn.q_norm.weight.uniform_(0.5, 1.5)
         x = torch.randn(1, 5, 64)

@@ -4,6 +4,7 @@ and the ``imagenet`` dataset kind that resolves to one or the other."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -11,15 +12,24 @@ from PIL import Image, UnidentifiedImageError
 
 from evalkit.data import DataKind, verifies_content
 from evalkit.errors import EvalkitError
-from evalkit.identity import files_identity
+from evalkit.identity import files_identity, spec_key
 
+PIXEL_LIMIT_VARIABLE = "EVALKIT_MAX_IMAGE_PIXELS"  # PIL's decompression-bomb guard
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}
 
 
 def load_rgb(path: Path) -> Image.Image:
+    limit = os.environ.get(PIXEL_LIMIT_VARIABLE)
+    if limit:
+        Image.MAX_IMAGE_PIXELS = int(limit)
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
+    except Image.DecompressionBombError as exc:
+        raise EvalkitError(
+            f"image {path} has more pixels than allowed ({exc}): set "
+            f"{PIXEL_LIMIT_VARIABLE}=<pixels> to read it, or shrink it"
+        ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise EvalkitError(
             f"corrupt or unreadable image {path} ({exc.__class__.__name__}): replace or delete it"
@@ -27,12 +37,16 @@ def load_rgb(path: Path) -> Image.Image:
 
 
 class ImageFolder(torch.utils.data.Dataset):
-    """``root/<class>/<image>``; classes sorted by name, images sorted within a class."""
+    """``root/<class>/<image>``; classes sorted by name, images sorted within a class. With
+    ``classes`` (the training split's), labels are those classes' indices, matched by name."""
 
-    def __init__(self, root: str | Path, transform=None, *, layout_hint: str = ""):
+    def __init__(self, root: str | Path, transform=None, *, layout_hint: str = "", classes=None):
         self.root = Path(root)
         self.transform = transform
-        self.classes, self.samples = _scan(self.root, layout_hint)
+        own, samples = _scan(self.root, layout_hint)
+        to_reference = class_index(own, classes, where=str(self.root))
+        self.classes = list(classes) if classes is not None else own
+        self.samples = [(path, to_reference[label]) for path, label in samples]
         self.labels = [label for _, label in self.samples]
 
     def __len__(self) -> int:
@@ -50,6 +64,23 @@ class ImageFolder(torch.utils.data.Dataset):
         labels = ",".join(map(str, self.labels))
         return files_identity([p for p, _ in self.samples], self.root,
                               content=verifies_content(self), extra=labels)  # fmt: skip
+
+
+def class_index(own: list[str], reference, *, where: str) -> list[int]:
+    """For each of a split's own class names, its index among the ``reference`` (training)
+    classes; without a reference, its own position. A class the reference lacks is an error:
+    its images would be scored against a class the head never saw."""
+    if reference is None:
+        return list(range(len(own)))
+    index = {name: i for i, name in enumerate(reference)}
+    unknown = [name for name in own if name not in index]
+    if unknown:
+        listed = ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else "")
+        raise EvalkitError(
+            f"{where} has {len(unknown)} classes the training split lacks: {listed} "
+            f"(an evaluation split may only hold training classes: rename or remove them)"
+        )
+    return [index[name] for name in own]
 
 
 def _scan(root: Path, hint: str):
@@ -74,7 +105,9 @@ def _scan(root: Path, hint: str):
 class HFImages(torch.utils.data.Dataset):
     """A Hugging Face dataset split with an image column and an integer label column."""
 
-    def __init__(self, dataset, transform=None, *, image_key="image", label_key="label"):
+    def __init__(
+        self, dataset, transform=None, *, classes=None, image_key="image", label_key="label"
+    ):
         missing = {image_key, label_key} - set(dataset.column_names)
         if missing:
             raise EvalkitError(
@@ -83,9 +116,14 @@ class HFImages(torch.utils.data.Dataset):
         self.dataset = dataset
         self.transform = transform
         self.image_key = image_key
-        self.labels = list(dataset[label_key])
-        feature = dataset.features[label_key]
-        self.classes = list(getattr(feature, "names", None) or sorted(set(self.labels)))
+        raw = list(dataset[label_key])
+        names = getattr(dataset.features[label_key], "names", None)
+        own = list(names) if names else [str(v) for v in sorted(set(raw))]
+        position = {name: i for i, name in enumerate(own)}
+        local = raw if names else [position[str(v)] for v in raw]
+        to_reference = class_index(own, classes, where=f"Hugging Face split {dataset.split}")
+        self.classes = list(classes) if classes is not None else own
+        self.labels = [to_reference[label] for label in local]
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -96,10 +134,10 @@ class HFImages(torch.utils.data.Dataset):
         return (self.transform(image) if self.transform else image), self.labels[index]
 
     def identity(self) -> str:
-        return "hf:" + self.dataset._fingerprint
+        return f"hf:{self.dataset._fingerprint}:{spec_key(self.labels, length=16)}"
 
 
-def open_hf_split(root: Path, split: str, transform=None) -> HFImages:
+def open_hf_split(root: Path, split: str, transform=None, classes=None) -> HFImages:
     """``root/<split>/*.parquet`` (or ``root/data/<split>-*.parquet``) or an imagefolder tree."""
     try:
         import datasets
@@ -121,14 +159,16 @@ def open_hf_split(root: Path, split: str, transform=None) -> HFImages:
             f"no Hugging Face split {split!r} under {root} "
             f"(expected {root}/{split}/*.parquet or {root}/{split}/<class>/<image>)"
         )
-    return HFImages(ds, transform)
+    return HFImages(ds, transform, classes=classes)
 
 
-def open_classification_split(root: Path, split: str, *, source: str, transform=None):
-    """Parquet files when asked for (``--data hf``) or found (``auto``), else class folders."""
+def open_classification_split(root: Path, split: str, *, source: str, transform=None, classes=None):
+    """Parquet files when asked for (``--data hf``) or found (``auto``), else class folders;
+    ``classes`` (the training split's names) fixes the label of each class by name."""
     if source == "hf" or (source == "auto" and _has_parquet(root, split)):
-        return open_hf_split(root, split, transform)
-    return ImageFolder(root / split, transform, layout_hint=f"{root}/{{train,val}}/<class>/<image>")
+        return open_hf_split(root, split, transform, classes=classes)
+    hint = f"{root}/{{train,val}}/<class>/<image>"
+    return ImageFolder(root / split, transform, layout_hint=hint, classes=classes)
 
 
 def _has_parquet(root: Path, split: str) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -319,8 +320,13 @@ def write_npz(tree: dict, path: str | Path) -> Path:
     return path
 
 
-def from_big_vision(tree: dict) -> Converted:
+def from_big_vision(tree: dict, *, norm: str | None = None) -> Converted:
+    """A big_vision tree → our state dict, config and the keys dropped. A tree does not show
+    whether its norms centre: ``norm`` says so (else the tree's ``CONFIG_ENTRY``, else
+    ``layer``, big_vision's LayerNorm)."""
     cfg = big_vision_config(tree)
+    if norm is not None:
+        cfg = replace(cfg, norm=norm)
     ledger = Ledger(tree, name="big_vision tree", dropped=BIG_VISION_DROPPED)
     if CONFIG_ENTRY in tree:
         ledger.take(CONFIG_ENTRY)

@@ -1,17 +1,18 @@
 """The ViT-22B model family (Dehghani et al. 2023, §2 "Model architecture"; docs/protocols.md,
-"Architecture"). This file holds no distributed code: sharding is applied from outside by
-``evalkit.parallel``.
+"Architecture").
 
 One recipe at every size: a parallel block, ``y = x + Attn(LN(x)) + MLP(LN(x))`` on one shared
-pre-LayerNorm; LayerNorm on queries and keys per head (over the head dimension); no bias on the
-QKV projections or the LayerNorms, MLP biases kept; GELU; patch 14; learned position embeddings
-on the patches; pooled by a MAP head (or GAP, or a class token). ``SIZES`` holds the paper's
+pre-norm; a norm on queries and keys per head (over the head dimension); every norm applied
+"without bias and centering", as the paper says (RMS normalisation with a learned scale;
+``norm="layer"`` is the centred LayerNorm); no bias on the QKV projections, MLP biases kept;
+GELU; patch 14; learned position embeddings on the patches; pooled by a MAP head (or GAP, or a
+class token). ``SIZES`` holds the paper's
 22B, ViT-e and ViT-G and the same recipe at L, B, S, Ti and a ``test`` size.
 
 Ablation switches (paper's stability and efficiency findings): ``qk_norm``, ``qkv_bias``,
-``ln_bias`` and ``parallel`` (False = the standard sequential pre-LN block). ``norm``,
-``pre_norm``, ``patch_bias`` and ``pool`` exist so timm's ``vit_*_xp_*`` models (RMSNorm, a
-norm after the embeddings, class token) convert exactly.
+``ln_bias`` (with ``norm="layer"``) and ``parallel`` (False = the standard sequential pre-LN
+block). ``pre_norm``, ``patch_bias``, ``pool``, ``class_token`` and ``fc_norm`` exist so timm's
+``vit_*_xp_*`` models and big_vision trees convert exactly.
 
 Every projection is its own named ``nn.Linear`` so a sharding plan can address it by name, and
 each place where branch outputs meet the residual stream is a named identity module
@@ -48,7 +49,7 @@ class ViTConfig:
     ln_bias: bool = False
     parallel: bool = True
     pool: str = "map"
-    norm: str = "layer"
+    norm: str = "rms"  # the paper: every LayerNorm "without bias and centering"
     pre_norm: bool = False
     patch_bias: bool = True
     class_token: bool = False  # a class token (``pool="cls"`` sets it; MAP and GAP skip it)

@@ -1,0 +1,140 @@
+"""Numbers that cannot be silently wrong: evaluation labels follow the training classes by
+name, settings and options are checked where they are declared, and files come as they are
+(odd names, oversized images) without a traceback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from PIL import Image
+
+from evalkit.cli import main
+from evalkit.data import DataConfig, open_dataset
+from evalkit.errors import EvalkitError
+
+COLOURS = {"cat": (200, 30, 30), "dog": (30, 200, 30), "fox": (30, 30, 200), "zebra": (0, 0, 0)}
+
+
+def write_split(root, split: str, classes, per_class: int = 6):
+    for name in classes:
+        folder = root / "imagenet" / split / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            colour = tuple(min(255, c + 3 * i) for c in COLOURS[name])
+            Image.new("RGB", (32, 32), colour).save(folder / f"{i}.png")
+
+
+def run(root, *args):
+    return main(["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "folder",
+                 "--data-dir", str(root), "--quiet", "--out", str(root / "rows"), *args])  # fmt: skip
+
+
+def test_eval_labels_follow_training_classes_by_name(tmp_path):
+    write_split(tmp_path, "train", ["cat", "dog", "fox"])
+    write_split(tmp_path, "val", ["cat", "fox"])
+    config = DataConfig(source="folder", root=tmp_path)
+    train = open_dataset("imagenet", "train", config)
+    val = open_dataset("imagenet", "val", config, classes=train.classes)
+    assert val.classes == ["cat", "dog", "fox"]
+    assert sorted(set(val.labels)) == [0, 2]  # fox is train's 2, not val's own 1
+    assert open_dataset("imagenet", "val", config).labels[-1] == 1  # the old, wrong mapping
+    assert run(tmp_path) == 0
+
+
+def test_an_eval_class_training_lacks_is_an_error_naming_it(tmp_path, capsys):
+    write_split(tmp_path, "train", ["cat", "dog"])
+    write_split(tmp_path, "val", ["cat", "zebra"])
+    assert run(tmp_path) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "has 1 classes the training split lacks: zebra" in err and "Traceback" not in err
+
+
+def test_a_single_training_class_is_an_error(tmp_path, capsys):
+    write_split(tmp_path, "train", ["cat"])
+    write_split(tmp_path, "val", ["cat"])
+    assert run(tmp_path) == 2
+    assert "a classifier needs at least two" in capsys.readouterr().err
+
+
+def test_hf_labels_follow_training_class_names(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(
+        names=["fox", "cat"])})  # fmt: skip
+    image = Image.new("RGB", (8, 8))
+    ds = datasets.Dataset.from_dict({"image": [image, image], "label": [0, 1]}, features=features)
+    from evalkit.data.folder import HFImages
+
+    mapped = HFImages(ds, classes=["cat", "dog", "fox"])
+    assert mapped.labels == [2, 0]
+    with pytest.raises(EvalkitError, match="classes the training split lacks: fox"):
+        HFImages(ds, classes=["cat", "dog"])
+
+
+BAD_SETTINGS = [
+    (["--task", "nyu-depth-dpt", "--set", "steps=-5"], "steps=-5 is out of range"),
+    (["--set", "max_iter=0"], "max_iter=0 is out of range: expected a positive number"),
+    (["--task", "ade20k-1/16", "--set", "batch_size=0"], "batch_size=0 is out of range"),
+    (["--set", "holdout=2"], "holdout=2.0 is out of range: expected a fraction in (0, 1)"),
+    (["--task", "ade20k-1/16", "--set", "image_size=0"], "image_size=0 is out of range"),
+    (["--set", "l2_grid="], "l2_grid= is out of range: expected a non-empty list"),
+    (["--set", "pool=tokens"], "pool=tokens is out of range: expected one of auto, cls"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--workers", "-1"], "--workers must be 0 or more"),
+    (["--device", "foo"], "unknown --device 'foo'"),
+    (["--device", "cuda"], "this machine has no CUDA device"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_SETTINGS)
+def test_out_of_range_settings_are_one_line_errors(cli_env, capsys, args, message):
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    task = [] if "--task" in args else ["--task", "imagenet-linear"]
+    code = main(["run", *task, "--backbone", "fake", "--data", "embedded", "--quiet", *args])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_settings_are_checked_from_python_too():
+    from evalkit import get_task
+    from evalkit.tasks.linear_probe import LinearProbe
+
+    with pytest.raises(EvalkitError, match="holdout=1.5 is out of range"):
+        LinearProbe(holdout=1.5)
+    with pytest.raises(EvalkitError, match="fraction=0.0 is out of range"):
+        get_task("ade20k-1/16", ["fraction=0"])
+
+
+def test_image_smaller_than_a_patch_is_refused(cli_env, capsys):
+    args = ["--task", "ade20k-1/16", "--backbone", "fake", "--data", "embedded", "--quiet"]
+    os.environ["EVALKIT_EMBEDDED_SCENES"] = "4,2"
+    try:
+        assert main(["run", *args, "--set", "image_size=4"]) == 2
+    finally:
+        del os.environ["EVALKIT_EMBEDDED_SCENES"]
+    assert "image_size=4 is smaller than the patch size of fake (8)" in capsys.readouterr().err
+
+
+def test_non_utf8_file_names_run_end_to_end(tmp_path):
+    write_split(tmp_path, "train", ["cat", "dog"])
+    write_split(tmp_path, "val", ["cat", "dog"])
+    odd = os.fsencode(tmp_path / "imagenet" / "train" / "cat") + b"/caf\xe9.png"
+    Image.new("RGB", (32, 32), (210, 40, 40)).save(os.fsdecode(odd))
+    assert run(tmp_path) == 0
+
+
+def test_an_oversized_image_is_one_line_naming_the_file_and_the_limit(
+    tmp_path, monkeypatch, capsys
+):
+    write_split(tmp_path, "train", ["cat", "dog"])
+    write_split(tmp_path, "val", ["cat", "dog"])
+    big = tmp_path / "imagenet" / "val" / "dog" / "huge.png"
+    Image.new("RGB", (64, 64)).save(big)
+    monkeypatch.setenv("EVALKIT_MAX_IMAGE_PIXELS", "1500")  # 4096 px > twice the limit
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after
+    assert run(tmp_path, "--workers", "0") == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "huge.png has more pixels than allowed" in err and "EVALKIT_MAX_IMAGE_PIXELS" in err
