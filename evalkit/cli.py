@@ -193,6 +193,16 @@ def add_model_commands(sub) -> None:
 
 def add_cache_command(sub) -> None:
     """cache ls / clear."""
+    check = sub.add_parser(
+        "check-data",
+        help="check the data a task would read, without a backbone; exit 2 on problems",
+    )
+    check.add_argument("--task", required=True)
+    check.add_argument("--data", default="auto", help="auto | folder | hf | embedded")
+    check.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    check.add_argument("--cache-dir", type=Path, help="where embedded stand-ins are written")
+    check.add_argument("--quiet", action="store_true", help="no progress bars")
+
     cache = sub.add_parser("cache", help="inspect or clear the feature cache")
     cache.add_argument("action", choices=("ls", "clear"))
     cache.add_argument("--backbone", help="clear only this backbone's entries")
@@ -270,7 +280,9 @@ def warn_random_init(backbone, console):
 
 
 def summary_cells(row, *, skipped: bool) -> list[str]:
-    spread = f" ± {row['stderr']:.2f}" if row.get("stderr") is not None else ""
+    from evalkit.results import own_spread
+
+    spread = f" ± {own_spread(row):.2f}" if own_spread(row) is not None else ""
     return [
         row["task"],
         row["backbone"],
@@ -448,6 +460,41 @@ def cmd_compare(args, console) -> int:
     return 1 if bad and args.fail_on_regression else 0
 
 
+def cmd_check_data(args, console) -> int:
+    from evalkit.data import DataConfig
+    from evalkit.data.check import check_dataset
+    from evalkit.identity import cache_root
+    from evalkit.runner import resolve_task
+
+    task = resolve_task(args.task)
+    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
+    progress = not args.quiet and sys.stderr.isatty()
+    reports = [check_dataset(name, task.splits(), config, progress=progress)
+               for name in task.datasets()]  # fmt: skip
+    for report in reports:
+        print_data_report(report, console)
+    return 2 if any(r.problems for r in reports) else 0
+
+
+def print_data_report(report, console):
+    from rich.table import Table
+
+    table = Table("split", "images", "classes", "smallest", "largest", title=report.dataset)
+    for split in report.splits:
+        size = lambda s: f"{s[0]}×{s[1]}" if s else "–"  # noqa: E731
+        classes = f"{len(split.classes)} ({min(split.classes.values(), default=0)}–" \
+            f"{max(split.classes.values(), default=0)} images each)" if split.classes else "–"  # fmt: skip
+        table.add_row(split.split, str(split.images), classes, size(split.smallest),
+                      size(split.largest))  # fmt: skip
+    console.print(table)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for problem in report.problems:
+        console.print(f"[bold red]problem:[/] {problem}", highlight=False, soft_wrap=True)
+    verdict = f"{len(report.problems)} problem(s)" if report.problems else "no problems"
+    console.print(f"{report.dataset}: {verdict}")
+
+
 def cmd_cache(args, console) -> int:
     from rich.table import Table
 
@@ -486,6 +533,7 @@ COMMANDS = {
     "cache": cmd_cache,
     "backbones": cmd_backbones,
     "convert": cmd_convert,
+    "check-data": cmd_check_data,
 }
 
 

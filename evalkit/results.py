@@ -4,7 +4,7 @@ Tables and comparisons are rendered from rows only. Rows are grouped by task, ba
 weights id (a backbone name whose rows come from two weights files shows both, each labelled
 with its weights id), metric and settings; rows of runs that differ only in seed
 are aggregated as mean ± std; a single row that carries its own spread over seeds (few-shot)
-shows value ± stderr.
+shows value ± its own std over seeds (or ± its standard error).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Row(TypedDict, total=False):
     metric: str
     value: float
     stderr: float | None
+    std: float | None
     higher_is_better: bool
     n: int | None
     seeds: list[int]
@@ -104,7 +105,7 @@ def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
         if len(values) > 1:
             spread = statistics.stdev(values)
         else:
-            spread = next(iter(by_seed.values())).get("stderr")
+            spread = own_spread(next(iter(by_seed.values())))
         out.append(
             {
                 "task": task,
@@ -119,6 +120,11 @@ def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def own_spread(row: Row) -> float | None:
+    """The spread a single row carries: its std over its own seeds, else its standard error."""
+    return row["std"] if row.get("std") is not None else row.get("stderr")
 
 
 def format_value(mean: float, std: float | None) -> str:

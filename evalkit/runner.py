@@ -239,6 +239,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "metric": metric.metric,
         "value": metric.value,
         "stderr": metric.stderr,
+        "std": metric.std,
         "higher_is_better": metric.higher_is_better,
         "n": metric.n,
         "seeds": metric.seeds,

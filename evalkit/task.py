@@ -54,7 +54,8 @@ class Metric:
     metric: str
     value: float
     higher_is_better: bool = True
-    stderr: float | None = None
+    stderr: float | None = None  # standard error of the value
+    std: float | None = None  # standard deviation over the metric's own seeds
     n: int | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     extra: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +84,10 @@ class Task:
     def metrics(self) -> list[str]:
         """Metric names one run produces; a rerun is skipped when all are on disk."""
         raise NotImplementedError
+
+    def splits(self) -> tuple[str, ...]:
+        """The splits a run reads, the training split first (``evalkit check-data``)."""
+        return ("train", "val")
 
     def datasets(self) -> tuple[str, ...]:
         """The datasets a run reads (their files are part of the run key): by default the

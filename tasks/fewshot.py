@@ -28,7 +28,7 @@ class FewShot(FrozenClassification):
     seeds: int = setting(3, POSITIVE)
     l2: float = setting(1024.0, POSITIVE)
 
-    version = 1
+    version = 2  # 2: the spread over seeds is in ``std`` (it was in ``stderr``)
 
     def metrics(self) -> list[str]:
         return ["top1"]
@@ -54,7 +54,7 @@ class FewShot(FrozenClassification):
         yield Metric(
             "top1",
             statistics.fmean(scores),
-            stderr=statistics.stdev(scores) if len(scores) > 1 else None,
+            std=statistics.stdev(scores) if len(scores) > 1 else None,
             n=len(test.labels),
             seeds=seeds,
             extra={"per_seed": scores, "shots": self.shots, "l2": self.l2},

@@ -5,9 +5,13 @@ Protocol: features of the train and eval splits are extracted once (cached) with
 backbone's own eval preprocessing and standardised with train statistics. A multinomial
 logistic regression is fitted by full-batch L-BFGS for every L2 strength in ``l2_grid``
 (strongest first, warm-started); the strength is chosen by top-1 on a seeded, stratified
-``holdout`` fraction of train, then refitted on all of train and scored on the eval split
-(top-1, top-5). Pooling (``cls``, ``mean``, ``map`` where the backbone has it; ``auto`` = the
-backbone's own) and layers (e.g. ``layers=-1,-2,-3,-4`` concatenates the last four) are settings.
+``holdout`` fraction of train (path fits of at most ``max_iter`` iterations: they only rank the
+strengths), then refitted on all of train until the gradient meets the tolerance (at most
+``refit_max_iter``) and scored on the eval split (top-1, top-5). Every fit's iterations and
+whether it converged are in the row (``path_fit_by_l2``, ``refit``). Pooling (``cls``, ``mean``, ``map`` where the backbone has it; ``auto`` = the
+backbone's own) and layers (e.g. ``layers=-1,-2,-3,-4`` concatenates the last four) are settings,
+and so is the resize: the backbone's (``shorter`` side, then a centre crop) or big_vision's
+(``square``, then a centre crop).
 
 Paper: ViT-e 89.26 → ViT-22B 89.51 top-1 on ImageNet-1k (frozen features, linear head).
 """
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.backbones.base import POOLS
+from evalkit.backbones.base import POOLS, build_transform
 from evalkit.data import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest
@@ -48,6 +52,7 @@ class FrozenClassification(Task):
     train_split: str = "train"
     eval_split: str = "val"
     pool: str = setting("auto", one_of("auto", *POOLS))
+    resize: str = setting("shorter", one_of("shorter", "square"))  # square: big_vision's
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
     def split_features(self, backbone, ctx):
@@ -66,8 +71,13 @@ class FrozenClassification(Task):
             for split, dataset in ((self.train_split, train), (self.eval_split, test))
         ]
 
+    def splits(self) -> tuple[str, ...]:
+        return (self.train_split, self.eval_split)
+
     def open_split(self, split: str, backbone, ctx, classes=None):
         transform = backbone.transform()
+        if self.resize == "square":
+            transform = build_transform(backbone.info.preprocess, square=True)
         return open_dataset(self.dataset, split, ctx.data, transform=transform, classes=classes)
 
 
@@ -75,9 +85,10 @@ class FrozenClassification(Task):
 class LinearProbe(FrozenClassification):
     l2_grid: tuple[float, ...] = setting(DEFAULT_L2, POSITIVES)
     holdout: float = setting(0.2, FRACTION)
-    max_iter: int = setting(100, POSITIVE)
+    max_iter: int = setting(100, POSITIVE)  # per L2 value on the path (it only ranks them)
+    refit_max_iter: int = setting(1000, POSITIVE)  # the chosen L2 is refitted to convergence
 
-    version = 1
+    version = 2  # 2: the refit runs to convergence; fits on record
     reference = {"top1": {"ViT-22B": 89.51, "ViT-e": 89.26}}
 
     def metrics(self) -> list[str]:
@@ -89,7 +100,7 @@ class LinearProbe(FrozenClassification):
         scale = Standardizer.fit(train.pooled)
         x_train, x_test = scale(train.pooled), scale(test.pooled)
         fit_idx, held_idx = stratified_holdout(train.labels, self.holdout, seed=ctx.seed)
-        best_l2, best_init, sweep = self._select_l2(
+        best_l2, best_init, sweep, fits = self._select_l2(
             x_train, train.labels, fit_idx, held_idx, num_classes
         )
         model = fit_logistic(
@@ -98,12 +109,14 @@ class LinearProbe(FrozenClassification):
             num_classes=num_classes,
             l2=best_l2,
             init=best_init,
-            max_iter=self.max_iter,
+            max_iter=self.refit_max_iter,
         )
         logits = model.logits(x_test)
         extra = {
             "l2": best_l2,
             "holdout_top1_by_l2": sweep,
+            "path_fit_by_l2": fits,  # iterations and convergence of each L2 on the path
+            "refit": model.fit.as_dict(),
             "pool": resolve_pool(self.pool, backbone),
             "n_train": len(train.labels),
             "num_classes": num_classes,
@@ -128,7 +141,8 @@ class LinearProbe(FrozenClassification):
         scores = {l2: topk_accuracy(m.logits(x[held_idx]), y[held_idx]) for l2, m in path}
         # Ties go to the stronger regulariser: the path is fitted strongest first.
         best_l2, best_model = max(path, key=lambda item: scores[item[0]])
-        return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}
+        fits = {f"{l2:g}": m.fit.as_dict() for l2, m in path}
+        return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}, fits
 
 
 def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):

@@ -77,6 +77,9 @@ class Segmentation(DenseSettings):
     def metrics(self) -> list[str]:
         return ["miou", "pixel_acc"]
 
+    def datasets(self) -> tuple[str, ...]:
+        return ("ade20k",)
+
     def run(self, backbone, ctx):
         train_set, val_set = (
             open_dataset(

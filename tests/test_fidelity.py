@@ -138,3 +138,59 @@ def test_an_oversized_image_is_one_line_naming_the_file_and_the_limit(
     assert run(tmp_path, "--workers", "0") == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "huge.png has more pixels than allowed" in err and "EVALKIT_MAX_IMAGE_PIXELS" in err
+
+
+def test_square_resize_is_an_option_and_its_own_cache_entry(fake, ctx, tmp_path):
+    from evalkit import get_task
+    from evalkit.runner import run_task
+
+    [shorter, _], _ = run_task(get_task("imagenet-linear"), fake, ctx, out_dir=tmp_path)
+    [square, _], _ = run_task(get_task("imagenet-linear", ["resize=square"]), fake, ctx,
+                              out_dir=tmp_path)  # fmt: skip
+    assert square["data_id"] != shorter["data_id"]  # another transform, other features
+    assert square["provenance"]["images_extracted"] > 0
+
+
+def check(*args):
+    return main(["check-data", "--quiet", *args])
+
+
+def test_check_data_reports_every_problem_and_exits_2(tmp_path, capsys):
+    write_split(tmp_path, "train", ["cat", "dog", "fox"])
+    write_split(tmp_path, "val", ["cat", "zebra"])
+    for i in (1, 3):
+        (tmp_path / "imagenet" / "train" / "dog" / f"{i}.png").write_bytes(b"not a png")
+    assert check("--task", "imagenet-linear", "--data-dir", str(tmp_path)) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("unreadable image") == 2 and "dog/1.png" in out and "dog/3.png" in out
+    assert "classes the training split lacks: zebra" in out
+    assert "imagenet: 3 problem(s)" in out
+
+
+def test_check_data_notes_a_missing_eval_class_without_failing(tmp_path, capsys):
+    write_split(tmp_path, "train", ["cat", "dog", "fox"])
+    write_split(tmp_path, "val", ["cat", "fox"])
+    assert check("--task", "imagenet-5shot", "--data-dir", str(tmp_path)) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "val has no images of 1 training classes: dog" in out and "no problems" in out
+
+
+def test_check_data_reads_every_dense_annotation(tmp_path, capsys):
+    import numpy as np
+
+    for split, folder in (("train", "training"), ("val", "validation")):
+        for sub in ("images", "annotations"):
+            (tmp_path / "ADEChallengeData2016" / sub / folder).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8)).save(
+                tmp_path / "ADEChallengeData2016" / "images" / folder / f"{i}.jpg"
+            )
+            labels = np.full((8, 8), 200 if (split, i) == ("val", 1) else 3, np.uint8)
+            if (split, i) != ("train", 2):
+                Image.fromarray(labels).save(
+                    tmp_path / "ADEChallengeData2016" / "annotations" / folder / f"{i}.png"
+                )
+    assert check("--task", "ade20k-1/16", "--data-dir", str(tmp_path)) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "missing annotation" in out and "2.png" in out
+    assert "has label 200: ADE20k labels are 0..150" in out and "ade20k: 2 problem(s)" in out

@@ -55,6 +55,26 @@ def test_logistic_path_is_strongest_first_and_converges_like_cold_start():
     assert warm_loss == pytest.approx(cold_loss, abs=1e-4)
 
 
+def test_fits_say_whether_they_converged():
+    x, y = _blobs(seed=4)
+    capped = fit_logistic(x.double(), y, num_classes=4, l2=1e-4, max_iter=3)
+    assert capped.fit.iterations <= 3 and not capped.fit.converged  # stopped by a cap
+    full = fit_logistic(x.double(), y, num_classes=4, l2=1e-2, max_iter=500, tol=1e-7)
+    assert full.fit.converged and full.fit.iterations < 500 and full.fit.grad_max < 1e-5
+
+
+def test_linear_probe_rows_record_every_fit(fake, ctx, tmp_path):
+    from evalkit import get_task
+    from evalkit.runner import run_task
+
+    task = get_task("imagenet-linear", ["max_iter=2", "l2_grid=1e-2,1e-4"])
+    [row, _], _ = run_task(task, fake, ctx, out_dir=tmp_path)
+    fits = row["extra"]["path_fit_by_l2"]
+    assert set(fits) == {"0.01", "0.0001"}
+    assert all(f["iterations"] <= 2 and not f["converged"] for f in fits.values())
+    assert row["extra"]["refit"]["converged"]  # the chosen L2 is refitted to convergence
+
+
 def test_ridge_fewshot_matches_numpy_closed_form():
     x, y = _blobs(n=40, d=8, c=4, seed=2, spread=0.8)
     xt, yt = _blobs(n=200, d=8, c=4, seed=3, spread=0.8)

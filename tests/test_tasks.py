@@ -39,7 +39,8 @@ def test_fewshot_row_has_mean_and_std_over_seeds(fake, ctx, tmp_path):
     per_seed = row["extra"]["per_seed"]
     assert len(per_seed) == 3 and row["seeds"] == [0, 1, 2]
     assert row["value"] == pytest.approx(sum(per_seed) / 3)
-    assert row["stderr"] == pytest.approx(torch.tensor(per_seed).std().item())
+    assert row["std"] == pytest.approx(torch.tensor(per_seed).std().item())
+    assert row["stderr"] is None  # a spread over seeds is not a standard error
 
 
 def test_row_provenance(fake, ctx, tmp_path):

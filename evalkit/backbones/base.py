@@ -108,17 +108,19 @@ def text_tower(backbone) -> TextTower:
     return tower
 
 
-def build_transform(pre: Preprocess, *, train: bool = False):
-    """PIL image → normalised tensor: resize to size/crop_pct then centre-crop (eval), or an
-    inception crop with a flip (train)."""
+def build_transform(pre: Preprocess, *, train: bool = False, square: bool = False):
+    """PIL image → normalised tensor: resize the shorter side to size/crop_pct then centre-crop
+    (eval), or an inception crop with a flip (train). ``square`` resizes both sides to
+    size/crop_pct before the crop, as big_vision's few-shot evaluators do."""
     from torchvision import transforms as T
 
     mode = T.InterpolationMode(pre.interpolation)
     if train:
         resize = [T.RandomResizedCrop(pre.size, interpolation=mode), T.RandomHorizontalFlip()]
     else:
+        side = math.floor(pre.size / pre.crop_pct)
         resize = [
-            T.Resize(math.floor(pre.size / pre.crop_pct), interpolation=mode),
+            T.Resize((side, side) if square else side, interpolation=mode),
             T.CenterCrop(pre.size),
         ]
     return T.Compose([*resize, T.ToTensor(), T.Normalize(pre.mean, pre.std)])

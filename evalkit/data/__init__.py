@@ -61,6 +61,7 @@ class DataKind:
     layout: str  # what the user provides under the data root, shown in errors
     write_embedded: Callable[[Path], Path]  # writes the stand-in under a folder; returns its root
     open_split: Callable[..., Dataset]  # (root, split, *, source, **options) -> Dataset
+    targets: str = "labels"  # labels: options transform=, classes=; dense: size=, preprocess=
 
 
 DATASETS = Registry("dataset", "evalkit.datasets")

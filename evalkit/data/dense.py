@@ -294,6 +294,7 @@ ADE20K = DataKind(
     layout=ADE_LAYOUT,
     write_embedded=functools.partial(_write_embedded, "ade20k"),
     open_split=_open_ade20k,
+    targets="dense",
 )
 
 
@@ -305,6 +306,7 @@ def _depth_kind(name: str) -> DataKind:
         layout=spec.layout(spec.splits[0]),
         write_embedded=functools.partial(_write_embedded, name),
         open_split=functools.partial(_open_depth, name),
+        targets="dense",
     )
 
 

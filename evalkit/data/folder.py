@@ -59,11 +59,11 @@ class ImageFolder(torch.utils.data.Dataset):
 
     def identity(self) -> str:
         """Every file's relative path, size and modification time (or its bytes, with
-        ``--verify-data``) and label: changes when a file is added, removed, rewritten or
-        relabelled, without reading image bytes."""
-        labels = ",".join(map(str, self.labels))
+        ``--verify-data``), its label, and the transform: changes when a file is added,
+        removed, rewritten or relabelled, or read another way, without reading image bytes."""
+        extra = ",".join(map(str, self.labels)) + f"|{self.transform!r}"
         return files_identity([p for p, _ in self.samples], self.root,
-                              content=verifies_content(self), extra=labels)  # fmt: skip
+                              content=verifies_content(self), extra=extra)  # fmt: skip
 
 
 def class_index(own: list[str], reference, *, where: str) -> list[int]:
@@ -134,7 +134,8 @@ class HFImages(torch.utils.data.Dataset):
         return (self.transform(image) if self.transform else image), self.labels[index]
 
     def identity(self) -> str:
-        return f"hf:{self.dataset._fingerprint}:{spec_key(self.labels, length=16)}"
+        labels = spec_key([self.labels, repr(self.transform)], length=16)
+        return f"hf:{self.dataset._fingerprint}:{labels}"
 
 
 def open_hf_split(root: Path, split: str, transform=None, classes=None) -> HFImages:

@@ -16,10 +16,26 @@ import torch
 BIAS_CONSTANT = 100.0
 
 
+@dataclass(frozen=True)
+class FitInfo:
+    """How an L-BFGS fit ended: iterations used, the largest gradient entry, and whether it
+    converged — stopped by one of L-BFGS's tolerances (gradient, or no more change in the
+    objective) rather than by ``max_iter``, where the objective is not at its optimum."""
+
+    iterations: int
+    converged: bool
+    grad_max: float
+
+    def as_dict(self) -> dict:
+        return {"iterations": self.iterations, "converged": self.converged,
+                "grad_max": float(f"{self.grad_max:.3g}")}  # fmt: skip
+
+
 @dataclass
 class LinearModel:
     weight: torch.Tensor  # (D, C)
     bias: torch.Tensor  # (C,)
+    fit: FitInfo | None = None
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight + self.bias
@@ -77,6 +93,12 @@ def fit_logistic(
     )
     with torch.no_grad():
         opt.step(lambda: _loss_and_grad(model, x, y, l2))
+        _loss_and_grad(model, x, y, l2)  # the gradient where the fit stopped
+    grad_max = max(model.weight.grad.abs().max().item(), model.bias.grad.abs().max().item())
+    state = opt.state[opt._params[0]]
+    # Stopped by neither cap (iterations, evaluations): a tolerance ended it.
+    uncapped = state["n_iter"] < max_iter and state["func_evals"] < max_iter * 5 // 4
+    model.fit = FitInfo(state["n_iter"], grad_max <= tol or uncapped, grad_max)
     return model
 
 
