@@ -59,6 +59,7 @@ def bench(session):
         "bench_vit22b_blocks",
         "bench_dense",
         "bench_identity",
+        "bench_probe_memory",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -68,13 +68,94 @@ class ExtractSettings:
     progress: bool = True
 
 
-@dataclass
 class FeatureSet:
-    pooled: torch.Tensor  # (N, D) float32; (N, T, D) for clips of T frames
-    labels: torch.Tensor  # (N,)
-    grids: list[torch.Tensor] = field(default_factory=list)  # per layer (N, D, h, w), dense only
-    from_cache: bool = False
-    dataset_id: str = ""
+    """The features of one split: a view over its shards — dicts in memory when nothing is
+    cached, else verified shard files read one at a time when asked for.
+
+    ``labels`` (N,) is always in memory. ``take(indices)`` and ``chunks()`` hold at most one
+    shard beyond what they return; ``pooled`` ((N, D), or (N, T, D) for clips of T frames) and
+    ``grids`` (per layer (N, D, h, w), dense only) concatenate the whole split, for tasks whose
+    split fits in memory."""
+
+    def __init__(self, parts: list, labels: torch.Tensor, *, from_cache=False, dataset_id=""):
+        self.parts = parts  # per shard: a dict of tensors, or the Path of a verified file
+        self.labels = labels
+        sizes = [_part_size(p) for p in parts]
+        self.starts = torch.tensor([0, *sizes]).cumsum(0)[:-1] if parts else torch.zeros(0)
+        self.from_cache, self.dataset_id = from_cache, dataset_id
+        self._held: tuple[int, dict] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def keys(self) -> list[str]:
+        return _part_keys(self.parts[0]) if self.parts else ["pooled"]
+
+    def shard(self, index: int) -> dict:
+        part = self.parts[index]
+        if isinstance(part, dict):
+            return part
+        if self._held is None or self._held[0] != index:
+            self._held = (index, _read_shard(part))
+        return self._held[1]
+
+    def chunks(self, key: str = "pooled"):
+        """Each shard's ``key`` tensor in order: the split without holding it whole."""
+        for index in range(len(self.parts)):
+            yield self.shard(index)[key]
+
+    def take(self, indices, key: str = "pooled") -> torch.Tensor:
+        """Rows ``indices`` (in that order), reading only the shards that hold them."""
+        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        if not len(idx):
+            return self._empty(key)
+        shard_of = torch.searchsorted(self.starts, idx, right=True) - 1
+        out = None
+        for index in shard_of.unique().tolist():
+            mask = shard_of == index
+            rows = self.shard(index)[key][idx[mask] - self.starts[index]]
+            if out is None:
+                out = rows.new_empty((len(idx), *rows.shape[1:]))
+            out[mask] = rows
+        return out
+
+    def by_shard(self, indices, key: str = "pooled"):
+        """(rows, indices) per shard for sorted ``indices``: each shard read once, in order."""
+        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        shard_of = torch.searchsorted(self.starts, idx, right=True) - 1
+        for index in shard_of.unique().tolist():
+            mine = idx[shard_of == index]
+            yield self.shard(index)[key][mine - self.starts[index]], mine
+
+    @property
+    def pooled(self) -> torch.Tensor:
+        return torch.cat(list(self.chunks("pooled"))) if self.parts else self._empty("pooled")
+
+    @property
+    def grids(self) -> list[torch.Tensor]:
+        layers = sorted(k for k in self.keys() if k.startswith("grid."))
+        return [torch.cat(list(self.chunks(k))) for k in layers]
+
+    def _empty(self, key: str) -> torch.Tensor:
+        return torch.empty(0, 0)
+
+
+def _part_size(part) -> int:
+    if isinstance(part, dict):
+        return len(part["labels"])
+    from safetensors import safe_open
+
+    with safe_open(str(part), framework="pt") as f:
+        return f.get_slice("labels").get_shape()[0]
+
+
+def _part_keys(part) -> list[str]:
+    if isinstance(part, dict):
+        return list(part)
+    from safetensors import safe_open
+
+    with safe_open(str(part), framework="pt") as f:
+        return list(f.keys())
 
 
 def backbone_spec(info, dtype: str) -> dict:
@@ -92,9 +173,11 @@ def backbone_spec(info, dtype: str) -> dict:
 
 
 def feature_spec(info, request: FeatureRequest, *, dtype: str, dataset_id: str, split: str,
-                 subset: Sequence[int] | None) -> dict:  # fmt: skip
-    """The one description of what produces a set of cached features."""
+                 subset: Sequence[int] | None, shard_size: int = 1024) -> dict:  # fmt: skip
+    """The one description of what produces a set of cached features (and how they are cut
+    into shards: an entry's shards must all have the same boundaries)."""
     return {
+        "shard_size": shard_size,
         "format": FORMAT_VERSION,
         "backbone": backbone_spec(info, dtype),
         "request": request.key_material(),
@@ -127,44 +210,41 @@ def extract_features(
     dataset_id = dataset.identity()  # stats every file: compute once
     if settings.cache_dir is not None:
         key = cache_key(backbone.info, request, dtype=settings.dtype, dataset_id=dataset_id,
-                        split=split, subset=subset)  # fmt: skip
+                        split=split, subset=subset, shard_size=settings.shard_size)  # fmt: skip
         folder = Path(settings.cache_dir) / "features" / key
         _write_meta(folder, backbone.info.name, split, request, settings.dtype, len(indices))
-    verified = _verify_cached(folder, len(shards))
+    _verify_cached(folder, len(shards))
     done = {i for i in range(len(shards)) if folder is not None and _shard_path(folder, i).exists()}
     computed = _compute_missing(backbone, dataset, shards, done, request, settings, folder)
     mesh.barrier()  # every group's shards are on disk
-    parts = [
-        computed.get(i) or verified.get(i) or _load_shard(_shard_path(folder, i))
-        for i in range(len(shards))
-    ]
-    if folder is not None and mesh.current().main and not (folder / MANIFEST).exists():
-        _atomic_write_text(
-            folder / MANIFEST, json.dumps({"shards": len(shards), "n": len(indices)})
-        )
-    feats = _concat(parts, from_cache=not computed and bool(shards))
-    feats.dataset_id = dataset_id
-    return feats
+    if folder is None:
+        parts = [computed[i] for i in range(len(shards))]
+    else:
+        parts = [_shard_path(folder, i) for i in range(len(shards))]
+        if mesh.current().main and not (folder / MANIFEST).exists():
+            manifest = json.dumps({"shards": len(shards), "n": len(indices)})
+            _atomic_write_text(folder / MANIFEST, manifest)
+    labels = torch.cat([_read_labels(p) for p in parts]) if parts else torch.empty(0)
+    return FeatureSet(parts, labels.long(), from_cache=not computed and bool(shards),
+                      dataset_id=dataset_id)  # fmt: skip
 
 
-def _verify_cached(folder: Path | None, count: int) -> dict[int, dict]:
-    """The main rank checks every cached shard against its checksum; a corrupt, truncated or
-    unreadable one is deleted (with a warning) so that it is recomputed. Returns the shards it
-    read, to be used without reading them again. All ranks wait until this is done."""
-    verified = {}
+def _verify_cached(folder: Path | None, count: int):
+    """The main rank checks every cached shard against its checksum, one shard in memory at a
+    time; a corrupt, truncated or unreadable one is deleted (with a warning) so that it is
+    recomputed. All ranks wait until this is done."""
     if folder is not None and mesh.current().main:
         for index in range(count):
             path = _shard_path(folder, index)
             if not path.exists():
                 continue
             try:
-                verified[index] = _load_shard(path)
+                _load_shard(path)
             except CorruptShard as exc:
                 warn(f"cached features {path} are unusable ({exc}): recomputing them")
                 path.unlink(missing_ok=True)
                 (folder / MANIFEST).unlink(missing_ok=True)
     mesh.barrier()  # all ranks agree on what is missing before any rank writes
-    return verified
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
@@ -192,6 +272,8 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
 
 
 def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> dict[int, dict]:
+    """Compute the ``todo`` shards; each is written and let go when there is a cache (the
+    returned dict then maps its index to None), and kept in memory when there is none."""
     computed, pending, shard_pos = {}, [], 0
     layout = mesh.current()
     total = sum(len(shards[i]) for i in todo)
@@ -201,9 +283,10 @@ def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> di
             pending.append(_forward(backbone, images, labels, request, settings))
             advance(len(labels))
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
-                computed[todo[shard_pos]] = _merge(pending)
+                shard = _merge(pending)
                 if folder is not None and layout.writer:
-                    _save_shard(_shard_path(folder, todo[shard_pos]), computed[todo[shard_pos]])
+                    _save_shard(_shard_path(folder, todo[shard_pos]), shard)
+                computed[todo[shard_pos]] = shard if folder is None else None
                 pending, shard_pos = [], shard_pos + 1
     return computed
 
@@ -258,16 +341,6 @@ def _merge(parts: list[dict]) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _concat(parts: list[dict], *, from_cache: bool) -> FeatureSet:
-    merged = (
-        _merge(parts)
-        if parts
-        else {"pooled": torch.empty(0, 0), "labels": torch.empty(0, dtype=torch.long)}
-    )
-    grids = [merged[f"grid.{i}"] for i in range(sum(k.startswith("grid.") for k in merged))]
-    return FeatureSet(merged["pooled"], merged["labels"].long(), grids, from_cache=from_cache)
-
-
 def _shard_path(folder: Path, index: int) -> Path:
     return folder / f"shard-{index:05d}.safetensors"
 
@@ -293,6 +366,22 @@ def _save_shard(path: Path, shard: dict):
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_file(shard, str(tmp), metadata={CHECKSUM: shard_checksum(shard)})
     os.replace(tmp, path)
+
+
+def _read_shard(path: Path) -> dict:
+    """A shard already verified in this run: read without checking its sum again."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _read_labels(part) -> torch.Tensor:
+    if isinstance(part, dict):
+        return part["labels"]
+    from safetensors import safe_open
+
+    with safe_open(str(part), framework="pt") as f:
+        return f.get_tensor("labels")
 
 
 def _load_shard(path: Path) -> dict:

@@ -13,9 +13,13 @@ IGNORE = 255
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> float:
     """Percentage of rows whose label is among the ``k`` highest logits (ties: lowest index
     wins, as in ``torch.topk``)."""
+    return 100.0 * topk_hits(logits, labels, k).double().mean().item()
+
+
+def topk_hits(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """Per row: is the label among the ``k`` highest logits (chunks of a split concatenate)."""
     k = min(k, logits.shape[1])
-    hits = (logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1)
-    return 100.0 * hits.double().mean().item()
+    return (logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1)
 
 
 def confusion_matrix(pred: np.ndarray, target: np.ndarray, num_classes: int) -> np.ndarray:

@@ -18,19 +18,19 @@ Paper: ViT-e 89.26 → ViT-22B 89.51 top-1 on ImageNet-1k (frozen features, line
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from evalkit.backbones.base import POOLS, build_transform
 from evalkit.data import open_dataset
 from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest
-from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path
-from evalkit.metrics import topk_accuracy
+from evalkit.features import FeatureRequest, FeatureSet
+from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
 from evalkit.task import (
     FRACTION,
     LAYERS,
+    NON_NEGATIVE,
     POSITIVE,
     POSITIVES,
     Metric,
@@ -87,6 +87,7 @@ class LinearProbe(FrozenClassification):
     holdout: float = setting(0.2, FRACTION)
     max_iter: int = setting(100, POSITIVE)  # per L2 value on the path (it only ranks them)
     refit_max_iter: int = setting(1000, POSITIVE)  # the chosen L2 is refitted to convergence
+    resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training features are streamed
 
     version = 2  # 2: the refit runs to convergence; fits on record
     reference = {"top1": {"ViT-22B": 89.51, "ViT-e": 89.26}}
@@ -97,26 +98,23 @@ class LinearProbe(FrozenClassification):
     def run(self, backbone, ctx):
         train, test = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
-        scale = Standardizer.fit(train.pooled)
-        x_train, x_test = scale(train.pooled), scale(test.pooled)
+        data = ProbeData.build(train, test, self, ctx.extract.device)
         fit_idx, held_idx = stratified_holdout(train.labels, self.holdout, seed=ctx.seed)
-        best_l2, best_init, sweep, fits = self._select_l2(
-            x_train, train.labels, fit_idx, held_idx, num_classes
-        )
+        best_l2, best_init, sweep, fits = self._select_l2(data, fit_idx, held_idx, num_classes)
         model = fit_logistic(
-            x_train,
-            train.labels,
+            data.train_rows(),
+            None,
             num_classes=num_classes,
             l2=best_l2,
             init=best_init,
             max_iter=self.refit_max_iter,
         )
-        logits = model.logits(x_test)
         extra = {
             "l2": best_l2,
             "holdout_top1_by_l2": sweep,
             "path_fit_by_l2": fits,  # iterations and convergence of each L2 on the path
             "refit": model.fit.as_dict(),
+            "probe_mode": data.mode,
             "pool": resolve_pool(self.pool, backbone),
             "n_train": len(train.labels),
             "num_classes": num_classes,
@@ -124,25 +122,78 @@ class LinearProbe(FrozenClassification):
         for k in (1, 5):
             yield Metric(
                 f"top{k}",
-                topk_accuracy(logits, test.labels, k),
+                percent(hits(model, data.test_rows(), k)),
                 n=len(test.labels),
                 seeds=[ctx.seed],
                 extra=extra,
             )
 
-    def _select_l2(self, x, y, fit_idx, held_idx, num_classes):
+    def _select_l2(self, data, fit_idx, held_idx, num_classes):
         path = logistic_path(
-            x[fit_idx],
-            y[fit_idx],
+            data.train_rows(fit_idx),
+            None,
             num_classes=num_classes,
             l2_values=self.l2_grid,
             max_iter=self.max_iter,
         )
-        scores = {l2: topk_accuracy(m.logits(x[held_idx]), y[held_idx]) for l2, m in path}
+        held = data.train_rows(held_idx)
+        scores = {l2: percent(hits(m, held, 1)) for l2, m in path}
         # Ties go to the stronger regulariser: the path is fitted strongest first.
         best_l2, best_model = max(path, key=lambda item: scores[item[0]])
         fits = {f"{l2:g}": m.fit.as_dict() for l2, m in path}
         return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}, fits
+
+
+def percent(row_hits: torch.Tensor) -> float:
+    return 100.0 * row_hits.double().mean().item()
+
+
+@dataclass
+class ProbeData:
+    """The probe's standardised rows: ``resident`` — whole splits as tensors on the device, when
+    the training features fit ``resident_gb`` — or ``streamed``: one cache shard at a time,
+    standardised on the way, so memory stays one shard × (features + classes) whatever the
+    split's size. Standardisation statistics come from the training
+    split in one pass either way."""
+
+    train: FeatureSet
+    test: FeatureSet
+    mode: str
+    device: str
+    scale: Standardizer | None = None
+    resident: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, train, test, task, device: str) -> ProbeData:
+        dim = train.take([0]).shape[-1] if len(train) else 0
+        resident = len(train) * dim * 4 <= task.resident_gb * 2**30
+        data = cls(train, test, "resident" if resident else "streamed", device)
+        if resident:
+            scale = Standardizer.fit(train.pooled)
+            data.resident = {"train": scale(train.pooled).to(device),
+                             "test": scale(test.pooled).to(device)}  # fmt: skip
+        else:
+            data.scale = Standardizer.fit_chunks(train.chunks())
+        return data
+
+    def train_rows(self, indices: torch.Tensor | None = None) -> Rows:
+        return self._rows("train", self.train, indices)
+
+    def test_rows(self) -> Rows:
+        return self._rows("test", self.test, None)
+
+    def _rows(self, which: str, feats: FeatureSet, indices) -> Rows:
+        labels = feats.labels.to(self.device)
+        if self.mode == "resident":
+            x = self.resident[which]
+            return Rows.of(x, labels) if indices is None else Rows.of(x[indices], labels[indices])
+        idx = torch.arange(len(feats)) if indices is None else indices.sort().values
+
+        def chunks():  # one cache shard at a time, each read once per pass
+            for rows, part in feats.by_shard(idx):
+                yield self.scale(rows).to(self.device), labels[part.to(labels.device)]
+
+        return Rows(chunks, len(idx), len(self.scale.mean))
 
 
 def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):

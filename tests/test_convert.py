@@ -44,6 +44,15 @@ def test_timm_variants_give_timms_own_features(variant, randomised_timm_xp):
         torch.testing.assert_close(ours.pool(tokens), expected, atol=1e-5, rtol=0)
 
 
+def test_timm_xp_config_reads_the_switches(randomised_timm_xp):
+    cfg = convert.from_timm_xp(randomised_timm_xp().state_dict()).config
+    assert (cfg.norm, cfg.pool, cfg.patch, cfg.pre_norm, cfg.patch_bias) == (
+        "rms", "cls", 16, True, False
+    )  # fmt: skip
+    cfg = convert.from_timm_xp(randomised_timm_xp(global_pool="map").state_dict()).config
+    assert (cfg.pool, cfg.class_token) == ("map", True)
+
+
 def test_timm_classifier_is_dropped_on_purpose_and_printed(tmp_path, capsys, randomised_timm_xp):
     source = tmp_path / "timm.safetensors"
     save_file(randomised_timm_xp(num_classes=10).state_dict(), str(source))

@@ -85,9 +85,10 @@ def test_cache_key_covers_what_changes_numbers(fake):
         cache_key(fake.info, FeatureRequest(), **{**base, "dtype": "bf16"}),
         cache_key(fake.info, FeatureRequest(), **{**base, "dataset_id": "e"}),
         cache_key(fake.info, FeatureRequest(), **{**base, "split": "train"}),
+        cache_key(fake.info, FeatureRequest(), **{**base, "shard_size": 100}),
         cache_key(fake.info, FeatureRequest(), **{**base, "subset": [1, 2]}),
     ]
-    assert len({key, *variants}) == 8
+    assert len({key, *variants}) == 9
 
 
 SCRIPT = textwrap.dedent("""
@@ -180,3 +181,49 @@ def test_corrupt_image_in_a_worker_is_still_one_line(fake, tmp_path):
         extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="x")
     message = str(err.value)
     assert "\n" not in message and "3.png" in message and message.startswith("corrupt")
+
+
+def test_cached_features_are_a_view_read_shard_by_shard(fake, data_cache, tmp_path):
+    from pathlib import Path
+
+    dataset = _val(fake, data_cache)
+    settings = ExtractSettings(cache_dir=tmp_path, batch_size=32, shard_size=100, progress=False)
+    feats = extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="v")
+    assert all(isinstance(p, Path) for p in feats.parts)  # nothing held after extraction
+    memory = extract_features(fake, dataset, request=FeatureRequest(),
+                              settings=ExtractSettings(batch_size=32, shard_size=100,
+                                                       progress=False), split="v")  # fmt: skip
+    whole = memory.pooled
+    assert torch.equal(feats.pooled, whole) and torch.equal(feats.labels, memory.labels)
+    picks = torch.tensor([350, 3, 99, 100, 201, 3])  # across shards, unsorted, repeated
+    assert torch.equal(feats.take(picks), whole[picks])
+    assert feats._held[0] == 3  # one shard held: the last one read
+    assert torch.equal(torch.cat(list(feats.chunks())), whole)
+    assert feats.take([]).numel() == 0
+
+
+def test_standardizer_from_chunks_equals_whole():
+    from evalkit.heads.linear import Standardizer
+
+    x = torch.randn(1000, 16) * 3 + 5
+    whole, chunked = Standardizer.fit(x), Standardizer.fit_chunks(x.split(130))
+    torch.testing.assert_close(chunked.mean, whole.mean, atol=1e-5, rtol=0)
+    torch.testing.assert_close(chunked.std, whole.std, atol=1e-5, rtol=1e-5)
+
+
+def test_streamed_probe_matches_resident(fake, ctx, tmp_path):
+    import dataclasses
+
+    from evalkit import get_task
+    from evalkit.runner import run_task
+
+    resident, _ = run_task(get_task("imagenet-linear"), fake, ctx, out_dir=tmp_path)
+    task = get_task("imagenet-linear", ["resident_gb=0"])
+    small_shards = dataclasses.replace(ctx.extract, shard_size=100)  # 10 shards to stream
+    streamed, _ = run_task(task, fake, dataclasses.replace(ctx, extract=small_shards),
+                           out_dir=tmp_path)  # fmt: skip
+    assert streamed[0]["extra"]["probe_mode"] == "streamed"
+    assert resident[0]["extra"]["probe_mode"] == "resident"
+    assert streamed[0]["extra"]["l2"] == resident[0]["extra"]["l2"]
+    for a, b in zip(resident, streamed, strict=True):
+        assert abs(a["value"] - b["value"]) <= 100 / a["n"] + 1e-9  # one image at most

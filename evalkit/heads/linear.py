@@ -2,16 +2,21 @@
 
 - ``logistic_path``: multinomial logistic regression, full-batch L-BFGS in torch, swept over L2
   strengths from strong to weak with each fit warm-started from the previous one (the sweep is
-  where the speed is: later fits start near their optimum).
+  where the speed is: later fits start near their optimum). The rows are a tensor or ``Rows``,
+  chunks streamed from wherever they live: loss and gradient are summed over the chunks, so
+  memory is one chunk × (features + classes), whatever the number of rows.
 - ``ridge_fewshot_accuracy``: big_vision's closed-form few-shot probe — whitened features, a
   constant bias feature of 100, {-1, +1} targets, least squares with L2 via one eigendecomposition.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+
+from evalkit.metrics import topk_hits
 
 BIAS_CONSTANT = 100.0
 
@@ -42,6 +47,29 @@ class LinearModel:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Training or evaluation rows as chunks: ``chunks()`` yields (features, labels) pairs
+    ready for the fit (standardised, on its device); ``n`` rows of ``dim`` features."""
+
+    chunks: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+    n: int
+    dim: int
+
+    @classmethod
+    def of(cls, x: torch.Tensor, y: torch.Tensor) -> Rows:
+        return cls(lambda: [(x, y)], len(y), x.shape[1])
+
+    def zeros(self, *shape) -> torch.Tensor:
+        x, _ = next(iter(self.chunks()))
+        return x.new_zeros(shape)
+
+
+def hits(model: LinearModel, rows: Rows, k: int) -> torch.Tensor:
+    """Top-k hits of every row, chunk by chunk."""
+    return torch.cat([topk_hits(model.logits(x), y, k).cpu() for x, y in rows.chunks()])
+
+
+@dataclass(frozen=True)
 class Standardizer:
     mean: torch.Tensor
     std: torch.Tensor
@@ -50,21 +78,41 @@ class Standardizer:
     def fit(cls, x: torch.Tensor) -> Standardizer:
         return cls(x.mean(0), x.std(0, unbiased=False) + 1e-5)
 
+    @classmethod
+    def fit_chunks(cls, chunks: Iterable[torch.Tensor]) -> Standardizer:
+        """The same statistics from one pass over chunks (sums in float64)."""
+        count, total, squares = 0, 0.0, 0.0
+        for x in chunks:
+            x = x.double()
+            count, total, squares = count + len(x), total + x.sum(0), squares + x.pow(2).sum(0)
+        mean = total / count
+        std = (squares / count - mean.pow(2)).clamp_min(0).sqrt()
+        return cls(mean.float(), std.float() + 1e-5)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / self.std
 
 
 def _loss_and_grad(model: LinearModel, x, y, l2: float) -> torch.Tensor:
-    """Mean cross-entropy + l2/2·|W|²; writes analytic gradients into ``.grad`` (no autograd
-    graph: two matmuls per evaluation)."""
-    logits = model.logits(x)
-    log_z = torch.logsumexp(logits, dim=1)
-    loss = (log_z - logits.gather(1, y[:, None]).squeeze(1)).mean()
-    probs = torch.exp(logits - log_z[:, None])
-    probs[torch.arange(len(y)), y] -= 1.0
-    probs /= len(y)
-    model.weight.grad = x.T @ probs + l2 * model.weight
-    model.bias.grad = probs.sum(0)
+    return _rows_loss_and_grad(model, Rows.of(x, y), l2)
+
+
+def _rows_loss_and_grad(model: LinearModel, rows: Rows, l2: float) -> torch.Tensor:
+    """Mean cross-entropy + l2/2·|W|², summed over the chunks; writes analytic gradients
+    into ``.grad`` (no autograd graph: two matmuls per chunk and evaluation)."""
+    loss = 0.0
+    grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
+    for x, y in rows.chunks():
+        logits = model.logits(x)
+        log_z = torch.logsumexp(logits, dim=1)
+        loss = loss + (log_z - logits.gather(1, y[:, None]).squeeze(1)).mean() * (len(y) / rows.n)
+        probs = torch.exp(logits - log_z[:, None])
+        probs[torch.arange(len(y)), y] -= 1.0
+        probs /= rows.n
+        grad_w += x.T @ probs
+        grad_b += probs.sum(0)
+    model.weight.grad = grad_w + l2 * model.weight
+    model.bias.grad = grad_b
     return loss + 0.5 * l2 * model.weight.pow(2).sum()
 
 
@@ -78,9 +126,11 @@ def fit_logistic(
     max_iter: int = 100,
     tol: float = 1e-5,
 ) -> LinearModel:
-    """Minimise the L2-regularised multinomial logistic loss with L-BFGS (strong Wolfe)."""
+    """Minimise the L2-regularised multinomial logistic loss with L-BFGS (strong Wolfe).
+    ``x`` is a feature tensor with labels ``y``, or ``Rows`` (then ``y`` is None)."""
+    rows = x if isinstance(x, Rows) else Rows.of(x, y)
     if init is None:
-        init = LinearModel(x.new_zeros(x.shape[1], num_classes), x.new_zeros(num_classes))
+        init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
     model = LinearModel(init.weight.detach().clone(), init.bias.detach().clone())
     opt = torch.optim.LBFGS(
         [model.weight, model.bias],
@@ -92,8 +142,8 @@ def fit_logistic(
         line_search_fn="strong_wolfe",
     )
     with torch.no_grad():
-        opt.step(lambda: _loss_and_grad(model, x, y, l2))
-        _loss_and_grad(model, x, y, l2)  # the gradient where the fit stopped
+        opt.step(lambda: _rows_loss_and_grad(model, rows, l2))
+        _rows_loss_and_grad(model, rows, l2)  # the gradient where the fit stopped
     grad_max = max(model.weight.grad.abs().max().item(), model.bias.grad.abs().max().item())
     state = opt.state[opt._params[0]]
     # Stopped by neither cap (iterations, evaluations): a tolerance ended it.
