@@ -98,6 +98,12 @@ def add_execution_arguments(run) -> None:
         "--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on cuda, fp32 on cpu"
     )
     run.add_argument(
+        "--cache-dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default=None,
+        help="how cached features are stored (default: the --dtype of the run)",
+    )
+    run.add_argument(
         "--seed",
         type=int,
         action="append",

@@ -37,6 +37,7 @@ from evalkit.progress import ProgressBar
 
 FORMAT_VERSION = 2  # 2: checksummed shards, keys from feature_spec
 CHECKSUM = "evalkit_sha256"
+STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
 MANIFEST = "manifest.json"
 META = "meta.json"
@@ -64,6 +65,7 @@ class ExtractSettings:
     workers: int | None = None  # None: worker processes only when the data is large
     device: str = "cpu"
     dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    cache_dtype: str = "fp32"  # what features are stored and returned in: fp32 | bf16 | fp16
     shard_size: int = 1024
     progress: bool = True
 
@@ -72,7 +74,8 @@ class FeatureSet:
     """The features of one split: a view over its shards — dicts in memory when nothing is
     cached, else verified shard files read one at a time when asked for.
 
-    ``labels`` (N,) is always in memory. ``take(indices)`` and ``chunks()`` hold at most one
+    Features come in the dtype they are stored in (``ExtractSettings.cache_dtype``); tasks
+    compute in float32 or wider. ``labels`` (N,) is always in memory. ``take(indices)`` and ``chunks()`` hold at most one
     shard beyond what they return; ``pooled`` ((N, D), or (N, T, D) for clips of T frames) and
     ``grids`` (per layer (N, D, h, w), dense only) concatenate the whole split, for tasks whose
     split fits in memory."""
@@ -173,7 +176,8 @@ def backbone_spec(info, dtype: str) -> dict:
 
 
 def feature_spec(info, request: FeatureRequest, *, dtype: str, dataset_id: str, split: str,
-                 subset: Sequence[int] | None, shard_size: int = 1024) -> dict:  # fmt: skip
+                 subset: Sequence[int] | None, shard_size: int = 1024,
+                 storage: str = "fp32") -> dict:  # fmt: skip
     """The one description of what produces a set of cached features (and how they are cut
     into shards: an entry's shards must all have the same boundaries)."""
     return {
@@ -181,6 +185,7 @@ def feature_spec(info, request: FeatureRequest, *, dtype: str, dataset_id: str, 
         "format": FORMAT_VERSION,
         "backbone": backbone_spec(info, dtype),
         "request": request.key_material(),
+        "storage": storage,
         "dataset": dataset_id,
         "split": split,
         "subset": "all" if subset is None else spec_key(list(subset), length=64),
@@ -210,7 +215,8 @@ def extract_features(
     dataset_id = dataset.identity()  # stats every file: compute once
     if settings.cache_dir is not None:
         key = cache_key(backbone.info, request, dtype=settings.dtype, dataset_id=dataset_id,
-                        split=split, subset=subset, shard_size=settings.shard_size)  # fmt: skip
+                        split=split, subset=subset, shard_size=settings.shard_size,
+                        storage=settings.cache_dtype)  # fmt: skip
         folder = Path(settings.cache_dir) / "features" / key
         _write_meta(folder, backbone.info.name, split, request, settings.dtype, len(indices))
     _verify_cached(folder, len(shards))
@@ -313,13 +319,14 @@ def _forward(backbone, images, labels, request: FeatureRequest, settings: Extrac
             pool=request.pool,
             dense=request.dense,
         )
-    pooled = feats.pooled.float().cpu()
+    storage = STORAGE[settings.cache_dtype]
+    pooled = feats.pooled.to(storage).cpu()
     if frames:
         pooled = pooled.unflatten(0, (-1, frames))
     out = {"pooled": pooled, "labels": torch.as_tensor(labels)}
     for layer, grid in enumerate(feats.grids or []):
         # contiguous, as a cache read returns it: kernels pick algorithms by memory layout
-        out[f"grid.{layer}"] = grid.float().cpu().contiguous()
+        out[f"grid.{layer}"] = grid.to(storage).cpu().contiguous()
     return out
 
 

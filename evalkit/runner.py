@@ -63,6 +63,7 @@ class RunSpec:
     workers: int | None = None
     device: str | None = None
     dtype: str | None = None
+    cache_dtype: str | None = None  # how features are stored: default bf16 for bf16 runs
     progress: bool = True
     tp: int = 1
     fsdp: bool = False
@@ -85,6 +86,10 @@ class RunSpec:
             raise EvalkitError(f"--tp must be at least 1, got {self.tp}")
         if self.dtype not in (None, "fp32", "bf16"):
             raise EvalkitError(f"--dtype must be fp32 or bf16, got {self.dtype!r}")
+        if self.cache_dtype not in (None, "fp32", "bf16", "fp16"):
+            raise EvalkitError(
+                f"--cache-dtype must be fp32, bf16 or fp16, got {self.cache_dtype!r}"
+            )
         if self.device is not None:
             check_device(self.device)
 
@@ -118,6 +123,7 @@ class RunSpec:
             workers=self.workers,
             device=self.resolved_device,
             dtype=self.resolved_dtype,
+            cache_dtype=self.cache_dtype or self.resolved_dtype,
             progress=self.progress,
         )
         data = DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
@@ -223,6 +229,7 @@ def job_spec(task: Task, info, ctx: TaskContext) -> dict:
         "version": task.version,
         "config": task.config(),
         "backbone": backbone_spec(info, ctx.extract.dtype),
+        "cache_dtype": ctx.extract.cache_dtype,
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
     }
@@ -258,6 +265,7 @@ def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
         **environment(),
         "device": ctx.extract.device,
         "dtype": ctx.extract.dtype,
+        "cache_dtype": ctx.extract.cache_dtype,
         "wall_s": round(wall_s, 3),
         "images_extracted": ctx.stats["images"],  # this job's own forward passes
         "images_per_s": round(ctx.stats["images"] / seconds, 2) if seconds else None,

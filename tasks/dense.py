@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest, FeatureSet
+from evalkit.features import FeatureRequest
 from evalkit.task import NON_NEGATIVE, POSITIVE, Task, setting
 from evalkit.train import TrainConfig, seeded_build, train
 
@@ -38,7 +38,7 @@ class DenseSettings(Task):
     def build_head(self, dims: list[int]) -> torch.nn.Module:
         raise NotImplementedError
 
-    def new_head(self, feats: FeatureSet, ctx) -> torch.nn.Module:
+    def new_head(self, feats: HeldGrids, ctx) -> torch.nn.Module:
         """This task's head for these grids, initialised from the seed alone."""
         dims = [g.shape[1] for g in feats.grids]
         return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.extract.device)
@@ -68,9 +68,17 @@ def hashed_subset(names: list[str], fraction: float, seed: int) -> list[int] | N
     return sorted(order[: max(1, math.ceil(len(names) * fraction))])
 
 
+@dataclass
+class HeldGrids:
+    """A split's patch grids held in memory, one (N, D, h, w) tensor per tapped layer: the heads
+    train on random batches of them (streaming them from the cache is still to come)."""
+
+    grids: list[torch.Tensor]
+
+
 def dense_features(
     task, backbone, ctx, dataset, *, split: str, subset=None
-) -> tuple[FeatureSet, bool]:
+) -> tuple[HeldGrids, bool]:
     """Grids of the tapped layers, cached when they fit ``task.cache_budget_gb``."""
     if task.image_size < backbone.info.patch_size:
         raise EvalkitError(
@@ -85,11 +93,12 @@ def dense_features(
     cached = need_gb <= task.cache_budget_gb
     if not cached:  # too big for the disk budget: extract into memory only
         ctx = replace(ctx, extract=replace(ctx.extract, cache_dir=None))
-    return ctx.features(backbone, dataset, split=split, request=request, subset=subset), cached
+    feats = ctx.features(backbone, dataset, split=split, request=request, subset=subset)
+    return HeldGrids(feats.grids), cached
 
 
-def batch_grids(feats: FeatureSet, indices: torch.Tensor, device: str) -> list[torch.Tensor]:
-    return [g[indices].to(device) for g in feats.grids]
+def batch_grids(feats: HeldGrids, indices: torch.Tensor, device: str) -> list[torch.Tensor]:
+    return [g[indices].to(device).float() for g in feats.grids]
 
 
 def resize_to(x: torch.Tensor, size) -> torch.Tensor:

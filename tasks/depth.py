@@ -131,7 +131,8 @@ class Depth(DenseSettings):
         per_image, pictures = [], []
         for i in range(len(dataset)):
             gt, valid = dataset.target(i)
-            pred = head([g[i : i + 1].to(ctx.extract.device) for g in feats.grids]).float()
+            grids = [g[i : i + 1].to(ctx.extract.device).float() for g in feats.grids]
+            pred = head(grids).float()
             pred = (
                 resize_to(pred, gt.shape)[0, 0].clamp(spec.min_depth, spec.max_depth).cpu().numpy()
             )

@@ -169,9 +169,10 @@ class ProbeData:
         resident = len(train) * dim * 4 <= task.resident_gb * 2**30
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
-            scale = Standardizer.fit(train.pooled)
-            data.resident = {"train": scale(train.pooled).to(device),
-                             "test": scale(test.pooled).to(device)}  # fmt: skip
+            x_train = train.pooled.float()
+            scale = Standardizer.fit(x_train)
+            data.resident = {"train": scale(x_train).to(device),
+                             "test": scale(test.pooled.float()).to(device)}  # fmt: skip
         else:
             data.scale = Standardizer.fit_chunks(train.chunks())
         return data
@@ -191,7 +192,7 @@ class ProbeData:
 
         def chunks():  # one cache shard at a time, each read once per pass
             for rows, part in feats.by_shard(idx):
-                yield self.scale(rows).to(self.device), labels[part.to(labels.device)]
+                yield self.scale(rows.float()).to(self.device), labels[part.to(labels.device)]
 
         return Rows(chunks, len(idx), len(self.scale.mean))
 

@@ -130,7 +130,7 @@ class Segmentation(DenseSettings):
         pictures = []
         for i in range(len(dataset)):
             target = dataset.target(i)
-            logits = head([g[i : i + 1].to(ctx.extract.device) for g in feats.grids])
+            logits = head([g[i : i + 1].to(ctx.extract.device).float() for g in feats.grids])
             pred = resize_to(logits.float(), target.shape).argmax(1)[0].cpu().numpy()
             confusion += confusion_matrix(pred, target, ADE_CLASSES)
             if i < PICTURES:

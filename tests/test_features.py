@@ -227,3 +227,26 @@ def test_streamed_probe_matches_resident(fake, ctx, tmp_path):
     assert streamed[0]["extra"]["l2"] == resident[0]["extra"]["l2"]
     for a, b in zip(resident, streamed, strict=True):
         assert abs(a["value"] - b["value"]) <= 100 / a["n"] + 1e-9  # one image at most
+
+
+def test_cache_stores_the_chosen_dtype_and_probes_agree(fake, ctx, tmp_path):
+    import dataclasses
+
+    from evalkit import get_task
+    from evalkit.runner import run_task
+
+    dataset = _val(fake, ctx.data.cache)
+    half = ExtractSettings(cache_dir=tmp_path / "c", cache_dtype="bf16", progress=False)
+    full = ExtractSettings(cache_dir=tmp_path / "c", progress=False)
+    stored = extract_features(fake, dataset, request=FeatureRequest(), settings=half, split="v")
+    plain = extract_features(fake, dataset, request=FeatureRequest(), settings=full, split="v")
+    assert stored.pooled.dtype == torch.bfloat16 and plain.pooled.dtype == torch.float32
+    assert torch.equal(stored.pooled, plain.pooled.bfloat16())
+    rows = {}
+    for storage in ("fp32", "fp16"):
+        extract = dataclasses.replace(ctx.extract, cache_dtype=storage)
+        [top1, _], _ = run_task(get_task("imagenet-linear"), fake,
+                                dataclasses.replace(ctx, extract=extract), out_dir=tmp_path)  # fmt: skip
+        rows[storage] = top1
+    assert rows["fp16"]["provenance"]["cache_dtype"] == "fp16"
+    assert abs(rows["fp16"]["value"] - rows["fp32"]["value"]) <= 100 / rows["fp32"]["n"] + 1e-9

@@ -58,6 +58,7 @@ def test_every_run_option_reaches_the_key_or_says_why_not(cli_env, tmp_path):
         "overrides": {"overrides": ("max_iter=7",)},
         "model_args": {"model_args": {"depth": 2}},
         "dtype": {"dtype": "bf16"},
+        "cache_dtype": {"cache_dtype": "fp16"},
         "data": {"data": "folder", "data_dir": tmp_path / "nothing"},
         "data_dir": {"data": "folder", "data_dir": tmp_path / "elsewhere"},
         "verify_data": {"verify_data": True},
@@ -111,7 +112,7 @@ class Nothing(Task):
 def test_the_run_key_covers_task_backbone_data_and_seed(cli_env):
     ctx = RunSpec(**BASE).context(0)
     spec = job_spec(Nothing(), load_backbone("fake").info, ctx)
-    assert set(spec) == {"task", "version", "config", "backbone", "data", "seed"}
+    assert set(spec) == {"task", "version", "config", "backbone", "cache_dtype", "data", "seed"}
     assert set(spec["backbone"]) == {"name", "weights", "options", "preprocess", "dtype",
                                      "libraries"}  # fmt: skip
 
