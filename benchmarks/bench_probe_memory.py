@@ -32,24 +32,28 @@ def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32
     from evalkit.features import _save_shard
 
     gen = torch.Generator().manual_seed(seed)
-    means = torch.randn(CLASSES, dim, generator=gen) * 0.04
-    folder.mkdir(parents=True)
-    for index, start in enumerate(range(0, n, SHARD)):
-        y = torch.randint(0, CLASSES, (min(SHARD, n - start),), generator=gen)
-        x = means[y] + torch.randn(len(y), dim, generator=gen)
-        shard = {"pooled": x.to(storage), "labels": y}
-        _save_shard(folder / f"shard-{index:05d}.safetensors", shard)
+    means = torch.randn(CLASSES, dim, generator=gen) * 0.08
+    for split, rows in (("train", n), ("test", SHARD)):
+        (folder / split).mkdir(parents=True)
+        for index, start in enumerate(range(0, rows, SHARD)):
+            y = torch.randint(0, CLASSES, (min(SHARD, rows - start),), generator=gen)
+            x = means[y] + torch.randn(len(y), dim, generator=gen)
+            shard = {"pooled": x.to(storage), "labels": y}
+            _save_shard(folder / split / f"shard-{index:05d}.safetensors", shard)
 
 
 def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
-    """Run the probe on the cached split (test = the first shard) and report peak RSS."""
+    """Run the probe on the cached train split, score the held-out test split, and report
+    peak RSS."""
     from evalkit.features import FeatureSet, _read_labels
     from evalkit.heads.linear import fit_logistic, hits
     from evalkit.tasks.linear_probe import LinearProbe, ProbeData, percent, stratified_holdout
 
-    parts = sorted(folder.glob("shard-*.safetensors"))
-    train = FeatureSet(parts, torch.cat([_read_labels(p) for p in parts]), from_cache=True)
-    test = FeatureSet(parts[:1], _read_labels(parts[0]), from_cache=True)
+    def view(split):
+        parts = sorted((folder / split).glob("shard-*.safetensors"))
+        return FeatureSet(parts, torch.cat([_read_labels(p) for p in parts]), from_cache=True)
+
+    train, test = view("train"), view("test")
     task = LinearProbe(l2_grid=(1e-3, 1e-4), max_iter=max_iter, refit_max_iter=max_iter,
                        resident_gb=0.0 if mode == "streamed" else 1e9)  # fmt: skip
     start = time.perf_counter()

@@ -209,6 +209,21 @@ def add_cache_command(sub) -> None:
     check.add_argument("--cache-dir", type=Path, help="where embedded stand-ins are written")
     check.add_argument("--quiet", action="store_true", help="no progress bars")
 
+    plan = sub.add_parser(
+        "plan", help="what a run will cost (passes, disk, RAM, device memory), before it runs"
+    )
+    plan.add_argument("--task", required=True)
+    plan.add_argument("--backbone", required=True)
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--data", default="auto")
+    plan.add_argument("--data-dir", type=Path)
+    plan.add_argument("--cache-dir", type=Path)
+    plan.add_argument("--device", default=None)
+    plan.add_argument("--dtype", choices=("fp32", "bf16"))
+    plan.add_argument("--cache-dtype", choices=("fp32", "bf16", "fp16"))
+    plan.add_argument("--batch-size", type=int, default=64)
+    plan.add_argument("--tp", type=int, default=1)
+
     cache = sub.add_parser("cache", help="inspect or clear the feature cache")
     cache.add_argument("action", choices=("ls", "clear"))
     cache.add_argument("--backbone", help="clear only this backbone's entries")
@@ -501,6 +516,34 @@ def print_data_report(report, console):
     console.print(f"{report.dataset}: {verdict}")
 
 
+def cmd_plan(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.data import DataConfig
+    from evalkit.identity import cache_root
+    from evalkit.plan import human, plan_run
+    from evalkit.runner import resolve_task
+
+    task = resolve_task(args.task, args.overrides)
+    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
+    options = {k: getattr(args, k) for k in ("device", "dtype", "cache_dtype", "batch_size", "tp")}
+    stages, budget, sizes = plan_run(task, args.backbone, config, options)
+    table = Table("stage", "mode", "forward passes", "cache disk", "host RAM", "device / rank",
+                  title=f"{task.name} on {args.backbone}")  # fmt: skip
+    for s in stages:
+        table.add_row(s.name, s.mode, f"{s.forward_passes:,}", human(s.cache_bytes),
+                      human(s.host_bytes), human(s.device_bytes))  # fmt: skip
+    console.print(table)
+    console.print(f"splits: {sizes}", highlight=False, soft_wrap=True)
+    device = human(budget.device) if budget.device is not None else "no accelerator"
+    console.print(f"this machine: RAM {human(budget.host)}, device {device}, "
+                  f"cache disk free {human(budget.disk)}", highlight=False)  # fmt: skip
+    for problem in budget.problems:
+        console.print(f"[bold red]does not fit:[/] {problem}", highlight=False, soft_wrap=True)
+    console.print("fits this machine" if not budget.problems else "does not fit this machine")
+    return 0
+
+
 def cmd_cache(args, console) -> int:
     from rich.table import Table
 
@@ -540,6 +583,7 @@ COMMANDS = {
     "backbones": cmd_backbones,
     "convert": cmd_convert,
     "check-data": cmd_check_data,
+    "plan": cmd_plan,
 }
 
 

@@ -85,6 +85,16 @@ class Task:
         """Metric names one run produces; a rerun is skipped when all are on disk."""
         raise NotImplementedError
 
+    def plan(self, inputs) -> list:
+        """The stages of a run and what each holds (``evalkit plan``); by default one feature
+        extraction of every split at the last layer."""
+        from evalkit.plan import Stage
+
+        rows = sum(inputs.sizes.values())
+        return [Stage("extract features", "cached", forward_passes=rows,
+                      cache_bytes=rows * inputs.row_bytes,
+                      device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image)]  # fmt: skip
+
     def splits(self) -> tuple[str, ...]:
         """The splits a run reads, the training split first (``evalkit check-data``)."""
         return ("train", "val")

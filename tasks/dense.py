@@ -18,6 +18,7 @@ from PIL import Image
 
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest
+from evalkit.plan import BYTES, Stage
 from evalkit.task import NON_NEGATIVE, POSITIVE, Task, setting
 from evalkit.train import TrainConfig, seeded_build, train
 
@@ -37,6 +38,32 @@ class DenseSettings(Task):
 
     def build_head(self, dims: list[int]) -> torch.nn.Module:
         raise NotImplementedError
+
+    def train_images(self, available: int) -> int:
+        return available
+
+    def plan(self, inputs) -> list[Stage]:
+        """Grids of 4 layers per image; today the heads hold every grid of the split in RAM
+        with the targets at stride 4, and a batch of float32 grids on the device."""
+        grid = self.image_size // inputs.shape.patch
+        per_image = 4 * inputs.shape.embed_dim * grid * grid
+        n_train, n_val = self.train_images(inputs.sizes["train"]), inputs.sizes["val"]
+        cached = (n_train + n_val) * per_image * 4 <= self.cache_budget_gb * 1e9
+        tokens_ratio = (grid * inputs.shape.patch / inputs.shape.image) ** 2
+        extract = Stage(
+            "extract grids", "cached" if cached else "in memory (over cache_budget_gb)",
+            forward_passes=n_train + n_val,
+            cache_bytes=(n_train + n_val) * per_image * BYTES[inputs.storage] if cached else 0,
+            device_bytes=int(inputs.batch_size * inputs.shape.activation_bytes_per_image
+                             * tokens_ratio),
+        )  # fmt: skip
+        targets = n_train * (4 * grid) ** 2 * 8
+        head = Stage(
+            f"train {getattr(self, 'head', '')} head", "grids held in RAM",
+            host_bytes=(n_train + n_val) * per_image * BYTES[inputs.storage] + targets,
+            device_bytes=3 * self.batch_size * per_image * 4,
+        )  # fmt: skip
+        return [extract, head]
 
     def new_head(self, feats: HeldGrids, ctx) -> torch.nn.Module:
         """This task's head for these grids, initialised from the seed alone."""

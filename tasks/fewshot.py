@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.heads.linear import ridge_fewshot_accuracy
+from evalkit.plan import BYTES
 from evalkit.task import POSITIVE, Metric, setting
 
 from .linear_probe import FrozenClassification
@@ -32,6 +33,19 @@ class FewShot(FrozenClassification):
 
     def metrics(self) -> list[str]:
         return ["top1"]
+
+    def plan(self, inputs) -> list:
+        """The shots in float64, and the eval split in its stored dtype plus a float64 copy."""
+        from evalkit.plan import Stage
+
+        dim = len(self.layers) * inputs.shape.embed_dim
+        n_eval = inputs.sizes[self.eval_split]
+        shots = self.shots * inputs.classes * dim * 8
+        host = shots + n_eval * dim * (BYTES[inputs.storage] + 8)
+        return [
+            self.extraction_stage(inputs),
+            Stage("few-shot ridge", "in memory", host_bytes=host),
+        ]
 
     def run(self, backbone, ctx):
         train, test = self.split_features(backbone, ctx)

@@ -27,6 +27,7 @@ from evalkit.data import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
+from evalkit.plan import Stage
 from evalkit.task import (
     FRACTION,
     LAYERS,
@@ -73,6 +74,12 @@ class FrozenClassification(Task):
 
     def splits(self) -> tuple[str, ...]:
         return (self.train_split, self.eval_split)
+
+    def extraction_stage(self, inputs) -> Stage:
+        rows = inputs.sizes[self.train_split] + inputs.sizes[self.eval_split]
+        return Stage("extract features", "cached", forward_passes=rows,
+                     cache_bytes=rows * len(self.layers) * inputs.row_bytes,
+                     device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image)  # fmt: skip
 
     def open_split(self, split: str, backbone, ctx, classes=None):
         transform = backbone.transform()
@@ -127,6 +134,22 @@ class LinearProbe(FrozenClassification):
                 seeds=[ctx.seed],
                 extra=extra,
             )
+
+    def plan(self, inputs) -> list[Stage]:
+        """Resident: the raw, standardised and sliced training features plus the eval split
+        in float32. Streamed: one shard of features and its logits, twice (train and eval)."""
+        dim = len(self.layers) * inputs.shape.embed_dim
+        n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
+        train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
+        logits = 3 * n_train * inputs.classes * 4  # logits, probabilities, their gradient
+        if train_bytes <= self.resident_gb * 2**30:
+            probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
+                          + logits, device_bytes=train_bytes + eval_bytes + logits)  # fmt: skip
+        else:
+            shard = inputs.shard_size * (2 * dim + 3 * inputs.classes) * 4
+            probe = Stage("linear probe", "streamed", host_bytes=2 * shard + n_train * 8,
+                          device_bytes=2 * shard)  # fmt: skip
+        return [self.extraction_stage(inputs), probe]
 
     def _select_l2(self, data, fit_idx, held_idx, num_classes):
         path = logistic_path(

@@ -21,6 +21,7 @@ keep the backbone frozen, so tables set beside them only the frozen ViT-22B numb
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,9 @@ class Segmentation(DenseSettings):
 
     def datasets(self) -> tuple[str, ...]:
         return ("ade20k",)
+
+    def train_images(self, available: int) -> int:
+        return max(1, math.ceil(available * self.fraction))
 
     def run(self, backbone, ctx):
         train_set, val_set = (

@@ -194,3 +194,28 @@ def test_check_data_reads_every_dense_annotation(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "missing annotation" in out and "2.png" in out
     assert "has label 200: ADE20k labels are 0..150" in out and "ade20k: 2 problem(s)" in out
+
+
+def test_plan_prints_the_paper_scale_figures_without_running(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one table row per line
+    assert main(["plan", "--task", "ade20k-1/16", "--backbone", "vit22b", "--device", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3,264" in out  # ⌈20,210 / 16⌉ train + 2,000 val images: the dataset card
+    assert "ade20k: train 20,210, val 2,000 (dataset card)" in out
+    assert "backbone weights" in out and "fp32, tp=1" in out
+    assert "grids held in RAM" in out
+    assert main(["plan", "--task", "imagenet-linear", "--backbone", "vit22b", "--device", "cpu",
+                 "--dtype", "bf16"]) == 0  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1,331,167" in out and "streamed" in out and "15.2 GiB" in out  # bf16 cache
+    assert "does not fit this machine" in out  # 41 GiB of bf16 weights in a CPU's RAM
+
+
+def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    write_split(tmp_path, "train", ["cat", "dog"])
+    write_split(tmp_path, "val", ["cat", "dog"], per_class=2)
+    code = main(["plan", "--task", "imagenet-linear", "--backbone", "fake", "--data-dir",
+                 str(tmp_path), "--device", "cpu"])  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "imagenet: train 12, val 4 (data on disk)" in out and "resident" in out

@@ -1,0 +1,180 @@
+"""``evalkit plan``: what a run will cost before it starts — forward passes, feature-cache disk,
+host RAM, device memory per rank, and the mode of each stage — against what this machine has.
+
+Nothing heavy runs: the built-in ViT-22B family is sized on the meta device (no weights), other
+backbones are built as for a run; split sizes come from the data when it is there, else from the
+dataset's published size (``DATASET_CARDS``). Each task states its stages in ``Task.plan``;
+the numbers are estimates of the largest buffers each stage holds, not measurements.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+# Published split sizes, used when the data is not on this machine.
+DATASET_CARDS = {
+    "imagenet": {"train": 1_281_167, "val": 50_000, "classes": 1000},
+    "ade20k": {"train": 20_210, "val": 2_000, "classes": 150},
+    "kitti": {"train": 23_158, "val": 652},  # Eigen split
+    "nyu": {"train": 24_231, "val": 654},  # the raw-frame training set most depth probes use
+}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs of a backbone: its feature width, depth, patch and the memory of its
+    weights and of one image's forward pass on each rank."""
+
+    name: str
+    embed_dim: int
+    depth: int
+    patch: int
+    image: int
+    weight_bytes_per_rank: int
+    activation_bytes_per_image: int
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a task's ``plan`` sees: the backbone's shape, split sizes, number of classes where
+    known, the storage dtype of the cache, the extraction batch and the cache's shard size."""
+
+    shape: Shape
+    sizes: dict[str, int]
+    classes: int
+    storage: str = "fp32"
+    batch_size: int = 64
+    shard_size: int = 1024
+
+    @property
+    def row_bytes(self) -> int:
+        return self.shape.embed_dim * BYTES[self.storage]
+
+
+@dataclass
+class Stage:
+    name: str
+    mode: str
+    forward_passes: int = 0
+    cache_bytes: int = 0
+    host_bytes: int = 0
+    device_bytes: int = 0
+
+
+@dataclass
+class Budget:
+    """What this machine has: host RAM, device memory per rank, free disk at the cache."""
+
+    host: int
+    device: int | None
+    disk: int
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def here(cls, device: str, cache: Path) -> Budget:
+        from evalkit.backbones.vit22b import available_bytes
+
+        disk_root = next(p for p in [Path(cache), *Path(cache).parents] if p.exists())
+        device_bytes = available_bytes(device) if device.startswith("cuda") else None
+        return cls(available_bytes("cpu") or 0, device_bytes, shutil.disk_usage(disk_root).free)
+
+    def check(self, stages: list[Stage], shape: Shape):
+        disk = sum(s.cache_bytes for s in stages)
+        if disk > self.disk:
+            self.problems.append(f"feature cache needs {human(disk)}, {human(self.disk)} free")
+        weights = shape.weight_bytes_per_rank  # loaded for the whole run
+        for stage in stages:
+            # Without an accelerator the weights and the "device" buffers are in RAM too.
+            host = stage.host_bytes + (
+                0 if self.device is not None else weights + stage.device_bytes
+            )
+            if host > 0.9 * self.host:
+                self.problems.append(
+                    f"{stage.name} holds {human(host)} in RAM with the weights, "
+                    f"{human(self.host)} available"
+                )
+            on_device = stage.device_bytes + weights
+            if self.device is not None and on_device > 0.9 * self.device:
+                self.problems.append(
+                    f"{stage.name} needs {human(on_device)} per device, {human(self.device)} free"
+                )
+
+
+def human(n: float) -> str:
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def backbone_shape(spec: str, *, tp: int, dtype: str, image: int | None = None) -> Shape:
+    """vit22b sizes from the planner on the meta device; other backbones built once."""
+    family, _, variant = spec.partition("/")
+    if family == "vit22b":
+        from evalkit.models import vit22b
+        from evalkit.parallel.planner import plan
+
+        size = variant or "22b"
+        if size not in vit22b.SIZES:
+            raise EvalkitError(f"unknown vit22b size {size!r}")
+        cfg = vit22b.config(size)
+        p = plan(cfg, tp=tp, dtype=dtype)
+        return Shape(spec, cfg.width, cfg.depth, cfg.patch, cfg.image, p.bytes_per_rank,
+                     p.activation_bytes_per_image)  # fmt: skip
+    from evalkit.backbones import BackboneOptions, load_backbone
+
+    info = load_backbone(spec, BackboneOptions(random_init=True)).info
+    tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
+    activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
+    return Shape(spec, info.embed_dim, info.depth, info.patch_size, info.preprocess.size,
+                 info.params * BYTES[dtype], activation)  # fmt: skip
+
+
+def split_sizes(name: str, splits: tuple[str, ...], config) -> tuple[dict[str, int], int, str]:
+    """(sizes, classes, where they came from): the data on disk when it opens, else the
+    dataset card."""
+    from evalkit.data.check import _open
+
+    try:
+        opened = {split: _open(name, split, config, None) for split in splits}
+    except EvalkitError:
+        card = DATASET_CARDS.get(name)
+        if card is None:
+            raise EvalkitError(
+                f"no data for {name!r} here and no published size known: pass --data-dir"
+            ) from None
+        sizes = {split: card.get(split, card.get("val", 0)) for split in splits}
+        return sizes, card.get("classes", 0), "dataset card"
+    classes = len(getattr(opened[splits[0]], "classes", []))
+    return {split: len(ds) for split, ds in opened.items()}, classes, "data on disk"
+
+
+def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], Budget, str]:
+    """The stages of ``task`` on ``backbone`` and this machine's budget, checked."""
+    device = options.get("device") or env_device()
+    dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
+    shape = backbone_shape(backbone, tp=options.get("tp", 1), dtype=dtype)
+    stages, sources = [], []
+    for name in task.datasets():
+        sizes, classes, source = split_sizes(name, task.splits(), config)
+        inputs = PlanInputs(shape, sizes, classes, options.get("cache_dtype") or dtype,
+                            options.get("batch_size", 64))  # fmt: skip
+        stages += task.plan(inputs)
+        sources.append(f"{name}: {', '.join(f'{s} {n:,}' for s, n in sizes.items())} ({source})")
+    budget = Budget.here(device, config.cache)
+    budget.check(stages, shape)
+    weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
+                    device_bytes=shape.weight_bytes_per_rank)  # fmt: skip
+    return [weights, *stages], budget, "; ".join(sources)
+
+
+def env_device() -> str:
+    import torch
+
+    return os.environ.get("EVALKIT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
