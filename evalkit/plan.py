@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
+from evalkit.task import BYTES, PlanInputs, Shape, Stage
 
 # Published split sizes, used when the data is not on this machine.
 DATASET_CARDS = {
@@ -23,48 +24,6 @@ DATASET_CARDS = {
     "kitti": {"train": 23_158, "val": 652},  # Eigen split
     "nyu": {"train": 24_231, "val": 654},  # the raw-frame training set most depth probes use
 }
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the plan needs of a backbone: its feature width, depth, patch and the memory of its
-    weights and of one image's forward pass on each rank."""
-
-    name: str
-    embed_dim: int
-    depth: int
-    patch: int
-    image: int
-    weight_bytes_per_rank: int
-    activation_bytes_per_image: int
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """What a task's ``plan`` sees: the backbone's shape, split sizes, number of classes where
-    known, the storage dtype of the cache, the extraction batch and the cache's shard size."""
-
-    shape: Shape
-    sizes: dict[str, int]
-    classes: int
-    storage: str = "fp32"
-    batch_size: int = 64
-    shard_size: int = 1024
-
-    @property
-    def row_bytes(self) -> int:
-        return self.shape.embed_dim * BYTES[self.storage]
-
-
-@dataclass
-class Stage:
-    name: str
-    mode: str
-    forward_passes: int = 0
-    cache_bytes: int = 0
-    host_bytes: int = 0
-    device_bytes: int = 0
 
 
 @dataclass

@@ -47,6 +47,52 @@ def setting(default, rule: Rule):
     return field(default=default, metadata={"rule": rule})
 
 
+# --- what a run costs (``Task.plan``, ``evalkit plan``) -----------------------------------
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs of a backbone: its feature width, depth, patch and the memory of its
+    weights and of one image's forward pass on each rank."""
+
+    name: str
+    embed_dim: int
+    depth: int
+    patch: int
+    image: int
+    weight_bytes_per_rank: int
+    activation_bytes_per_image: int
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a task's ``plan`` sees: the backbone's shape, split sizes, number of classes where
+    known, the storage dtype of the cache, the extraction batch and the cache's shard size."""
+
+    shape: Shape
+    sizes: dict[str, int]
+    classes: int
+    storage: str = "fp32"
+    batch_size: int = 64
+    shard_size: int = 1024
+
+    @property
+    def row_bytes(self) -> int:
+        return self.shape.embed_dim * BYTES[self.storage]
+
+
+@dataclass
+class Stage:
+    name: str
+    mode: str
+    forward_passes: int = 0
+    cache_bytes: int = 0
+    host_bytes: int = 0
+    device_bytes: int = 0
+
+
 @dataclass
 class Metric:
     """One result of a task; the runner adds provenance to make it a row."""
@@ -88,8 +134,6 @@ class Task:
     def plan(self, inputs) -> list:
         """The stages of a run and what each holds (``evalkit plan``); by default one feature
         extraction of every split at the last layer."""
-        from evalkit.plan import Stage
-
         rows = sum(inputs.sizes.values())
         return [Stage("extract features", "cached", forward_passes=rows,
                       cache_bytes=rows * inputs.row_bytes,

@@ -18,8 +18,7 @@ from PIL import Image
 
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest
-from evalkit.plan import BYTES, Stage
-from evalkit.task import NON_NEGATIVE, POSITIVE, Task, setting
+from evalkit.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
 from evalkit.train import TrainConfig, seeded_build, train
 
 

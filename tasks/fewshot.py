@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.heads.linear import ridge_fewshot_accuracy
-from evalkit.plan import BYTES
-from evalkit.task import POSITIVE, Metric, setting
+from evalkit.task import BYTES, POSITIVE, Metric, Stage, setting
 
 from .linear_probe import FrozenClassification
 
@@ -36,8 +35,6 @@ class FewShot(FrozenClassification):
 
     def plan(self, inputs) -> list:
         """The shots in float64, and the eval split in its stored dtype plus a float64 copy."""
-        from evalkit.plan import Stage
-
         dim = len(self.layers) * inputs.shape.embed_dim
         n_eval = inputs.sizes[self.eval_split]
         shots = self.shots * inputs.classes * dim * 8

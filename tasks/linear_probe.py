@@ -27,7 +27,6 @@ from evalkit.data import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
-from evalkit.plan import Stage
 from evalkit.task import (
     FRACTION,
     LAYERS,
@@ -35,6 +34,7 @@ from evalkit.task import (
     POSITIVE,
     POSITIVES,
     Metric,
+    Stage,
     Task,
     one_of,
     resolve_pool,
