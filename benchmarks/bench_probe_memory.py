@@ -57,7 +57,7 @@ def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
     task = LinearProbe(l2_grid=(1e-3, 1e-4), max_iter=max_iter, refit_max_iter=max_iter,
                        resident_gb=0.0 if mode == "streamed" else 1e9)  # fmt: skip
     start = time.perf_counter()
-    data = ProbeData.build(train, test, task, "cpu")
+    data = ProbeData.build(train, test, task, "cpu", CLASSES)
     fit_idx, held_idx = stratified_holdout(train.labels, task.holdout, seed=0)
     l2, init, _, _ = task._select_l2(data, fit_idx, held_idx, CLASSES)
     model = fit_logistic(data.train_rows(), None, num_classes=CLASSES, l2=l2, init=init,

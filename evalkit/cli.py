@@ -71,7 +71,11 @@ def add_data_arguments(run) -> None:
         help="override a task setting (repeatable)",
     )
     run.add_argument("--out", type=Path, default=Path("results/runs"), help="where result rows go")
-    run.add_argument("--force", action="store_true", help="rerun even if the rows exist")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="rerun even if the rows exist, and run even when `evalkit plan` says it does not fit",
+    )
     run.add_argument(
         "--no-cache", action="store_true", help="do not read or write the feature cache"
     )

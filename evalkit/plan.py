@@ -88,22 +88,20 @@ def backbone_shape(spec: str, *, tp: int, dtype: str, image: int | None = None) 
                      p.activation_bytes_per_image)  # fmt: skip
     from evalkit.backbones import BackboneOptions, load_backbone
 
-    info = load_backbone(spec, BackboneOptions(random_init=True)).info
-    tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
-    activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
-    return Shape(spec, info.embed_dim, info.depth, info.patch_size, info.preprocess.size,
-                 info.params * BYTES[dtype], activation)  # fmt: skip
+    return shape_of(load_backbone(spec, BackboneOptions(random_init=True)).info, dtype=dtype)
 
 
-def split_sizes(name: str, splits: tuple[str, ...], config) -> tuple[dict[str, int], int, str]:
-    """(sizes, classes, where they came from): the data on disk when it opens, else the
-    dataset card."""
+def split_sizes(
+    name: str, splits: tuple[str, ...], config, *, card: bool = True
+) -> tuple[dict[str, int], int, str]:
+    """(sizes, classes, where they came from): the data on disk when it opens, else (with
+    ``card``) the dataset card."""
     from evalkit.data.check import _open
 
     try:
         opened = {split: _open(name, split, config, None) for split in splits}
     except EvalkitError:
-        card = DATASET_CARDS.get(name)
+        card = DATASET_CARDS.get(name) if card else None
         if card is None:
             raise EvalkitError(
                 f"no data for {name!r} here and no published size known: pass --data-dir"
@@ -131,6 +129,32 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
     weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
                     device_bytes=shape.weight_bytes_per_rank)  # fmt: skip
     return [weights, *stages], budget, "; ".join(sources)
+
+
+def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:
+    """The shape of a loaded backbone (its weights split over ``tp`` ranks)."""
+    tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
+    activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
+    return Shape(info.name, info.embed_dim, info.depth, info.patch_size, info.preprocess.size,
+                 info.params * BYTES[dtype] // tp, activation)  # fmt: skip
+
+
+def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:
+    """What this job would need beyond this machine (empty when it fits, or when its data
+    cannot be sized here: the task's own reader then says what is missing)."""
+    shape = shape_of(info, dtype=ctx.extract.dtype, tp=tp)
+    stages = []
+    try:
+        for name in task.datasets():
+            sizes, classes, _ = split_sizes(name, task.splits(), ctx.data, card=False)
+            inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
+                                ctx.extract.batch_size, ctx.extract.shard_size)  # fmt: skip
+            stages += task.plan(inputs)
+    except EvalkitError:
+        return []
+    budget = Budget.here(ctx.extract.device, ctx.data.cache)
+    budget.check(stages, shape)
+    return budget.problems
 
 
 def env_device() -> str:

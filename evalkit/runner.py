@@ -33,6 +33,7 @@ from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError
 from evalkit.features import ExtractSettings, backbone_spec
 from evalkit.identity import cache_root, spec_key
+from evalkit.plan import unfit
 from evalkit.results import Row, append_row, load_rows, rows_file
 from evalkit.task import Task, TaskContext
 
@@ -208,6 +209,13 @@ def run_task(
     distributed.barrier()  # every rank has decided before rank 0 appends anything
     if not force and {r["metric"] for r in done} >= set(task.metrics()):
         return done, True
+    if not force and (
+        problems := unfit(task, backbone.info, ctx, tp=distributed.current().tp_size)
+    ):
+        raise EvalkitError(
+            f"{task.name} on {backbone.info.name} does not fit this machine: {problems[0]} "
+            f"(see `evalkit plan`; --force runs it anyway)"
+        )
     start = time.perf_counter()
     ctx.artifacts = Path(out_dir) / "pictures"
     rows = []

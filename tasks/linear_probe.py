@@ -105,7 +105,7 @@ class LinearProbe(FrozenClassification):
     def run(self, backbone, ctx):
         train, test = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
-        data = ProbeData.build(train, test, self, ctx.extract.device)
+        data = ProbeData.build(train, test, self, ctx.extract.device, num_classes)
         fit_idx, held_idx = stratified_holdout(train.labels, self.holdout, seed=ctx.seed)
         best_l2, best_init, sweep, fits = self._select_l2(data, fit_idx, held_idx, num_classes)
         model = fit_logistic(
@@ -142,7 +142,7 @@ class LinearProbe(FrozenClassification):
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
         logits = 3 * n_train * inputs.classes * 4  # logits, probabilities, their gradient
-        if train_bytes <= self.resident_gb * 2**30:
+        if resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
             probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
                           + logits, device_bytes=train_bytes + eval_bytes + logits)  # fmt: skip
         else:
@@ -167,6 +167,12 @@ class LinearProbe(FrozenClassification):
         return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}, fits
 
 
+def resident_bytes(rows: int, dim: int, classes: int) -> int:
+    """The resident probe's float32 features and its full-batch logits, probabilities and
+    their gradient."""
+    return rows * dim * 4 + 3 * rows * classes * 4
+
+
 def percent(row_hits: torch.Tensor) -> float:
     return 100.0 * row_hits.double().mean().item()
 
@@ -174,7 +180,7 @@ def percent(row_hits: torch.Tensor) -> float:
 @dataclass
 class ProbeData:
     """The probe's standardised rows: ``resident`` — whole splits as tensors on the device, when
-    the training features fit ``resident_gb`` — or ``streamed``: one cache shard at a time,
+    the training features and their full-batch logits fit ``resident_gb`` — or ``streamed``: one cache shard at a time,
     standardised on the way, so memory stays one shard × (features + classes) whatever the
     split's size. Standardisation statistics come from the training
     split in one pass either way."""
@@ -187,9 +193,9 @@ class ProbeData:
     resident: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, train, test, task, device: str) -> ProbeData:
+    def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
         dim = train.take([0]).shape[-1] if len(train) else 0
-        resident = len(train) * dim * 4 <= task.resident_gb * 2**30
+        resident = resident_bytes(len(train), dim, classes) <= task.resident_gb * 2**30
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
             x_train = train.pooled.float()

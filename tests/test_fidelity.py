@@ -219,3 +219,17 @@ def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monke
                  str(tmp_path), "--device", "cpu"])  # fmt: skip
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "imagenet: train 12, val 4 (data on disk)" in out and "resident" in out
+
+
+def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monkeypatch):
+    from evalkit import plan
+
+    tiny = plan.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
+    monkeypatch.setattr(plan.Budget, "here", classmethod(lambda cls, device, cache: tiny))
+    args = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded",
+            "--quiet"]  # fmt: skip
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "imagenet-linear on fake does not fit this machine" in err and "--force" in err
+    tiny.problems.clear()
+    assert main([*args, "--force"]) == 0
