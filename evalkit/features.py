@@ -32,7 +32,7 @@ import torch
 
 from evalkit import distributed as mesh
 from evalkit.errors import EvalkitError, warn
-from evalkit.identity import library_versions, spec_key
+from evalkit.identity import RACY_NS, library_versions, spec_key
 from evalkit.progress import ProgressBar
 
 FORMAT_VERSION = 2  # 2: checksummed shards, keys from feature_spec
@@ -40,6 +40,7 @@ CHECKSUM = "evalkit_sha256"
 STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
 MANIFEST = "manifest.json"
+VERIFIED = "verified.json"  # shards whose checksum matched, by stamp
 META = "meta.json"
 
 
@@ -238,19 +239,43 @@ def extract_features(
 def _verify_cached(folder: Path | None, count: int):
     """The main rank checks every cached shard against its checksum, one shard in memory at a
     time; a corrupt, truncated or unreadable one is deleted (with a warning) so that it is
-    recomputed. All ranks wait until this is done."""
+    recomputed. A shard already verified and not touched since (same size, modification time
+    and inode, in ``verified.json``) is not read again, so a warm cache costs one ``stat`` per
+    shard. All ranks wait until this is done."""
     if folder is not None and mesh.current().main:
+        verified = _read_json(folder / VERIFIED)
         for index in range(count):
             path = _shard_path(folder, index)
-            if not path.exists():
-                continue
-            try:
-                _load_shard(path)
-            except CorruptShard as exc:
-                warn(f"cached features {path} are unusable ({exc}): recomputing them")
-                path.unlink(missing_ok=True)
-                (folder / MANIFEST).unlink(missing_ok=True)
+            if path.exists() and verified.get(path.name) != _stamp(path):
+                verified[path.name] = _verify_shard(folder, path)
+        _atomic_write_text(folder / VERIFIED, json.dumps({k: v for k, v in verified.items() if v}))
     mesh.barrier()  # all ranks agree on what is missing before any rank writes
+
+
+def _verify_shard(folder: Path, path: Path) -> str | None:
+    """The shard's stamp when its sum matches (None while the file is seconds old: a rewrite
+    within the same clock tick would keep the stamp); None, and the shard deleted, when not."""
+    try:
+        _load_shard(path)
+        fresh = time.time_ns() - path.stat().st_mtime_ns < RACY_NS
+        return None if fresh else _stamp(path)
+    except CorruptShard as exc:
+        warn(f"cached features {path} are unusable ({exc}): recomputing them")
+        path.unlink(missing_ok=True)
+        (folder / MANIFEST).unlink(missing_ok=True)
+        return None
+
+
+def _stamp(path: Path) -> str:
+    stat = path.stat()
+    return f"{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:

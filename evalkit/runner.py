@@ -3,11 +3,12 @@ its rows. The command line and ``evalkit.run()`` are thin faces over it.
 
 The runner owns the defaults (device, dtype, cache folder), the process layout (set up before the
 first job and torn down in ``finally``), loading each backbone once, and a fresh ``TaskContext``
-per job, so a job's provenance counts only its own images. A job is identified by (task, task
-version, backbone, weights id, resolved config, seed); rows are appended as each metric
-finishes, and a rerun skips a job whose metrics are all on disk unless ``force`` is set.
-Extracted features live in the feature cache, so a job that crashed resumes from its finished
-shards.
+per job, so a job's provenance counts only its own images. A job is identified by the key of
+its ``job_spec`` (task and settings, backbone and options, weights, dtypes, data, seed); rows are
+appended as each metric finishes, and a rerun skips a job whose metrics are all on disk under
+that key unless ``force`` is set. A job that ``evalkit.plan`` says does not fit this machine is
+refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
+a job that crashed resumes from its finished shards.
 """
 
 from __future__ import annotations

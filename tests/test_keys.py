@@ -241,3 +241,27 @@ def test_table_keeps_two_weights_files_of_one_backbone_apart():
     assert list(frame.iloc[:, 0]) == ["50.00", "60.00"]
     single = pivot_table([row("sha256:aaaa", 50.0)])
     assert list(single.index) == ["timm/x"]
+
+
+def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
+    from evalkit import features
+
+    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
+                           transform=fake.transform())  # fmt: skip
+    settings = ExtractSettings(cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False)
+    extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
+    for shard in shard_files(tmp_path):  # old enough to be vouched for
+        old = shard.stat().st_mtime_ns - 60 * 10**9
+        os.utime(shard, ns=(old, old))
+    extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
+    checked = []
+    real = features._load_shard
+    monkeypatch.setattr(features, "_load_shard", lambda p: checked.append(p) or real(p))
+    again = extract_features(
+        fake, dataset, request=FeatureRequest(), settings=settings, split="val"
+    )
+    assert again.from_cache and checked == []  # one stat per shard, no read
+    victim = shard_files(tmp_path)[0]
+    victim.write_bytes(victim.read_bytes()[:-9])  # touched since: checked again, recomputed
+    extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
+    assert checked == [victim]
