@@ -45,13 +45,13 @@ def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32
 def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
     """Run the probe on the cached train split, score the held-out test split, and report
     peak RSS."""
-    from evalkit.features import FeatureSet, _read_labels
+    from evalkit.features import FeatureSet
     from evalkit.heads.linear import fit_logistic, hits
     from evalkit.tasks.linear_probe import LinearProbe, ProbeData, percent, stratified_holdout
 
     def view(split):
         parts = sorted((folder / split).glob("shard-*.safetensors"))
-        return FeatureSet(parts, torch.cat([_read_labels(p) for p in parts]), from_cache=True)
+        return FeatureSet(parts, from_cache=True)
 
     train, test = view("train"), view("test")
     task = LinearProbe(l2_grid=(1e-3, 1e-4), max_iter=max_iter, refit_max_iter=max_iter,

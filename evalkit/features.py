@@ -32,7 +32,7 @@ import torch
 
 from evalkit import distributed as mesh
 from evalkit.errors import EvalkitError, warn
-from evalkit.identity import RACY_NS, library_versions, spec_key
+from evalkit.identity import file_stamp, library_versions, read_json, spec_key, write_json
 from evalkit.progress import ProgressBar
 
 FORMAT_VERSION = 2  # 2: checksummed shards, keys from feature_spec
@@ -81,10 +81,11 @@ class FeatureSet:
     ``grids`` (per layer (N, D, h, w), dense only) concatenate the whole split, for tasks whose
     split fits in memory."""
 
-    def __init__(self, parts: list, labels: torch.Tensor, *, from_cache=False, dataset_id=""):
+    def __init__(self, parts: list, *, from_cache=False, dataset_id=""):
         self.parts = parts  # per shard: a dict of tensors, or the Path of a verified file
-        self.labels = labels
-        sizes = [_part_size(p) for p in parts]
+        part_labels = [_read_labels(p) for p in parts]
+        self.labels = torch.cat(part_labels).long() if parts else torch.empty(0, dtype=torch.long)
+        sizes = [len(labels) for labels in part_labels]
         self.starts = torch.tensor([0, *sizes]).cumsum(0)[:-1] if parts else torch.zeros(0)
         self.from_cache, self.dataset_id = from_cache, dataset_id
         self._held: tuple[int, dict] | None = None
@@ -112,8 +113,8 @@ class FeatureSet:
         """Rows ``indices`` (in that order), reading only the shards that hold them."""
         idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         if not len(idx):
-            return self._empty(key)
-        shard_of = torch.searchsorted(self.starts, idx, right=True) - 1
+            return torch.empty(0, 0)
+        shard_of = self._shard_of(idx)
         out = None
         for index in shard_of.unique().tolist():
             mask = shard_of == index
@@ -126,31 +127,22 @@ class FeatureSet:
     def by_shard(self, indices, key: str = "pooled"):
         """(rows, indices) per shard for sorted ``indices``: each shard read once, in order."""
         idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
-        shard_of = torch.searchsorted(self.starts, idx, right=True) - 1
+        shard_of = self._shard_of(idx)
         for index in shard_of.unique().tolist():
             mine = idx[shard_of == index]
             yield self.shard(index)[key][mine - self.starts[index]], mine
 
+    def _shard_of(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self.starts, idx, right=True) - 1
+
     @property
     def pooled(self) -> torch.Tensor:
-        return torch.cat(list(self.chunks("pooled"))) if self.parts else self._empty("pooled")
+        return torch.cat(list(self.chunks("pooled"))) if self.parts else torch.empty(0, 0)
 
     @property
     def grids(self) -> list[torch.Tensor]:
         layers = sorted(k for k in self.keys() if k.startswith("grid."))
         return [torch.cat(list(self.chunks(k))) for k in layers]
-
-    def _empty(self, key: str) -> torch.Tensor:
-        return torch.empty(0, 0)
-
-
-def _part_size(part) -> int:
-    if isinstance(part, dict):
-        return len(part["labels"])
-    from safetensors import safe_open
-
-    with safe_open(str(part), framework="pt") as f:
-        return f.get_slice("labels").get_shape()[0]
 
 
 def _part_keys(part) -> list[str]:
@@ -229,11 +221,8 @@ def extract_features(
     else:
         parts = [_shard_path(folder, i) for i in range(len(shards))]
         if mesh.current().main and not (folder / MANIFEST).exists():
-            manifest = json.dumps({"shards": len(shards), "n": len(indices)})
-            _atomic_write_text(folder / MANIFEST, manifest)
-    labels = torch.cat([_read_labels(p) for p in parts]) if parts else torch.empty(0)
-    return FeatureSet(parts, labels.long(), from_cache=not computed and bool(shards),
-                      dataset_id=dataset_id)  # fmt: skip
+            write_json(folder / MANIFEST, {"shards": len(shards), "n": len(indices)})
+    return FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
 
 
 def _verify_cached(folder: Path | None, count: int):
@@ -243,39 +232,29 @@ def _verify_cached(folder: Path | None, count: int):
     and inode, in ``verified.json``) is not read again, so a warm cache costs one ``stat`` per
     shard. All ranks wait until this is done."""
     if folder is not None and mesh.current().main:
-        verified = _read_json(folder / VERIFIED)
+        verified = read_json(folder / VERIFIED)
         for index in range(count):
             path = _shard_path(folder, index)
-            if path.exists() and verified.get(path.name) != _stamp(path):
+            if not path.exists():
+                continue
+            stamp = file_stamp(path)
+            if stamp is None or verified.get(path.name) != stamp:
                 verified[path.name] = _verify_shard(folder, path)
-        _atomic_write_text(folder / VERIFIED, json.dumps({k: v for k, v in verified.items() if v}))
+        write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
     mesh.barrier()  # all ranks agree on what is missing before any rank writes
 
 
 def _verify_shard(folder: Path, path: Path) -> str | None:
-    """The shard's stamp when its sum matches (None while the file is seconds old: a rewrite
-    within the same clock tick would keep the stamp); None, and the shard deleted, when not."""
+    """The shard's stamp when its sum matches (None while it is too fresh to vouch for);
+    None, and the shard deleted, when not."""
     try:
         _load_shard(path)
-        fresh = time.time_ns() - path.stat().st_mtime_ns < RACY_NS
-        return None if fresh else _stamp(path)
+        return file_stamp(path)
     except CorruptShard as exc:
         warn(f"cached features {path} are unusable ({exc}): recomputing them")
         path.unlink(missing_ok=True)
         (folder / MANIFEST).unlink(missing_ok=True)
         return None
-
-
-def _stamp(path: Path) -> str:
-    stat = path.stat()
-    return f"{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
@@ -442,13 +421,7 @@ def _write_meta(folder: Path, backbone: str, split: str, request, dtype: str, n:
         "n": n,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    _atomic_write_text(folder / META, json.dumps(meta))
-
-
-def _atomic_write_text(path: Path, text: str):
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_json(folder / META, meta)
 
 
 def list_cache(root: Path) -> list[dict]:

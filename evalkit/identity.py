@@ -12,6 +12,7 @@ libraries that compute features — and the one way a spec becomes a key (``spec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -57,38 +58,47 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_stamp(path: Path) -> str | None:
+    """(size, modification time, inode) of a file, or None while it is seconds old: a file
+    may be rewritten within the same timestamp tick with the same size, so a fresh one is not
+    vouched for yet (git's "racy clean" rule)."""
+    stat = Path(path).stat()
+    if time.time_ns() - stat.st_mtime_ns <= RACY_NS:
+        return None
+    return f"{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+
+
 def content_id(path: str | Path, memo_dir: Path | None = None) -> str:
     """sha256 of the file's bytes, memoised by (path, size, mtime, inode)."""
     path = Path(path).resolve()
-    stat = path.stat()
-    stamp = f"{os.fsencode(path).hex()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+    stamp = file_stamp(path)
+    key = f"{os.fsencode(path).hex()}|{stamp}"
     memo_path = Path(memo_dir or cache_root() / "identity") / MEMO_NAME
-    memo = _read_memo(memo_path)
-    if stamp in memo:
-        return memo[stamp]
+    memo = read_json(memo_path)
+    if stamp is not None and key in memo:
+        return memo[key]
     digest = file_digest(path)
-    # A file written in the last seconds may be written again within the same timestamp tick
-    # with the same size: do not vouch for it yet (git's "racy clean" rule).
-    if time.time_ns() - stat.st_mtime_ns > RACY_NS:
-        _write_memo(memo_path, _read_memo(memo_path) | {stamp: digest})
+    if stamp is not None:
+        with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
+            write_json(memo_path, read_json(memo_path) | {key: digest})
     return digest
 
 
-def _read_memo(path: Path) -> dict[str, str]:
+def read_json(path: Path) -> dict:
+    """A JSON file's object, or {} when it is missing or unreadable."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_memo(path: Path, memo: dict[str, str]):
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(memo))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a re-hash next time
+def write_json(path: Path, value):
+    """Write JSON to a temporary name and rename it into place: readers never see half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
 
 
 def files_identity(paths, root: Path, *, content: bool = False, extra: str = "") -> str:

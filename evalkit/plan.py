@@ -72,7 +72,7 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def backbone_shape(spec: str, *, tp: int, dtype: str, image: int | None = None) -> Shape:
+def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
     """vit22b sizes from the planner on the meta device; other backbones built once."""
     family, _, variant = spec.partition("/")
     if family == "vit22b":
@@ -96,10 +96,10 @@ def split_sizes(
 ) -> tuple[dict[str, int], int, str]:
     """(sizes, classes, where they came from): the data on disk when it opens, else (with
     ``card``) the dataset card."""
-    from evalkit.data.check import _open
+    from evalkit.data.check import open_split_for_check
 
     try:
-        opened = {split: _open(name, split, config, None) for split in splits}
+        opened = {split: open_split_for_check(name, split, config, None) for split in splits}
     except EvalkitError:
         card = DATASET_CARDS.get(name) if card else None
         if card is None:
@@ -146,7 +146,7 @@ def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:
     stages = []
     try:
         for name in task.datasets():
-            sizes, classes, _ = split_sizes(name, task.splits(), ctx.data, card=False)
+            sizes, classes = _sizes_of(name, task.splits(), ctx)
             inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
                                 ctx.extract.batch_size, ctx.extract.shard_size)  # fmt: skip
             stages += task.plan(inputs)
@@ -155,6 +155,19 @@ def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:
     budget = Budget.here(ctx.extract.device, ctx.data.cache)
     budget.check(stages, shape)
     return budget.problems
+
+
+# Split sizes by dataset identity: the same files have the same sizes, so each dataset is
+# opened once per process however many jobs read it (its identity is walked once per run).
+_SIZES: dict[tuple, tuple[dict[str, int], int]] = {}
+
+
+def _sizes_of(name: str, splits: tuple[str, ...], ctx) -> tuple[dict[str, int], int]:
+    key = (name, splits, ctx.data.source, ctx.data_identity(name))
+    if key not in _SIZES:
+        sizes, classes, _ = split_sizes(name, splits, ctx.data, card=False)
+        _SIZES[key] = (sizes, classes)
+    return _SIZES[key]
 
 
 def env_device() -> str:

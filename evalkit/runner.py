@@ -32,7 +32,7 @@ from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.catalog import TASKS
 from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError
-from evalkit.features import ExtractSettings, backbone_spec
+from evalkit.features import STORAGE, ExtractSettings, backbone_spec
 from evalkit.identity import cache_root, spec_key
 from evalkit.plan import unfit
 from evalkit.results import Row, append_row, load_rows, rows_file
@@ -88,7 +88,7 @@ class RunSpec:
             raise EvalkitError(f"--tp must be at least 1, got {self.tp}")
         if self.dtype not in (None, "fp32", "bf16"):
             raise EvalkitError(f"--dtype must be fp32 or bf16, got {self.dtype!r}")
-        if self.cache_dtype not in (None, "fp32", "bf16", "fp16"):
+        if self.cache_dtype not in (None, *STORAGE):
             raise EvalkitError(
                 f"--cache-dtype must be fp32, bf16 or fp16, got {self.cache_dtype!r}"
             )

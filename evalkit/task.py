@@ -19,7 +19,13 @@ from typing import Any, ClassVar
 
 from evalkit.data import DataConfig, data_identity
 from evalkit.errors import EvalkitError, did_you_mean
-from evalkit.features import ExtractSettings, FeatureRequest, FeatureSet, extract_features
+from evalkit.features import (
+    STORAGE,
+    ExtractSettings,
+    FeatureRequest,
+    FeatureSet,
+    extract_features,
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ def setting(default, rule: Rule):
 
 # --- what a run costs (``Task.plan``, ``evalkit plan``) -----------------------------------
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {name: dtype.itemsize for name, dtype in STORAGE.items()}  # per stored element
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,13 @@ class Stage:
     device_bytes: int = 0
 
 
+def extraction_stage(inputs: PlanInputs, rows: int, *, layers: int = 1) -> Stage:
+    """Pooled features of ``rows`` images at ``layers`` layers, extracted into the cache."""
+    return Stage("extract features", "cached", forward_passes=rows,
+                 cache_bytes=rows * layers * inputs.row_bytes,
+                 device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image)  # fmt: skip
+
+
 @dataclass
 class Metric:
     """One result of a task; the runner adds provenance to make it a row."""
@@ -134,10 +147,7 @@ class Task:
     def plan(self, inputs) -> list:
         """The stages of a run and what each holds (``evalkit plan``); by default one feature
         extraction of every split at the last layer."""
-        rows = sum(inputs.sizes.values())
-        return [Stage("extract features", "cached", forward_passes=rows,
-                      cache_bytes=rows * inputs.row_bytes,
-                      device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image)]  # fmt: skip
+        return [extraction_stage(inputs, sum(inputs.sizes.values()))]
 
     def splits(self) -> tuple[str, ...]:
         """The splits a run reads, the training split first (``evalkit check-data``)."""

@@ -41,13 +41,18 @@ class DenseSettings(Task):
     def train_images(self, available: int) -> int:
         return available
 
+    def fits_cache(self, images: int, embed_dim: int, patch: int) -> bool:
+        """Whether the 4 tapped layers' float32 grids of ``images`` fit ``cache_budget_gb``."""
+        grid = self.image_size // patch
+        return images * 4 * embed_dim * grid * grid * 4 / 1e9 <= self.cache_budget_gb
+
     def plan(self, inputs) -> list[Stage]:
         """Grids of 4 layers per image; today the heads hold every grid of the split in RAM
         with the targets at stride 4, and a batch of float32 grids on the device."""
         grid = self.image_size // inputs.shape.patch
         per_image = 4 * inputs.shape.embed_dim * grid * grid
         n_train, n_val = self.train_images(inputs.sizes["train"]), inputs.sizes["val"]
-        cached = (n_train + n_val) * per_image * 4 <= self.cache_budget_gb * 1e9
+        cached = self.fits_cache(n_train + n_val, inputs.shape.embed_dim, inputs.shape.patch)
         tokens_ratio = (grid * inputs.shape.patch / inputs.shape.image) ** 2
         extract = Stage(
             "extract grids", "cached" if cached else "in memory (over cache_budget_gb)",
@@ -114,9 +119,7 @@ def dense_features(
     layers = tap_layers(backbone.info.depth)
     request = FeatureRequest(layers=layers, pool="mean", dense=True)
     n = len(dataset) if subset is None else len(subset)
-    grid = task.image_size // backbone.info.patch_size
-    need_gb = n * len(layers) * backbone.info.embed_dim * grid * grid * 4 / 1e9
-    cached = need_gb <= task.cache_budget_gb
+    cached = task.fits_cache(n, backbone.info.embed_dim, backbone.info.patch_size)
     if not cached:  # too big for the disk budget: extract into memory only
         ctx = replace(ctx, extract=replace(ctx.extract, cache_dir=None))
     feats = ctx.features(backbone, dataset, split=split, request=request, subset=subset)

@@ -36,6 +36,7 @@ from evalkit.task import (
     Metric,
     Stage,
     Task,
+    extraction_stage,
     one_of,
     resolve_pool,
     setting,
@@ -77,9 +78,7 @@ class FrozenClassification(Task):
 
     def extraction_stage(self, inputs) -> Stage:
         rows = inputs.sizes[self.train_split] + inputs.sizes[self.eval_split]
-        return Stage("extract features", "cached", forward_passes=rows,
-                     cache_bytes=rows * len(self.layers) * inputs.row_bytes,
-                     device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image)  # fmt: skip
+        return extraction_stage(inputs, rows, layers=len(self.layers))
 
     def open_split(self, split: str, backbone, ctx, classes=None):
         transform = backbone.transform()

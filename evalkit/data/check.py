@@ -41,7 +41,7 @@ def check_dataset(name: str, splits: tuple[str, ...], config: DataConfig, *, pro
     report, train_classes = DataReport(name), None
     for split in splits:
         try:
-            dataset = _open(name, split, config, train_classes)
+            dataset = open_split_for_check(name, split, config, train_classes)
         except EvalkitError as exc:
             report.problems.append(f"{split}: {exc}")
             continue
@@ -61,7 +61,7 @@ class _Identity:
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
 
 
-def _open(name: str, split: str, config: DataConfig, train_classes):
+def open_split_for_check(name: str, split: str, config: DataConfig, train_classes):
     """Classification readers take the training classes; dense readers an image size."""
     if DATASETS.get(name).load().targets == "dense":
         return open_dataset(name, split, config, size=224, preprocess=_Identity())
