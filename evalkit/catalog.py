@@ -41,3 +41,25 @@ for _dataset, _what in _DEPTH.items():
             dataset=_dataset,
             head=_head,
         )
+_ZERO_SHOT = {
+    "imagenet": ("imagenet", "val", "ImageNet-1k val"),
+    "imagenet-v2": ("imagenet-v2", "test", "ImageNet-v2 matched frequency"),
+    "imagenet-r": ("imagenet-r", "test", "ImageNet-R (its 200 classes)"),
+    "imagenet-a": ("imagenet-a", "test", "ImageNet-A (its 200 classes)"),
+    "objectnet": ("objectnet", "test", "ObjectNet (classes mapped to ImageNet's)"),
+}
+for _set, (_dataset, _split, _what) in _ZERO_SHOT.items():
+    TASKS.add(
+        f"zeroshot-{_set}",
+        "evalkit.tasks.zeroshot:ZeroShot",
+        f"{_what} zero-shot with the backbone's text tower or a saved LiT tower (top-1)",
+        dataset=_dataset,
+        eval_split=_split,
+    )
+    TASKS.add(
+        f"lit-{_set}",
+        "evalkit.tasks.zeroshot:Lit",
+        f"LiT: a text tower trained on cached image embeddings, then {_what} zero-shot (top-1)",
+        dataset=_dataset,
+        eval_split=_split,
+    )

@@ -1,6 +1,6 @@
 """The one small loop that trains heads on cached features: AdamW, linear warm-up then cosine
 decay, gradient clipping, bf16 autocast on CUDA, seeded batch order. Used by the dense tasks
-(segmentation and depth heads) and by anything else that trains a small module."""
+(segmentation and depth heads), LiT's text towers and anything else that trains a small module."""
 
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ def train(
     *,
     device: str = "cpu",
     progress: bool = False,
+    after_backward: Callable[[torch.nn.Module], None] | None = None,
 ) -> list[float]:
-    """Train ``module`` for ``cfg.steps``; ``step_loss(indices)`` returns the batch loss.
+    """Train ``module`` for ``cfg.steps``; ``step_loss(indices)`` returns the batch loss and
+    ``after_backward(module)`` may combine gradients across ranks before they are clipped.
     Returns the loss of every step."""
     torch.manual_seed(cfg.seed)
     module.train()
@@ -75,6 +77,8 @@ def train(
                 loss = step_loss(indices)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if after_backward is not None:
+                after_backward(module)
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip)
             optimizer.step()
             schedule.step()

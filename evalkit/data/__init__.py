@@ -61,12 +61,24 @@ class DataKind:
     layout: str  # what the user provides under the data root, shown in errors
     write_embedded: Callable[[Path], Path]  # writes the stand-in under a folder; returns its root
     open_split: Callable[..., Dataset]  # (root, split, *, source, **options) -> Dataset
-    targets: str = "labels"  # labels: options transform=, classes=; dense: size=, preprocess=
+    targets: str = (
+        "labels"  # labels, captions: options transform=, classes=; dense: size=, preprocess=
+    )
 
 
 DATASETS = Registry("dataset", "evalkit.datasets")
 DATASETS.add("imagenet", "evalkit.data.folder:IMAGENET", "ImageNet-style class folders or parquet")
+DATASETS.add(
+    "captions",
+    "evalkit.data.captions:CAPTIONS",
+    "image–caption pairs: CSV/JSONL, WebDataset, parquet",
+)
 DATASETS.add("ade20k", "evalkit.data.dense:ADE20K", "ADEChallengeData2016 (SceneParsing)")
+for _name, _what in (("imagenet-v2", "ImageNet-v2 matched frequency (class-index folders)"),
+                     ("imagenet-r", "ImageNet-R renditions (200 WordNet-id folders)"),
+                     ("imagenet-a", "ImageNet-A natural adversarial (200 WordNet-id folders)"),
+                     ("objectnet", "ObjectNet 1.0 with its mappings/ folder")):  # fmt: skip
+    DATASETS.add(_name, f"evalkit.data.shifted:{_name.upper().replace('-', '_')}", _what)
 for _name in ("waymo", "kitti", "nyu"):
     DATASETS.add(_name, f"evalkit.data.dense:{_name.upper()}", f"{_name} depth, flattened layout")
 

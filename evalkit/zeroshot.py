@@ -1,0 +1,89 @@
+"""Zero-shot classification with a text tower (effect-table row 6; docs/protocols.md,
+"Zero-shot").
+
+Class names and templates are canonicalised as big_vision's LiT evaluators do ("_" → space,
+punctuation removed except the alias separator "," in names and the slot "{}" in templates,
+lower case, whitespace collapsed). Each class's embedding is the L2-normalised mean of the
+normalised embeddings of every (template × alias) prompt. An image is scored by the dot
+product of its normalised embedding with the class embeddings, restricted to the label
+space's candidate classes; a prediction is right when it is one of the image's correct classes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from importlib import resources
+
+import torch
+
+from evalkit.errors import EvalkitError
+from evalkit.identity import spec_key
+
+TEMPLATE_SETS: dict[str, list[str]] = json.loads(
+    resources.files("evalkit.data").joinpath("meta", "templates.json").read_text()
+)
+SLOT = "{}"
+
+
+def canonicalize(text: str, *, keep: str | None = None) -> str:
+    """Lower case, "_" as a space, punctuation removed (except ``keep``, kept verbatim),
+    whitespace collapsed."""
+    drop = str.maketrans("", "", string.punctuation)
+    text = text.replace("_", " ")
+    parts = text.split(keep) if keep else [text]
+    text = (keep or "").join(part.translate(drop) for part in parts).lower()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def templates(name: str) -> list[str]:
+    if name not in TEMPLATE_SETS:
+        raise EvalkitError(f"unknown template set {name!r}: choose from {', '.join(TEMPLATE_SETS)}")
+    return [canonicalize(t, keep=SLOT) for t in TEMPLATE_SETS[name]]
+
+
+def prompts(name: str, template_list: list[str], *, first_alias: bool = False) -> list[str]:
+    """Every prompt of one class: each template filled with each of its aliases."""
+    aliases = [a.strip() for a in canonicalize(name, keep=",").split(",") if a.strip()]
+    if first_alias:
+        aliases = aliases[:1]
+    return [t.replace(SLOT, alias) for t in template_list for alias in aliases]
+
+
+def names_id(names) -> str:
+    """A hash of a class-name list, recorded in rows."""
+    return spec_key(list(names), length=12)
+
+
+@torch.no_grad()
+def class_embeddings(tower, names, template_list, *, first_alias=False, batch=256) -> torch.Tensor:
+    """(classes, E): per class, the normalised mean of its prompts' normalised embeddings."""
+    out = []
+    for name in names:
+        texts = prompts(name, template_list, first_alias=first_alias)
+        if not texts:
+            raise EvalkitError(f"class name {name!r} is empty after canonicalisation")
+        parts = [
+            tower.encode(tower.tokenize(texts[i : i + batch])) for i in range(0, len(texts), batch)
+        ]
+        mean = torch.nn.functional.normalize(torch.cat(parts).float(), dim=-1).mean(0)
+        out.append(torch.nn.functional.normalize(mean, dim=-1, eps=1e-8))
+    return torch.stack(out)
+
+
+def zero_shot_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:
+    """Per image, whether any of its top-``k`` classes (among the candidates) is correct.
+    ``scores`` is (N, classes), ``labels`` the images' own labels, ``space`` a LabelSpace."""
+    if space.candidates is not None:
+        masked = torch.full_like(scores, float("-inf"))
+        keep = torch.tensor(space.candidates)
+        masked[:, keep] = scores[:, keep]
+        scores = masked
+    top = scores.topk(
+        min(k, scores.shape[1] if space.candidates is None else len(space.candidates)), dim=1
+    ).indices
+    correct = torch.zeros(len(space.correct), scores.shape[1], dtype=torch.bool)
+    for label, ids in enumerate(space.correct):
+        correct[label, list(ids)] = True
+    return correct[labels][torch.arange(len(labels))[:, None], top].any(dim=1)

@@ -1,0 +1,222 @@
+"""Zero-shot classification and LiT (effect-table row 6; docs/protocols.md, "Zero-shot" and
+"LiT").
+
+``zeroshot-<set>``: the backbone's own text tower (open_clip models), or a LiT tower saved by an
+earlier run (``--set text_tower=PATH``), builds one embedding per class from canonicalised
+class names × a template set; test images are scored by cosine similarity within the set's
+label space (ImageNet val and v2: all classes; -R and -A: their 200; ObjectNet: the ImageNet
+classes mapped to its classes, correct when the prediction is any class mapped to the image's).
+
+``lit-<set>``: first trains a text tower on an image–caption set against the backbone's locked
+image embeddings, read from the feature cache (the image tower never runs again, across steps
+or reruns), then scores the set zero-shot with it. The tower is saved beside the rows
+(``towers/``) and its path recorded, so later ``zeroshot-*`` runs can reuse it.
+
+Paper (LiT with a frozen ViT-22B image tower): ImageNet 85.9, v2 80.9, R 96.0, A 90.1,
+ObjectNet 87.6 (LiT-e: 84.9).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalkit import distributed as mesh
+from evalkit.backbones.base import POOLS, text_tower
+from evalkit.data import open_dataset
+from evalkit.data.captions import UNREADABLE
+from evalkit.data.shifted import open_scored
+from evalkit.errors import EvalkitError
+from evalkit.features import FeatureRequest
+from evalkit.heads.text import (
+    LOSSES,
+    LitModel,
+    LitText,
+    TowerConfig,
+    average_gradients,
+    load_tower,
+    save_tower,
+    tokenizer,
+)
+from evalkit.task import LAYERS, NON_NEGATIVE, POSITIVE, Metric, Task, one_of, resolve_pool, setting
+from evalkit.train import TrainConfig, seeded_build, train
+from evalkit.zeroshot import TEMPLATE_SETS, class_embeddings, names_id, templates, zero_shot_hits
+
+PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
+                 "objectnet": 87.6}  # fmt: skip
+PAPER_LIT_E = {"objectnet": 84.9}
+
+
+@dataclass(frozen=True)
+class ZeroShot(Task):
+    name: str = "zeroshot-imagenet"
+    dataset: str = "imagenet"
+    eval_split: str = "val"
+    templates: str = setting("clip_paper", one_of(*TEMPLATE_SETS))
+    first_alias: bool = False  # only the first comma-separated alias of a class name
+    text_tower: str = ""  # a saved LiT tower; empty: the backbone's own text tower
+    pool: str = setting("auto", one_of("auto", *POOLS))  # auto: embed, or the LiT tower's
+    layers: tuple[int, ...] = setting((-1,), LAYERS)
+
+    version = 1
+
+    @property
+    def reference(self) -> dict:
+        paper = {"LiT-22B": PAPER_LIT_22B[self.dataset]} if self.dataset in PAPER_LIT_22B else {}
+        if self.dataset in PAPER_LIT_E:
+            paper["LiT-e"] = PAPER_LIT_E[self.dataset]
+        return {"top1": paper}
+
+    def metrics(self) -> list[str]:
+        return ["top1", "top5"]
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.eval_split,)
+
+    def run(self, backbone, ctx):
+        tower = load_tower(self.text_tower) if self.text_tower else None
+        yield from self.score(backbone, ctx, tower, {})
+
+    def score(self, backbone, ctx, tower: LitText | None, extra: dict):
+        """Top-1 and top-5 of the test split with ``tower`` (None: the backbone's own)."""
+        text, request = self.text_side(backbone, tower)
+        test = open_scored(self.dataset, self.eval_split, ctx.data, backbone.transform())
+        feats = ctx.features(backbone, test, split=self.eval_split, request=request)
+        space = test.label_space
+        classes = class_embeddings(
+            text, space.names, templates(self.templates), first_alias=self.first_alias
+        )
+        images = _image_embeddings(feats, tower)
+        scores = images @ classes.T
+        extra = {**extra, "templates": self.templates, "classes": len(space.names),
+                 "class_names_id": names_id(space.names), "pool": request.pool,
+                 "candidates": len(space.candidates or space.names)}  # fmt: skip
+        for k in (1, 5):
+            hits = zero_shot_hits(scores, feats.labels, space, k)
+            yield Metric(f"top{k}", 100.0 * hits.double().mean().item(), n=len(hits),
+                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+
+    def text_side(self, backbone, tower: LitText | None):
+        """The text tower and the feature request whose embeddings share its space."""
+        if tower is None:
+            pool = "embed" if self.pool == "auto" else self.pool
+            return text_tower(backbone), FeatureRequest(layers=self.layers, pool=pool)
+        image = tower.cfg.image_tower
+        if image.get("weights_id") != backbone.info.weights_id:
+            raise EvalkitError(
+                f"text tower {self.text_tower} was trained on {image.get('backbone')} "
+                f"(weights {image.get('weights_id')}), not {backbone.info.name} "
+                f"({backbone.info.weights_id}): pair it with the image tower it was trained with"
+            )
+        return tower, FeatureRequest(layers=tuple(image["layers"]), pool=image["pool"])
+
+
+def _image_embeddings(feats, tower: LitText | None) -> torch.Tensor:
+    pooled = torch.cat([chunk.float() for chunk in feats.chunks()])
+    if tower is None:
+        return torch.nn.functional.normalize(pooled, dim=-1, eps=1e-8)
+    return tower.embed_images(pooled)
+
+
+@dataclass(frozen=True)
+class Lit(ZeroShot):
+    name: str = "lit-imagenet"
+    captions: str = "captions"  # the image–text dataset the tower is trained on
+    caption_split: str = "train"
+    # LiT's pooling is the class token; mean is defined for every backbone (--set pool=cls).
+    pool: str = setting("mean", one_of("auto", *POOLS))
+    width: int = setting(192, POSITIVE)  # LiT's small towers: 192 (3 heads) or 384 (6)
+    text_layers: int = setting(4, POSITIVE)  # LiT's small towers have 12: --set text_layers=12
+    heads: int = setting(3, POSITIVE)
+    context: int = setting(16, POSITIVE)  # tokens per caption
+    loss: str = setting("softmax", one_of(*LOSSES))
+    image_head: bool = True  # a linear image head, as the published LiT-B16B has
+    temperature: float = setting(10.0, POSITIVE)  # the learned temperature's initial value
+    steps: int = setting(500, POSITIVE)
+    batch_size: int = setting(128, POSITIVE)
+    lr: float = setting(1e-3, POSITIVE)
+    weight_decay: float = setting(1e-4, NON_NEGATIVE)
+    warmup: int = setting(40, NON_NEGATIVE)
+    clip: float = setting(1.0, POSITIVE)
+
+    version = 1
+
+    def datasets(self) -> tuple[str, ...]:
+        return (self.dataset, self.captions)
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.eval_split,)
+
+    def run(self, backbone, ctx):
+        if self.text_tower:
+            raise EvalkitError(
+                f"{self.name} trains its own text tower: use zeroshot-* with text_tower="
+            )
+        request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
+        model, fit = self.train_tower(backbone, ctx, request)
+        tower = LitText(model)
+        saved = self.save(model, backbone, ctx)
+        yield from self.score(backbone, ctx, tower, {**fit, "text_tower": saved})
+
+    def train_tower(self, backbone, ctx, request: FeatureRequest):
+        """The tower trained on the caption set's cached image embeddings."""
+        pairs = open_dataset(
+            self.captions, self.caption_split, ctx.data, transform=backbone.transform()
+        )
+        feats = ctx.features(backbone, pairs, split=self.caption_split, request=request)
+        rows = torch.nonzero(feats.labels != UNREADABLE).squeeze(1)
+        if not len(rows):
+            raise EvalkitError(f"no readable image in {self.captions}/{self.caption_split}")
+        images = feats.take(rows).float()
+        tokens, first, count = self.caption_tokens([pairs.captions[i] for i in rows.tolist()])
+        cfg = self.tower_config(backbone, request, images.shape[-1])
+        model = seeded_build(lambda: LitModel(cfg), ctx.seed).to(ctx.extract.device)
+        layout = mesh.current()
+        if self.batch_size % layout.dp_size:
+            raise EvalkitError(
+                f"batch_size {self.batch_size} must divide by the {layout.dp_size} data-parallel ranks"
+            )
+        picker = torch.Generator().manual_seed(ctx.seed + 1)
+
+        def step_loss(batch: torch.Tensor) -> torch.Tensor:
+            share = len(batch) // layout.dp_size
+            choice = (torch.rand(len(batch), generator=picker) * count[batch]).long()
+            mine = slice(layout.dp_rank * share, (layout.dp_rank + 1) * share)
+            caption = (first[batch] + choice)[mine]
+            device = ctx.extract.device
+            return model.loss(images[batch[mine]].to(device), tokens[caption].to(device))
+
+        settings = TrainConfig(steps=self.steps, batch_size=min(self.batch_size, len(rows)), lr=self.lr,
+                               weight_decay=self.weight_decay, warmup=self.warmup, clip=self.clip,
+                               seed=ctx.seed)  # fmt: skip
+        losses = train(model, step_loss, len(rows), settings, device=ctx.extract.device,
+                       progress=ctx.extract.progress, after_backward=average_gradients)  # fmt: skip
+        fit = {"lit_first_loss": losses[0], "lit_final_loss": sum(losses[-10:]) / len(losses[-10:]),
+               "lit_pairs": int(len(rows)), "lit_captions": int(len(tokens)),
+               "lit_unreadable": int(len(feats) - len(rows)), "lit_skipped": pairs.skipped,
+               "lit_temperature": model.log_temperature.detach().exp().item()}  # fmt: skip
+        return model, fit
+
+    def caption_tokens(self, captions: list[list[str]]):
+        """Every caption tokenised once; per image, its first caption's row and its count."""
+        count = torch.tensor([len(c) for c in captions])
+        first = torch.cumsum(count, 0) - count
+        flat = [text for group in captions for text in group]
+        return tokenizer(self.context)(flat), first, count
+
+    def tower_config(self, backbone, request: FeatureRequest, dim: int) -> TowerConfig:
+        image = {"backbone": backbone.info.name, "weights_id": backbone.info.weights_id,
+                 "pool": request.pool, "layers": list(request.layers)}  # fmt: skip
+        return TowerConfig(width=self.width, layers=self.text_layers, heads=self.heads,
+                           context=self.context, embed_dim=dim, image_head=self.image_head,
+                           loss=self.loss, temperature=self.temperature, image_tower=image)  # fmt: skip
+
+    def save(self, model: LitModel, backbone, ctx) -> str | None:
+        if ctx.artifacts is None or not mesh.current().main:
+            return None
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", backbone.info.name)
+        out = Path(ctx.artifacts).parent / "towers" / f"{self.name}-{safe}-s{ctx.seed}"
+        return str(save_tower(model, out))

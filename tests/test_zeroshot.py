@@ -1,0 +1,267 @@
+"""Zero-shot classification and LiT: prompts, class embeddings against open_clip, the
+contrastive losses against direct formulas, label spaces (ObjectNet scoring), image–text
+readers in their real layouts, and LiT end to end on embedded data."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+from evalkit.data.shifted import LabelSpace, folder_space, numbered_space
+from evalkit.errors import EvalkitError
+from evalkit.zeroshot import canonicalize, class_embeddings, prompts, templates, zero_shot_hits
+
+# --- prompts ---------------------------------------------------------------------------
+
+
+def test_template_sets_have_their_published_sizes():
+    assert [len(templates(n)) for n in ("clip_paper", "clip_best", "class_name_only")] == [81, 8, 1]
+    assert templates("clip_paper")[0] == "a bad photo of a {}"  # punctuation gone, slot kept
+
+
+def test_canonicalize_keeps_only_what_it_is_told():
+    assert canonicalize("Great_White  Shark!") == "great white shark"
+    assert canonicalize("a photo of a {}.", keep="{}") == "a photo of a {}"
+    assert canonicalize("tiger cat, Felis", keep=",") == "tiger cat, felis"
+
+
+def test_prompts_cover_every_alias_and_template():
+    assert prompts("Maillot, tank suit", ["a {}", "{}"]) == [
+        "a maillot", "a tank suit", "maillot", "tank suit"
+    ]  # fmt: skip
+    assert prompts("Maillot, tank suit", ["{}"], first_alias=True) == ["maillot"]
+
+
+def test_class_embeddings_equal_open_clip_zero_shot_classifier():
+    open_clip = pytest.importorskip("open_clip")
+    from evalkit.backbones.open_clip_backbone import OpenClipText
+
+    torch.manual_seed(0)
+    model = open_clip.create_model("ViT-B-32", pretrained=None).eval()
+    tokenizer = open_clip.get_tokenizer("ViT-B-32")
+    names = ["tench", "great white shark", "goldfish"]
+    chosen = templates("clip_best")
+    ours = class_embeddings(OpenClipText(model, tokenizer), names, chosen)
+    theirs = open_clip.build_zero_shot_classifier(model, tokenizer, names, chosen)
+    torch.testing.assert_close(ours, theirs.T, atol=1e-5, rtol=1e-5)
+
+
+# --- losses ----------------------------------------------------------------------------
+
+
+def _pairs(n=5, dim=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    norm = torch.nn.functional.normalize
+    return norm(torch.randn(n, dim, generator=gen), dim=-1), norm(torch.randn(n, dim, generator=gen), dim=-1)
+
+
+def test_softmax_loss_and_gradient_equal_the_direct_formula():
+    from evalkit.heads.text import contrastive_loss
+
+    images, texts = _pairs()
+    images.requires_grad_(True)
+    log_t = torch.tensor(math.log(10.0))
+    loss = contrastive_loss(images, texts, log_t, None)
+    loss.backward()
+    logits = 10.0 * images.detach() @ texts.T
+    n = len(logits)
+    direct = -sum(
+        0.5 * (torch.log_softmax(logits[i], 0)[i] + torch.log_softmax(logits[:, i], 0)[i])
+        for i in range(n)
+    ) / n  # fmt: skip
+    torch.testing.assert_close(loss.detach(), direct)
+    eye = torch.eye(n)
+    d_logits = (logits.softmax(1) - eye) / (2 * n) + (logits.softmax(0) - eye) / (2 * n)
+    torch.testing.assert_close(images.grad, 10.0 * d_logits @ texts)
+
+
+def test_sigmoid_loss_equals_the_direct_formula():
+    from evalkit.heads.text import contrastive_loss
+
+    images, texts = _pairs(n=3)
+    log_t, bias = torch.tensor(math.log(10.0)), torch.tensor(-2.71)
+    loss = contrastive_loss(images, texts, log_t, bias, kind="sigmoid")
+    direct = 0.0
+    for i in range(3):
+        for j in range(3):
+            z = 10.0 * float(images[i] @ texts[j]) - 2.71
+            direct -= math.log(1 / (1 + math.exp(-z if i == j else z)))
+    assert loss.item() == pytest.approx(direct / 3, rel=1e-5)
+
+
+# --- label spaces and scoring ----------------------------------------------------------
+
+
+def test_objectnet_scoring_on_a_hand_made_case():
+    # Reference classes 0..4; ObjectNet class 0 maps to {1, 2}, class 1 to {4}; 3 is unmapped.
+    space = LabelSpace(("a", "b", "c", "d", "e"), ((1, 2), (4,)), candidates=(1, 2, 4))
+    scores = torch.tensor([
+        [0.0, 0.1, 0.9, 0.0, 0.2],  # 2 ∈ {1,2}: right
+        [0.0, 0.9, 0.1, 0.0, 0.2],  # 1 ∈ {1,2}: right
+        [0.0, 0.1, 0.2, 0.9, 0.5],  # 3 is not a candidate: argmax among candidates is 4: right
+        [0.9, 0.3, 0.1, 0.0, 0.2],  # 0 is not a candidate: 1 ∉ {4}: wrong
+    ])  # fmt: skip
+    labels = torch.tensor([0, 0, 1, 1])
+    assert zero_shot_hits(scores, labels, space, 1).tolist() == [True, True, True, False]
+    assert zero_shot_hits(scores, labels, space, 3).tolist() == [True, True, True, True]
+
+
+def test_folder_and_numbered_label_spaces():
+    reference = {"n1": "tench", "n2": "goldfish", "n3": "shark"}
+    subset = folder_space(["n3", "n1"], reference)
+    assert subset.correct == ((2,), (0,)) and subset.candidates == (0, 2)
+    assert folder_space(["n1", "n2", "n3"], reference).candidates is None
+    own = folder_space(["red_fox", "cat"], reference)  # a set of one's own: its folder names
+    assert own.names == ("red fox", "cat") and own.correct == ((0,), (1,))
+    with pytest.raises(EvalkitError, match="not in the reference"):
+        folder_space(["n1", "zebra"], reference)
+    assert numbered_space(["2", "0"], reference).correct == ((2,), (0,))
+    with pytest.raises(EvalkitError, match="class indices"):
+        numbered_space(["7"], reference)
+
+
+def test_embedded_objectnet_maps_each_class_to_two_and_drops_unmapped(data_cache):
+    from evalkit.data import DataConfig
+    from evalkit.data.shifted import open_scored
+
+    dataset = open_scored("objectnet", "test", DataConfig(source="embedded", cache=data_cache), None)
+    space = dataset.label_space
+    scored = {space.correct[label] for label in dataset.labels}
+    assert len(scored) == 12 and all(len(ids) == 2 for ids in scored)
+    assert len(space.candidates) == 24 and () not in scored
+    assert "BorderCrop(2" in repr(dataset.transform)
+
+
+# --- image–text readers ----------------------------------------------------------------
+
+
+def _image(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(path)
+
+
+def _open(root):
+    import torchvision.transforms as T
+
+    from evalkit.data.captions import open_captions
+
+    return open_captions(root, "train", transform=T.ToTensor())
+
+
+def test_csv_captions_group_by_image_and_count_skips(tmp_path):
+    _image(tmp_path / "img" / "a.png")
+    _image(tmp_path / "img" / "b.png")
+    rows = [("image", "caption"), ("img/a.png", "a red square"), ("img/b.png", "red"),
+            ("img/a.png", "crimson block"), ("img/gone.png", "lost"), ("img/b.png", " ")]  # fmt: skip
+    with open(tmp_path / "train.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    data = _open(tmp_path)
+    assert data.captions == [["a red square", "crimson block"], ["red"]]
+    assert data.skipped == {"missing image": 1, "empty caption": 1}
+    assert data[1][1] == 1
+
+
+@pytest.mark.parametrize("bad", ["../outside.png", "/etc/passwd"])
+def test_caption_paths_that_leave_the_folder_are_refused(tmp_path, bad):
+    (tmp_path / "train.jsonl").write_text(json.dumps({"image": bad, "caption": "x"}) + "\n")
+    with pytest.raises(EvalkitError, match="leaves the dataset folder"):
+        _open(tmp_path)
+
+
+def test_non_utf8_caption_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "train.csv").write_bytes(b"image,caption\na.png,caf\xe9\n")
+    with pytest.raises(EvalkitError, match="not UTF-8"):
+        _open(tmp_path)
+
+
+def test_corrupt_image_is_labelled_unreadable(tmp_path):
+    from evalkit.data.captions import UNREADABLE
+
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"image": "bad.png", "caption": ["x", "y"]}))
+    data = _open(tmp_path)
+    assert data.captions == [["x", "y"]] and data[0][1] == UNREADABLE
+
+
+def test_webdataset_shards_as_written_by_webdataset(tmp_path):
+    import io
+
+    webdataset = pytest.importorskip("webdataset")
+    (tmp_path / "train").mkdir()
+    with webdataset.TarWriter(str(tmp_path / "train" / "00000.tar")) as sink:
+        for i in range(3):
+            buffer = io.BytesIO()
+            Image.new("RGB", (8, 8), (i * 80, 0, 0)).save(buffer, format="JPEG")
+            sink.write({"__key__": f"{i:09d}", "jpg": buffer.getvalue(), "txt": f"shade {i}"})
+    data = _open(tmp_path)
+    assert [c[0] for c in data.captions] == ["shade 0", "shade 1", "shade 2"]
+    assert data[2][0].shape == (3, 8, 8) and data[2][1] == 2
+
+
+def test_parquet_image_text(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "train").mkdir()
+    images = [Image.new("RGB", (8, 8), (0, i * 80, 0)) for i in range(2)]
+    table = datasets.Dataset.from_dict({"image": images, "text": ["green", "more green"]},
+                                       features=datasets.Features({"image": datasets.Image(),
+                                                                   "text": datasets.Value("string")}))  # fmt: skip
+    table.to_parquet(str(tmp_path / "train" / "part-0.parquet"))
+    data = _open(tmp_path)
+    assert data.captions == [["green"], ["more green"]]
+    assert data[1][0][1, 0, 0].item() == pytest.approx(80 / 255, abs=0.01)
+
+
+# --- LiT end to end --------------------------------------------------------------------
+
+SMALL = {"width": 32, "heads": 2, "text_layers": 1, "steps": 30, "batch_size": 32, "warmup": 3}
+
+
+def test_lit_trains_saves_and_its_tower_scores_the_same(fake, ctx, tmp_path):
+    from evalkit.tasks.zeroshot import Lit, ZeroShot
+
+    ctx.artifacts = tmp_path / "pictures"
+    lit = Lit(name="lit-objectnet", dataset="objectnet", eval_split="test", **SMALL)
+    rows = {m.metric: m for m in lit.run(fake, ctx)}
+    extra = rows["top1"].extra
+    assert extra["lit_final_loss"] < extra["lit_first_loss"]
+    assert extra["lit_pairs"] == 2400 and extra["candidates"] == 24
+    images_before = ctx.stats["images"]
+    again = ZeroShot(name="zeroshot-objectnet", dataset="objectnet", eval_split="test",
+                     text_tower=extra["text_tower"], pool="mean")  # fmt: skip
+    reloaded = {m.metric: m.value for m in again.run(fake, ctx)}
+    assert reloaded["top1"] == pytest.approx(rows["top1"].value)
+    assert ctx.stats["images"] == images_before  # the cached image features were reused
+
+
+def test_saved_tower_refuses_another_image_tower(fake, ctx, tmp_path):
+    from evalkit.heads.text import LitModel, TowerConfig, save_tower
+    from evalkit.tasks.zeroshot import ZeroShot
+
+    image = {"backbone": "fake", "weights_id": "someone-else", "pool": "mean", "layers": [-1]}
+    cfg = TowerConfig(width=32, heads=2, layers=1, embed_dim=fake.info.embed_dim, image_tower=image)
+    path = save_tower(LitModel(cfg), tmp_path / "tower")
+    task = ZeroShot(text_tower=str(path))
+    with pytest.raises(EvalkitError, match="pair it with the image tower"):
+        list(task.run(fake, ctx))
+
+
+def test_zero_shot_needs_a_text_tower(fake, ctx):
+    from evalkit.tasks.zeroshot import ZeroShot
+
+    with pytest.raises(EvalkitError, match="has no text tower"):
+        list(ZeroShot().run(fake, ctx))
+
+
+def test_lit_settings_are_validated():
+    from evalkit.tasks.zeroshot import Lit
+
+    with pytest.raises(EvalkitError, match="loss"):
+        Lit(loss="hinge")
+    with pytest.raises(EvalkitError, match="steps"):
+        dataclasses.replace(Lit(), steps=0)
