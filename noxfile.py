@@ -60,6 +60,7 @@ def bench(session):
         "bench_dense",
         "bench_identity",
         "bench_probe_memory",
+        "bench_lit",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

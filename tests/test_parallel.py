@@ -148,3 +148,12 @@ def cached_features(root: Path) -> dict:
         shards = sorted(folder.glob("shard-*.safetensors"))
         out[split] = torch.cat([load_file(str(f))["pooled"] for f in shards])
     return out
+
+
+def test_lit_loss_on_two_ranks_equals_the_joined_batch(tmp_path):
+    """Negatives gathered with gradients: the 2-rank loss and averaged gradients are the
+    one-process loss and gradients of the joined batch."""
+    torchrun(str(Path(__file__).with_name("lit_gather_check.py")), str(tmp_path / "lit.json"))
+    result = json.loads((tmp_path / "lit.json").read_text())
+    assert result["gathered"] == pytest.approx(result["joined"], rel=1e-6)
+    assert result["grad_diff"] < 1e-6

@@ -104,9 +104,9 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     layout = mesh.current()
     if layout.dp_size == 1:
         return x
-    from torch.distributed.nn.functional import all_gather
+    from torch.distributed._functional_collectives import all_gather_tensor_autograd
 
-    return torch.cat(all_gather(x, group=layout.mesh["dp"].get_group()))
+    return all_gather_tensor_autograd(x.contiguous(), 0, layout.mesh["dp"].get_group())
 
 
 def average_gradients(module: nn.Module):
