@@ -12,9 +12,13 @@ space's candidate classes; a prediction is right when it is one of the image's c
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
 import string
+from dataclasses import asdict, dataclass
 from importlib import resources
+from pathlib import Path
 
 import torch
 
@@ -56,12 +60,25 @@ def names_id(names) -> str:
     return spec_key(list(names), length=12)
 
 
+@dataclass(frozen=True)
+class Prompting:
+    """What a classifier is built from: class names, templates, and whether only each
+    name's first alias is used."""
+
+    names: tuple[str, ...]
+    templates: tuple[str, ...]
+    first_alias: bool = False
+
+    def key(self, tower_id: str) -> str:
+        return spec_key({"tower": tower_id, **asdict(self)}, length=24)
+
+
 @torch.no_grad()
-def class_embeddings(tower, names, template_list, *, first_alias=False, batch=256) -> torch.Tensor:
+def class_embeddings(tower, prompting: Prompting, *, batch: int = 256) -> torch.Tensor:
     """(classes, E): per class, the normalised mean of its prompts' normalised embeddings."""
     out = []
-    for name in names:
-        texts = prompts(name, template_list, first_alias=first_alias)
+    for name in prompting.names:
+        texts = prompts(name, list(prompting.templates), first_alias=prompting.first_alias)
         if not texts:
             raise EvalkitError(f"class name {name!r} is empty after canonicalisation")
         parts = [
@@ -70,6 +87,25 @@ def class_embeddings(tower, names, template_list, *, first_alias=False, batch=25
         mean = torch.nn.functional.normalize(torch.cat(parts).float(), dim=-1).mean(0)
         out.append(torch.nn.functional.normalize(mean, dim=-1, eps=1e-8))
     return torch.stack(out)
+
+
+def stored_class_embeddings(
+    tower, prompting: Prompting, *, tower_id: str, folder: Path
+) -> torch.Tensor:
+    """``class_embeddings``, kept under ``folder/classifiers``: thousands of prompts through a
+    text tower are computed once per (tower, names, templates), not once per test set."""
+    path = Path(folder) / "classifiers" / f"{prompting.key(tower_id)}.pt"
+    if path.exists():
+        try:
+            return torch.load(path, weights_only=True)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError):  # damaged: recompute
+            path.unlink(missing_ok=True)
+    embeddings = class_embeddings(tower, prompting)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(embeddings, tmp)
+    os.replace(tmp, path)
+    return embeddings
 
 
 def zero_shot_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 
 from evalkit import distributed as mesh
 from evalkit.backbones.base import POOLS, text_tower
+from evalkit.checkpoints import weights_id
 from evalkit.data import open_dataset
 from evalkit.data.captions import UNREADABLE
 from evalkit.data.shifted import open_scored
@@ -43,7 +44,15 @@ from evalkit.heads.text import (
 )
 from evalkit.task import LAYERS, NON_NEGATIVE, POSITIVE, Metric, Task, one_of, resolve_pool, setting
 from evalkit.train import TrainConfig, seeded_build, train
-from evalkit.zeroshot import TEMPLATE_SETS, class_embeddings, names_id, templates, zero_shot_hits
+from evalkit.zeroshot import (
+    TEMPLATE_SETS,
+    Prompting,
+    class_embeddings,
+    names_id,
+    stored_class_embeddings,
+    templates,
+    zero_shot_hits,
+)
 
 PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
                  "objectnet": 87.6}  # fmt: skip
@@ -86,9 +95,7 @@ class ZeroShot(Task):
         test = open_scored(self.dataset, self.eval_split, ctx.data, backbone.transform())
         feats = ctx.features(backbone, test, split=self.eval_split, request=request)
         space = test.label_space
-        classes = class_embeddings(
-            text, space.names, templates(self.templates), first_alias=self.first_alias
-        )
+        classes = self.classifier(text, space.names, ctx, self.tower_id(backbone, tower))
         images = _image_embeddings(feats, tower)
         scores = images @ classes.T
         extra = {**extra, "templates": self.templates, "classes": len(space.names),
@@ -98,6 +105,19 @@ class ZeroShot(Task):
             hits = zero_shot_hits(scores, feats.labels, space, k)
             yield Metric(f"top{k}", 100.0 * hits.double().mean().item(), n=len(hits),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
+
+    def classifier(self, text, names, ctx, tower_id: str | None) -> torch.Tensor:
+        prompting = Prompting(tuple(names), tuple(templates(self.templates)), self.first_alias)
+        folder = ctx.extract.cache_dir
+        if folder is None or tower_id is None:
+            return class_embeddings(text, prompting)
+        return stored_class_embeddings(text, prompting, tower_id=tower_id, folder=folder)
+
+    def tower_id(self, backbone, tower: LitText | None) -> str | None:
+        """What identifies the text tower's weights (None: a tower trained in this run)."""
+        if tower is None:
+            return f"{backbone.info.name}:{backbone.info.weights_id}"
+        return weights_id(self.text_tower) if self.text_tower else None
 
     def text_side(self, backbone, tower: LitText | None):
         """The text tower and the feature request whose embeddings share its space."""
@@ -135,11 +155,11 @@ class Lit(ZeroShot):
     loss: str = setting("softmax", one_of(*LOSSES))
     image_head: bool = True  # a linear image head, as the published LiT-B16B has
     temperature: float = setting(10.0, POSITIVE)  # the learned temperature's initial value
-    steps: int = setting(500, POSITIVE)
-    batch_size: int = setting(128, POSITIVE)
+    steps: int = setting(300, POSITIVE)
+    batch_size: int = setting(256, POSITIVE)
     lr: float = setting(1e-3, POSITIVE)
     weight_decay: float = setting(1e-4, NON_NEGATIVE)
-    warmup: int = setting(40, NON_NEGATIVE)
+    warmup: int = setting(30, NON_NEGATIVE)
     clip: float = setting(1.0, POSITIVE)
 
     version = 1

@@ -15,7 +15,14 @@ from PIL import Image
 
 from evalkit.data.shifted import LabelSpace, folder_space, numbered_space
 from evalkit.errors import EvalkitError
-from evalkit.zeroshot import canonicalize, class_embeddings, prompts, templates, zero_shot_hits
+from evalkit.zeroshot import (
+    Prompting,
+    canonicalize,
+    class_embeddings,
+    prompts,
+    templates,
+    zero_shot_hits,
+)
 
 # --- prompts ---------------------------------------------------------------------------
 
@@ -47,7 +54,7 @@ def test_class_embeddings_equal_open_clip_zero_shot_classifier():
     tokenizer = open_clip.get_tokenizer("ViT-B-32")
     names = ["tench", "great white shark", "goldfish"]
     chosen = templates("clip_best")
-    ours = class_embeddings(OpenClipText(model, tokenizer), names, chosen)
+    ours = class_embeddings(OpenClipText(model, tokenizer), Prompting(tuple(names), tuple(chosen)))
     theirs = open_clip.build_zero_shot_classifier(model, tokenizer, names, chosen)
     torch.testing.assert_close(ours, theirs.T, atol=1e-5, rtol=1e-5)
 
@@ -58,7 +65,9 @@ def test_class_embeddings_equal_open_clip_zero_shot_classifier():
 def _pairs(n=5, dim=4, seed=0):
     gen = torch.Generator().manual_seed(seed)
     norm = torch.nn.functional.normalize
-    return norm(torch.randn(n, dim, generator=gen), dim=-1), norm(torch.randn(n, dim, generator=gen), dim=-1)
+    return norm(torch.randn(n, dim, generator=gen), dim=-1), norm(
+        torch.randn(n, dim, generator=gen), dim=-1
+    )
 
 
 def test_softmax_loss_and_gradient_equal_the_direct_formula():
@@ -130,7 +139,9 @@ def test_embedded_objectnet_maps_each_class_to_two_and_drops_unmapped(data_cache
     from evalkit.data import DataConfig
     from evalkit.data.shifted import open_scored
 
-    dataset = open_scored("objectnet", "test", DataConfig(source="embedded", cache=data_cache), None)
+    dataset = open_scored(
+        "objectnet", "test", DataConfig(source="embedded", cache=data_cache), None
+    )
     space = dataset.label_space
     scored = {space.correct[label] for label in dataset.labels}
     assert len(scored) == 12 and all(len(ids) == 2 for ids in scored)
@@ -265,3 +276,37 @@ def test_lit_settings_are_validated():
         Lit(loss="hinge")
     with pytest.raises(EvalkitError, match="steps"):
         dataclasses.replace(Lit(), steps=0)
+
+
+class CountingTower:
+    """A text tower that counts the prompts it encodes."""
+
+    embed_dim = 4
+
+    def __init__(self):
+        self.encoded = 0
+
+    def tokenize(self, texts):
+        return torch.tensor([[len(t), t.count(" "), 1, 0] for t in texts], dtype=torch.float)
+
+    def encode(self, tokens):
+        self.encoded += len(tokens)
+        return torch.nn.functional.normalize(tokens, dim=-1)
+
+
+def test_class_embeddings_are_stored_once_per_tower_names_and_templates(tmp_path):
+    from evalkit.zeroshot import stored_class_embeddings
+
+    tower, prompting = (
+        CountingTower(),
+        Prompting(("cat", "dog, hound"), tuple(templates("clip_best"))),
+    )
+    first = stored_class_embeddings(tower, prompting, tower_id="t1", folder=tmp_path)
+    assert tower.encoded == 8 + 16
+    again = stored_class_embeddings(tower, prompting, tower_id="t1", folder=tmp_path)
+    assert tower.encoded == 24 and torch.equal(first, again)
+    stored_class_embeddings(tower, prompting, tower_id="t2", folder=tmp_path)  # another tower
+    assert tower.encoded == 48
+    (tmp_path / "classifiers" / f"{prompting.key('t1')}.pt").write_bytes(b"damaged")
+    rebuilt = stored_class_embeddings(tower, prompting, tower_id="t1", folder=tmp_path)
+    assert torch.equal(rebuilt, first) and tower.encoded == 72
