@@ -46,6 +46,7 @@ _ZERO_SHOT = {
     "imagenet-v2": ("imagenet-v2", "test", "ImageNet-v2 matched frequency"),
     "imagenet-r": ("imagenet-r", "test", "ImageNet-R (its 200 classes)"),
     "imagenet-a": ("imagenet-a", "test", "ImageNet-A (its 200 classes)"),
+    "imagenet-real": ("imagenet-real", "val", "ImageNet ReaL (any label of the image's set)"),
     "objectnet": ("objectnet", "test", "ObjectNet (classes mapped to ImageNet's)"),
 }
 for _set, (_dataset, _split, _what) in _ZERO_SHOT.items():

@@ -138,6 +138,11 @@ def _image_embeddings(feats, tower: LitText | None) -> torch.Tensor:
     pooled = torch.cat([chunk.float() for chunk in feats.chunks()])
     if tower is None:
         return torch.nn.functional.normalize(pooled, dim=-1, eps=1e-8)
+    if pooled.shape[-1] != tower.embed_dim:
+        raise EvalkitError(
+            f"the text tower expects {tower.embed_dim}-wide image embeddings, the backbone gives "
+            f"{pooled.shape[-1]}: pair it with the image tower, pool and layers it was trained with"
+        )
     return tower.embed_images(pooled)
 
 

@@ -77,6 +77,7 @@ DATASETS.add("ade20k", "evalkit.data.dense:ADE20K", "ADEChallengeData2016 (Scene
 for _name, _what in (("imagenet-v2", "ImageNet-v2 matched frequency (class-index folders)"),
                      ("imagenet-r", "ImageNet-R renditions (200 WordNet-id folders)"),
                      ("imagenet-a", "ImageNet-A natural adversarial (200 WordNet-id folders)"),
+                     ("imagenet-real", "ImageNet val with ReaL's label sets (real.json)"),
                      ("objectnet", "ObjectNet 1.0 with its mappings/ folder")):  # fmt: skip
     DATASETS.add(_name, f"evalkit.data.shifted:{_name.upper().replace('-', '_')}", _what)
 for _name in ("waymo", "kitti", "nyu"):

@@ -1,4 +1,4 @@
-"""ImageNet's shifted test sets (ImageNet-v2, -R, -A, ObjectNet) and the label space every
+"""ImageNet's shifted and relabelled test sets (ImageNet-v2, -R, -A, ReaL, ObjectNet) and the label space every
 zero-shot evaluation scores in (effect-table row 6; docs/protocols.md, "Zero-shot").
 
 A ``LabelSpace`` states, in the reference class list (ImageNet's), the prompt text of every
@@ -7,12 +7,15 @@ prediction for each of a test set's own labels:
 
 - ImageNet val and v2: all classes; correct = the image's class.
 - ImageNet-R and -A (200 classes each): logits restricted to the classes the set has.
+- ImageNet ReaL: all classes; correct = any class of the image's ReaL label set (images
+  with an empty set are not scored).
 - ObjectNet: logits restricted to the ImageNet classes that map to an ObjectNet class; a
   prediction is correct when it is any ImageNet class mapped to the image's ObjectNet class.
   Images of classes with no ImageNet counterpart are not scored. Images lose a 2-px border.
 
 Layouts, as downloaded (under the data root):
 
+- ``imagenet/val/<wnid>/ILSVRC2012_val_<number>.JPEG`` with ``imagenet/real.json`` (ReaL)
 - ``imagenetv2-matched-frequency-format-val/<class index>/<image>``
 - ``imagenet-r/<wnid>/<image>`` and ``imagenet-a/<wnid>/<image>``
 - ``objectnet-1.0/images/<folder>/<image>`` with the download's own ``objectnet-1.0/mappings/``
@@ -27,6 +30,7 @@ in its place, as the embedded stand-ins do.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -194,6 +198,40 @@ def _open_objectnet(root: Path, split: str, *, source: str, transform=None, clas
     return dataset
 
 
+def _open_real(root: Path, split: str, *, source: str, transform=None, classes=None):
+    """ImageNet val with ReaL's label sets: ``real.json`` lists, per validation image in
+    file-number order, the classes it shows. Each image is its own label here, its set the
+    classes counted correct; images with an empty set are not scored."""
+    layout = "imagenet/val/<wnid>/ILSVRC2012_val_<number>.JPEG and imagenet/real.json"
+    dataset = _folder(root / split, layout, transform)
+    sets = _real_sets(root / "real.json")
+    reference = reference_classes(root)
+    kept, correct = [], []
+    for path, _ in dataset.samples:
+        found = re.search(r"ILSVRC2012_val_(\d{8})", path.name)
+        if found is None or not 0 < int(found.group(1)) <= len(sets):
+            raise EvalkitError(
+                f"{path.name}: expected ILSVRC2012_val_<number> within real.json's {len(sets)}"
+            )
+        labels = sets[int(found.group(1)) - 1]
+        if labels:
+            kept.append(path)
+            correct.append(tuple(sorted(labels)))
+    bad = sorted({i for ids in correct for i in ids if not 0 <= i < len(reference)})
+    if bad:
+        raise EvalkitError(f"real.json names classes {bad[:5]} beyond the {len(reference)} classes")
+    dataset.samples = [(path, i) for i, path in enumerate(kept)]
+    dataset.labels = list(range(len(kept)))
+    dataset.label_space = LabelSpace(tuple(reference.values()), tuple(correct))
+    return dataset
+
+
+def _real_sets(path: Path) -> list[list[int]]:
+    if not path.exists():
+        raise EvalkitError(f"ReaL labels {path} not found: put real.json beside imagenet/val")
+    return read_json(path)
+
+
 def _folder(root: Path, layout: str, transform) -> ImageFolder:
     return ImageFolder(root, transform, layout_hint=layout)
 
@@ -207,7 +245,7 @@ def _write(kind: str, base: Path) -> Path:
     from evalkit.data.embedded import write_once
 
     writer = {"imagenet-v2": _fill_v2, "imagenet-r": _fill_subset, "imagenet-a": _fill_subset,
-              "objectnet": _fill_objectnet}[kind]  # fmt: skip
+              "objectnet": _fill_objectnet, "imagenet-real": _fill_real}[kind]  # fmt: skip
     spec = {"kind": kind, "seed": 0, "per_class": STAND_IN_PER_CLASS}
     return write_once(
         Path(base) / f"{kind}-s0-n{STAND_IN_PER_CLASS}", lambda tmp: writer(kind, tmp), spec
@@ -247,6 +285,23 @@ def _fill_subset(kind: str, tmp: Path):
     for label, name in enumerate(_reference(tmp)):
         for index in range(STAND_IN_PER_CLASS if label % 3 != skip else 0):
             _save(tmp / name, kind, (label, index), name.split("-"), style)
+
+
+def _fill_real(kind: str, tmp: Path):
+    """ImageNet val file names and a real.json: every image's set holds its class; one in four
+    also holds its sibling (the other texture), as ReaL adds plausible labels; one in sixteen
+    is empty (not scored)."""
+    names = _reference(tmp)
+    sets = []
+    for label, name in enumerate(names):
+        for index in range(STAND_IN_PER_CLASS):
+            sets.append(
+                [] if index % 16 == 15 else [label, label ^ 1] if index % 4 == 0 else [label]
+            )
+            folder = tmp / "val" / name
+            _save(folder, kind, (label, index), name.split("-"), "photo")
+            (folder / f"{index:05d}.png").rename(folder / f"ILSVRC2012_val_{len(sets):08d}.png")
+    (tmp / "real.json").write_text(json.dumps(sets))
 
 
 def _fill_objectnet(kind: str, tmp: Path):
@@ -293,5 +348,7 @@ IMAGENET_R = _kind("imagenet-r", "imagenet-r", "imagenet-r/<wnid>/<image>",
                    _open_subset("imagenet-r/<wnid>/<image>"))  # fmt: skip
 IMAGENET_A = _kind("imagenet-a", "imagenet-a", "imagenet-a/<wnid>/<image>",
                    _open_subset("imagenet-a/<wnid>/<image>"))  # fmt: skip
+IMAGENET_REAL = _kind("imagenet-real", "imagenet",
+                      "imagenet/{val/<wnid>/ILSVRC2012_val_<number>.JPEG,real.json}", _open_real)  # fmt: skip
 OBJECTNET = _kind("objectnet", "objectnet-1.0",
                   "objectnet-1.0/{images/<folder>/<image>,mappings/}", _open_objectnet)  # fmt: skip
