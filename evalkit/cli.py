@@ -494,8 +494,8 @@ def cmd_check_data(args, console) -> int:
     task = resolve_task(args.task)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     progress = not args.quiet and sys.stderr.isatty()
-    reports = [check_dataset(name, task.splits(), config, progress=progress)
-               for name in task.datasets()]  # fmt: skip
+    reports = [check_dataset(name, tuple(splits.values()), config, progress=progress)
+               for name, splits in task.reads().items()]  # fmt: skip
     for report in reports:
         print_data_report(report, console)
     return 2 if any(r.problems for r in reports) else 0

@@ -23,6 +23,11 @@ DATASET_CARDS = {
     "ade20k": {"train": 20_210, "val": 2_000, "classes": 150},
     "kitti": {"train": 23_158, "val": 652},  # Eigen split
     "nyu": {"train": 24_231, "val": 654},  # the raw-frame training set most depth probes use
+    "imagenet-v2": {"test": 10_000, "classes": 1000},
+    "imagenet-r": {"test": 30_000, "classes": 200},
+    "imagenet-a": {"test": 7_500, "classes": 200},
+    "imagenet-real": {"val": 50_000, "classes": 1000},  # an upper bound: unlabelled ones dropped
+    "objectnet": {"test": 18_514, "classes": 113},  # the images of the classes mapped to ImageNet
 }
 
 
@@ -117,13 +122,15 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
     device = options.get("device") or env_device()
     dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
     shape = backbone_shape(backbone, tp=options.get("tp", 1), dtype=dtype)
-    stages, sources = [], []
-    for name in task.datasets():
-        sizes, classes, source = split_sizes(name, task.splits(), config)
-        inputs = PlanInputs(shape, sizes, classes, options.get("cache_dtype") or dtype,
-                            options.get("batch_size", 64))  # fmt: skip
-        stages += task.plan(inputs)
-        sources.append(f"{name}: {', '.join(f'{s} {n:,}' for s, n in sizes.items())} ({source})")
+    sizes, classes, sources = {}, 0, []
+    for name, splits in task.reads().items():
+        found, count, source = split_sizes(name, tuple(splits.values()), config)
+        sizes |= {key: found[split] for key, split in splits.items()}
+        classes = classes or count
+        sources.append(f"{name}: {', '.join(f'{s} {n:,}' for s, n in found.items())} ({source})")
+    inputs = PlanInputs(shape, sizes, classes, options.get("cache_dtype") or dtype,
+                        options.get("batch_size", 64))  # fmt: skip
+    stages = task.plan(inputs)
     budget = Budget.here(device, config.cache)
     budget.check(stages, shape)
     weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
@@ -143,15 +150,17 @@ def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:
     """What this job would need beyond this machine (empty when it fits, or when its data
     cannot be sized here: the task's own reader then says what is missing)."""
     shape = shape_of(info, dtype=ctx.extract.dtype, tp=tp)
-    stages = []
+    sizes, classes = {}, 0
     try:
-        for name in task.datasets():
-            sizes, classes = _sizes_of(name, task.splits(), ctx)
-            inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
-                                ctx.extract.batch_size, ctx.extract.shard_size)  # fmt: skip
-            stages += task.plan(inputs)
+        for name, splits in task.reads().items():
+            found, count = _sizes_of(name, tuple(splits.values()), ctx)
+            sizes |= {key: found[split] for key, split in splits.items()}
+            classes = classes or count
     except EvalkitError:
         return []
+    inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
+                        ctx.extract.batch_size, ctx.extract.shard_size)  # fmt: skip
+    stages = task.plan(inputs)
     budget = Budget.here(ctx.extract.device, ctx.data.cache)
     budget.check(stages, shape)
     return budget.problems

@@ -159,6 +159,12 @@ class Task:
         name = getattr(self, "dataset", None)
         return (name,) if isinstance(name, str) else ()
 
+    def reads(self) -> dict[str, dict[str, str]]:
+        """What a run reads, for ``evalkit plan`` and ``check-data``: per dataset, its splits,
+        keyed by the name ``plan`` looks their sizes up by (the training split first). By
+        default, every split of ``splits()`` of every dataset of ``datasets()``."""
+        return {name: {split: split for split in self.splits()} for name in self.datasets()}
+
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -108,7 +108,7 @@ def stored_class_embeddings(
     return embeddings
 
 
-def zero_shot_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:
+def label_space_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:
     """Per image, whether any of its top-``k`` classes (among the candidates) is correct.
     ``scores`` is (N, classes), ``labels`` the images' own labels, ``space`` a LabelSpace."""
     if space.candidates is not None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_accuracy
 from evalkit.task import BYTES, POSITIVE, Metric, Stage, setting
 
-from .linear_probe import FrozenClassification
+from .linear_probe import SCORED_SETS, FrozenClassification
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,12 @@ class FewShot(FrozenClassification):
         ]
 
     def run(self, backbone, ctx):
-        train, test = self.split_features(backbone, ctx)
+        if self.eval_split in SCORED_SETS:
+            raise EvalkitError(
+                f"{self.name} scores a split of {self.dataset}; a shifted test set "
+                f"(eval_split={self.eval_split}) is scored by imagenet-linear"
+            )
+        train, test, _ = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
         seeds = [ctx.seed + s for s in range(self.seeds)]
         x_test, scores = test.pooled, []

@@ -13,6 +13,10 @@ backbone's own) and layers (e.g. ``layers=-1,-2,-3,-4`` concatenates the last fo
 and so is the resize: the backbone's (``shorter`` side, then a centre crop) or big_vision's
 (``square``, then a centre crop).
 
+``--set eval_split=imagenet-v2|imagenet-r|imagenet-a|imagenet-real|objectnet`` scores the
+probe on one of ImageNet's shifted test sets in its label space (evalkit.data.shifted): logits
+restricted to the set's classes, a prediction right when it is one of the image's classes.
+
 Paper: ViT-e 89.26 → ViT-22B 89.51 top-1 on ImageNet-1k (frozen features, linear head).
 """
 
@@ -24,6 +28,7 @@ import torch
 
 from evalkit.backbones.base import POOLS, build_transform
 from evalkit.data import open_dataset
+from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
@@ -41,7 +46,11 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
+from evalkit.zeroshot import label_space_hits
 
+# Test sets scored in their own label space (evalkit.data.shifted), by the split each has.
+SCORED_SETS = {"imagenet-v2": "test", "imagenet-r": "test", "imagenet-a": "test",
+               "imagenet-real": "val", "objectnet": "test"}  # fmt: skip
 DEFAULT_L2 = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5)
 
 
@@ -52,14 +61,15 @@ class FrozenClassification(Task):
     name: str = "imagenet-linear"
     dataset: str = "imagenet"
     train_split: str = "train"
-    eval_split: str = "val"
+    eval_split: str = "val"  # a split of ``dataset``, or a test set of SCORED_SETS
     pool: str = setting("auto", one_of("auto", *POOLS))
     resize: str = setting("shorter", one_of("shorter", "square"))  # square: big_vision's
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
     def split_features(self, backbone, ctx):
-        """Cached features of the train and eval splits, with the backbone's eval transform.
-        The eval split's labels are the training classes' indices, matched by class name."""
+        """Cached features of the train and eval splits, with the backbone's eval transform,
+        and the eval set's label space over the training classes (None for a split of the
+        training dataset, whose labels are the training classes' indices, matched by name)."""
         request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
         train = self.open_split(self.train_split, backbone, ctx)
         if len(train.classes) < 2:
@@ -67,24 +77,43 @@ class FrozenClassification(Task):
                 f"the training split of {self.dataset} has {len(train.classes)} class "
                 f"({', '.join(train.classes)}): a classifier needs at least two"
             )
-        test = self.open_split(self.eval_split, backbone, ctx, classes=train.classes)
-        return [
+        space = None
+        if self.eval_split in SCORED_SETS:
+            test = open_scored(self.eval_split, SCORED_SETS[self.eval_split], ctx.data,
+                               self.transform(backbone))  # fmt: skip
+            space = test.label_space.over(train.classes)
+        else:
+            test = self.open_split(self.eval_split, backbone, ctx, classes=train.classes)
+        features = [
             ctx.features(backbone, dataset, split=split, request=request)
             for split, dataset in ((self.train_split, train), (self.eval_split, test))
         ]
+        return (*features, space)
 
     def splits(self) -> tuple[str, ...]:
         return (self.train_split, self.eval_split)
+
+    def datasets(self) -> tuple[str, ...]:
+        return (self.dataset, *([self.eval_split] if self.eval_split in SCORED_SETS else []))
+
+    def reads(self) -> dict[str, dict[str, str]]:
+        if self.eval_split not in SCORED_SETS:
+            return super().reads()
+        return {self.dataset: {self.train_split: self.train_split},
+                self.eval_split: {self.eval_split: SCORED_SETS[self.eval_split]}}  # fmt: skip
 
     def extraction_stage(self, inputs) -> Stage:
         rows = inputs.sizes[self.train_split] + inputs.sizes[self.eval_split]
         return extraction_stage(inputs, rows, layers=len(self.layers))
 
-    def open_split(self, split: str, backbone, ctx, classes=None):
-        transform = backbone.transform()
+    def transform(self, backbone):
         if self.resize == "square":
-            transform = build_transform(backbone.info.preprocess, square=True)
-        return open_dataset(self.dataset, split, ctx.data, transform=transform, classes=classes)
+            return build_transform(backbone.info.preprocess, square=True)
+        return backbone.transform()
+
+    def open_split(self, split: str, backbone, ctx, classes=None):
+        return open_dataset(self.dataset, split, ctx.data, transform=self.transform(backbone),
+                            classes=classes)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,8 +131,9 @@ class LinearProbe(FrozenClassification):
         return ["top1", "top5"]
 
     def run(self, backbone, ctx):
-        train, test = self.split_features(backbone, ctx)
-        num_classes = int(max(train.labels.max(), test.labels.max())) + 1
+        train, test, space = self.split_features(backbone, ctx)
+        labels = train.labels if space else torch.cat([train.labels, test.labels])
+        num_classes = int(labels.max()) + 1
         data = ProbeData.build(train, test, self, ctx.extract.device, num_classes)
         fit_idx, held_idx = stratified_holdout(train.labels, self.holdout, seed=ctx.seed)
         best_l2, best_init, sweep, fits = self._select_l2(data, fit_idx, held_idx, num_classes)
@@ -128,7 +158,7 @@ class LinearProbe(FrozenClassification):
         for k in (1, 5):
             yield Metric(
                 f"top{k}",
-                percent(hits(model, data.test_rows(), k)),
+                percent(test_hits(model, data.test_rows(), space, k)),
                 n=len(test.labels),
                 seeds=[ctx.seed],
                 extra=extra,
@@ -164,6 +194,15 @@ class LinearProbe(FrozenClassification):
         best_l2, best_model = max(path, key=lambda item: scores[item[0]])
         fits = {f"{l2:g}": m.fit.as_dict() for l2, m in path}
         return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}, fits
+
+
+def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
+    """Top-k hits of the eval rows: against their labels, or, for a test set with its own
+    label space, within its candidate classes against its correct sets."""
+    if space is None:
+        return hits(model, rows, k)
+    return torch.cat([label_space_hits(model.logits(x).cpu(), y.cpu(), space, k)
+                      for x, y in rows.chunks()])  # fmt: skip
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:

@@ -42,16 +42,27 @@ from evalkit.heads.text import (
     save_tower,
     tokenizer,
 )
-from evalkit.task import LAYERS, NON_NEGATIVE, POSITIVE, Metric, Task, one_of, resolve_pool, setting
+from evalkit.task import (
+    LAYERS,
+    NON_NEGATIVE,
+    POSITIVE,
+    Metric,
+    Stage,
+    Task,
+    extraction_stage,
+    one_of,
+    resolve_pool,
+    setting,
+)
 from evalkit.train import TrainConfig, seeded_build, train
 from evalkit.zeroshot import (
     TEMPLATE_SETS,
     Prompting,
     class_embeddings,
+    label_space_hits,
     names_id,
     stored_class_embeddings,
     templates,
-    zero_shot_hits,
 )
 
 PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
@@ -102,7 +113,7 @@ class ZeroShot(Task):
                  "class_names_id": names_id(space.names), "pool": request.pool,
                  "candidates": len(space.candidates or space.names)}  # fmt: skip
         for k in (1, 5):
-            hits = zero_shot_hits(scores, feats.labels, space, k)
+            hits = label_space_hits(scores, feats.labels, space, k)
             yield Metric(f"top{k}", 100.0 * hits.double().mean().item(), n=len(hits),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
 
@@ -172,8 +183,19 @@ class Lit(ZeroShot):
     def datasets(self) -> tuple[str, ...]:
         return (self.dataset, self.captions)
 
-    def splits(self) -> tuple[str, ...]:
-        return (self.eval_split,)
+    def reads(self) -> dict[str, dict[str, str]]:
+        return {self.captions: {"captions": self.caption_split},
+                self.dataset: {self.eval_split: self.eval_split}}  # fmt: skip
+
+    def plan(self, inputs) -> list[Stage]:
+        """The caption set's and the test set's embeddings extracted once; the training set's
+        held in memory as float32 while the tower trains, with every caption's tokens
+        (three per image assumed)."""
+        pairs = inputs.sizes["captions"]
+        dim = len(self.layers) * inputs.shape.embed_dim
+        held = pairs * dim * 4 + 3 * pairs * self.context * 8
+        return [extraction_stage(inputs, sum(inputs.sizes.values()), layers=len(self.layers)),
+                Stage("LiT text tower", "resident", host_bytes=held, device_bytes=held)]  # fmt: skip
 
     def run(self, backbone, ctx):
         if self.text_tower:

@@ -19,9 +19,9 @@ from evalkit.zeroshot import (
     Prompting,
     canonicalize,
     class_embeddings,
+    label_space_hits,
     prompts,
     templates,
-    zero_shot_hits,
 )
 
 # --- prompts ---------------------------------------------------------------------------
@@ -109,7 +109,8 @@ def test_sigmoid_loss_equals_the_direct_formula():
 
 def test_objectnet_scoring_on_a_hand_made_case():
     # Reference classes 0..4; ObjectNet class 0 maps to {1, 2}, class 1 to {4}; 3 is unmapped.
-    space = LabelSpace(("a", "b", "c", "d", "e"), ((1, 2), (4,)), candidates=(1, 2, 4))
+    names = ("a", "b", "c", "d", "e")
+    space = LabelSpace(names, names, ((1, 2), (4,)), candidates=(1, 2, 4))
     scores = torch.tensor([
         [0.0, 0.1, 0.9, 0.0, 0.2],  # 2 ∈ {1,2}: right
         [0.0, 0.9, 0.1, 0.0, 0.2],  # 1 ∈ {1,2}: right
@@ -117,8 +118,8 @@ def test_objectnet_scoring_on_a_hand_made_case():
         [0.9, 0.3, 0.1, 0.0, 0.2],  # 0 is not a candidate: 1 ∉ {4}: wrong
     ])  # fmt: skip
     labels = torch.tensor([0, 0, 1, 1])
-    assert zero_shot_hits(scores, labels, space, 1).tolist() == [True, True, True, False]
-    assert zero_shot_hits(scores, labels, space, 3).tolist() == [True, True, True, True]
+    assert label_space_hits(scores, labels, space, 1).tolist() == [True, True, True, False]
+    assert label_space_hits(scores, labels, space, 3).tolist() == [True, True, True, True]
 
 
 def test_folder_and_numbered_label_spaces():
@@ -133,6 +134,15 @@ def test_folder_and_numbered_label_spaces():
     assert numbered_space(["2", "0"], reference).correct == ((2,), (0,))
     with pytest.raises(EvalkitError, match="class indices"):
         numbered_space(["7"], reference)
+
+
+def test_a_label_space_over_a_probes_training_classes():
+    reference = {"n1": "tench", "n2": "goldfish", "n3": "shark"}
+    space = LabelSpace(("n1", "n2", "n3"), tuple(reference.values()), ((0, 1), (2,)), (0, 1, 2))
+    over = space.over(["n3", "n1"])  # the probe never saw n2
+    assert over.correct == ((1,), (0,)) and over.candidates == (0, 1)
+    with pytest.raises(EvalkitError, match="none of the 2 training classes"):
+        space.over(["cat", "dog"])
 
 
 def test_embedded_objectnet_maps_each_class_to_two_and_drops_unmapped(data_cache):
@@ -310,3 +320,42 @@ def test_class_embeddings_are_stored_once_per_tower_names_and_templates(tmp_path
     (tmp_path / "classifiers" / f"{prompting.key('t1')}.pt").write_bytes(b"damaged")
     rebuilt = stored_class_embeddings(tower, prompting, tower_id="t1", folder=tmp_path)
     assert torch.equal(rebuilt, first) and tower.encoded == 72
+
+
+def test_linear_probe_scores_a_shifted_set_in_its_label_space(fake, ctx):
+    from evalkit.tasks.fewshot import FewShot
+    from evalkit.tasks.linear_probe import LinearProbe
+
+    probe = LinearProbe(eval_split="objectnet", l2_grid=(1e-3,), max_iter=20, refit_max_iter=50)
+    assert probe.datasets() == ("imagenet", "objectnet")
+    assert probe.reads() == {"imagenet": {"train": "train"}, "objectnet": {"objectnet": "test"}}
+    rows = {m.metric: m for m in probe.run(fake, ctx)}
+    assert rows["top1"].n == 192  # the 12 mapped classes' images only
+    assert 100 / 12 < rows["top1"].value <= rows["top5"].value  # above chance (2 of 24 right)
+    with pytest.raises(EvalkitError, match="scored by imagenet-linear"):
+        list(FewShot(eval_split="imagenet-r").run(fake, ctx))
+
+
+def test_cli_lit_then_zero_shot_with_its_tower(cli_env, capsys):
+    from evalkit.cli import main
+    from evalkit.results import load_rows
+
+    small = [f"--set={k}={v}" for k, v in SMALL.items()]
+    args = ["--backbone", "fake", "--data", "embedded", "--quiet", "--out", "rows"]
+    assert main(["run", "--task", "lit-imagenet-r", *args, *small]) == 0
+    (row,) = [
+        r for r in load_rows([cli_env / "rows" / "lit-imagenet-r.jsonl"]) if r["metric"] == "top1"
+    ]
+    assert row["extra"]["candidates"] == 16 and row["n"] == 256
+    tower = row["extra"]["text_tower"]
+    assert main(["run", "--task", "zeroshot-imagenet-r", *args, "--set", f"text_tower={tower}",
+                 "--set", "pool=mean", "--set", "templates=clip_paper"]) == 0  # fmt: skip
+    (again,) = [
+        r
+        for r in load_rows([cli_env / "rows" / "zeroshot-imagenet-r.jsonl"])
+        if r["metric"] == "top1"
+    ]
+    assert again["value"] == pytest.approx(row["value"])
+    assert again["provenance"]["images_extracted"] == 0  # the image features came from the cache
+    assert main(["run", "--task", "zeroshot-imagenet", *args]) == 2
+    assert "has no text tower" in capsys.readouterr().err

@@ -55,11 +55,15 @@ class ImageText(torch.utils.data.Dataset):
         self.root, self.scan, self.transform = root, scan, transform
         self.sources, self.captions, self.skipped = scan.sources, scan.captions, scan.skipped
         self.labels = list(range(len(scan.sources)))
-        self.classes: list[str] = []
         self._rows = None  # parquet rows, opened lazily (per worker)
 
     def __len__(self) -> int:
         return len(self.sources)
+
+    @property
+    def images(self) -> list[Path]:
+        """The image files (shards and parquet rows are not files of their own)."""
+        return [s for s in self.sources if isinstance(s, Path)]
 
     def __getitem__(self, index: int):
         try:

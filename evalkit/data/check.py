@@ -49,6 +49,8 @@ def check_dataset(name: str, splits: tuple[str, ...], config: DataConfig, *, pro
         report.splits.append(split_report)
         if hasattr(dataset, "classes"):
             train_classes = _check_classes(dataset, split_report, report, train_classes)
+        if getattr(dataset, "skipped", None):
+            report.notes.append(f"{split}: skipped {dataset.skipped}")
         _check_files(dataset, split_report, report, progress=progress)
     return report
 

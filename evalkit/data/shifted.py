@@ -41,7 +41,7 @@ from PIL import ImageOps
 from evalkit.data import DataConfig, DataKind, dataset_root, open_dataset
 from evalkit.data.folder import ImageFolder
 from evalkit.errors import EvalkitError
-from evalkit.identity import read_json, spec_key
+from evalkit.identity import read_json
 
 REFERENCE_FILE = "imagenet_classes.json"
 OBJECTNET_BORDER = 2  # pixels cropped from every side of an ObjectNet image
@@ -49,12 +49,29 @@ OBJECTNET_BORDER = 2  # pixels cropped from every side of an ObjectNet image
 
 @dataclass(frozen=True)
 class LabelSpace:
+    keys: tuple[str, ...]  # every reference class's id (a WordNet id, a folder name)
     names: tuple[str, ...]  # every reference class's name (prompt text)
     correct: tuple[tuple[int, ...], ...]  # per own label: reference classes counted correct
     candidates: tuple[int, ...] | None = None  # reference classes the logits are restricted to
 
-    def identity(self) -> str:
-        return spec_key([self.names, self.correct, self.candidates], length=16)
+    def over(self, classes: list[str]) -> LabelSpace:
+        """The same space indexed by a classifier's own ``classes`` (a probe's training
+        classes, by id): reference classes it lacks can never be predicted."""
+        position = {key: i for i, key in enumerate(classes)}
+        mapped = [position.get(key) for key in self.keys]
+        if not any(i is not None for i in mapped):
+            raise EvalkitError(
+                f"none of the {len(classes)} training classes is a class of this test set "
+                f"(e.g. {classes[0]!r} vs {self.keys[0]!r}): train on ImageNet's WordNet-id folders"
+            )
+
+        def move(ids):
+            return tuple(sorted(mapped[i] for i in ids if mapped[i] is not None))
+
+        candidates = None if self.candidates is None else move(self.candidates)
+        return LabelSpace(
+            tuple(classes), tuple(classes), tuple(move(c) for c in self.correct), candidates
+        )
 
 
 def reference_classes(root: Path) -> dict[str, str]:
@@ -72,9 +89,8 @@ def folder_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
     index = {key: i for i, key in enumerate(reference)}
     known = [name in index for name in classes]
     if not any(known):
-        return LabelSpace(
-            tuple(_words(c) for c in classes), tuple((i,) for i in range(len(classes)))
-        )
+        words = tuple(_words(c) for c in classes)
+        return LabelSpace(tuple(classes), words, tuple((i,) for i in range(len(classes))))
     if not all(known):
         unknown = [c for c, k in zip(classes, known, strict=True) if not k]
         raise EvalkitError(
@@ -83,7 +99,7 @@ def folder_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
         )
     own = tuple(index[c] for c in classes)
     subset = None if len(set(own)) == len(reference) else tuple(sorted(own))
-    return LabelSpace(tuple(reference.values()), tuple((i,) for i in own), subset)
+    return LabelSpace(*_table(reference), tuple((i,) for i in own), subset)
 
 
 def numbered_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
@@ -94,7 +110,7 @@ def numbered_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
             f"ImageNet-v2 folders must be class indices 0..{len(reference) - 1}, found "
             f"{', '.join(bad[:5])}"
         )
-    return LabelSpace(tuple(reference.values()), tuple((int(c),) for c in classes))
+    return LabelSpace(*_table(reference), tuple((int(c),) for c in classes))
 
 
 def objectnet_space(mappings: Path, classes: list[str], reference: dict[str, str]):
@@ -118,8 +134,12 @@ def objectnet_space(mappings: Path, classes: list[str], reference: dict[str, str
     mapped = sorted({i for ids in correct for i in ids})
     if not mapped:
         raise EvalkitError(f"no ObjectNet folder under {mappings.parent} maps to an ImageNet class")
-    space = LabelSpace(tuple(reference.values()), tuple(correct), tuple(mapped))
+    space = LabelSpace(*_table(reference), tuple(correct), tuple(mapped))
     return space, [bool(ids) for ids in correct]
+
+
+def _table(reference: dict[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return tuple(reference), tuple(reference.values())
 
 
 def _mapping(folder: Path, name: str) -> dict:
@@ -222,7 +242,7 @@ def _open_real(root: Path, split: str, *, source: str, transform=None, classes=N
         raise EvalkitError(f"real.json names classes {bad[:5]} beyond the {len(reference)} classes")
     dataset.samples = [(path, i) for i, path in enumerate(kept)]
     dataset.labels = list(range(len(kept)))
-    dataset.label_space = LabelSpace(tuple(reference.values()), tuple(correct))
+    dataset.label_space = LabelSpace(*_table(reference), tuple(correct))
     return dataset
 
 
