@@ -107,14 +107,17 @@ class ZeroShot(Task):
         feats = ctx.features(backbone, test, split=self.eval_split, request=request)
         space = test.label_space
         classes = self.classifier(text, space.names, ctx, self.tower_id(backbone, tower))
-        images = _image_embeddings(feats, tower)
-        scores = images @ classes.T
+        hits = {1: [], 5: []}
+        for rows, index in feats.by_shard(torch.arange(len(feats))):  # one shard at a time
+            scores = _image_embeddings(rows, tower) @ classes.T
+            for k, found in hits.items():
+                found.append(label_space_hits(scores, feats.labels[index], space, k))
         extra = {**extra, "templates": self.templates, "classes": len(space.names),
                  "class_names_id": names_id(space.names), "pool": request.pool,
                  "candidates": len(space.candidates or space.names)}  # fmt: skip
-        for k in (1, 5):
-            hits = label_space_hits(scores, feats.labels, space, k)
-            yield Metric(f"top{k}", 100.0 * hits.double().mean().item(), n=len(hits),
+        for k, found in hits.items():
+            right = torch.cat(found)
+            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def classifier(self, text, names, ctx, tower_id: str | None) -> torch.Tensor:
@@ -145,15 +148,10 @@ class ZeroShot(Task):
         return tower, FeatureRequest(layers=tuple(image["layers"]), pool=image["pool"])
 
 
-def _image_embeddings(feats, tower: LitText | None) -> torch.Tensor:
-    pooled = torch.cat([chunk.float() for chunk in feats.chunks()])
+def _image_embeddings(rows: torch.Tensor, tower: LitText | None) -> torch.Tensor:
+    pooled = rows.float()
     if tower is None:
         return torch.nn.functional.normalize(pooled, dim=-1, eps=1e-8)
-    if pooled.shape[-1] != tower.embed_dim:
-        raise EvalkitError(
-            f"the text tower expects {tower.embed_dim}-wide image embeddings, the backbone gives "
-            f"{pooled.shape[-1]}: pair it with the image tower, pool and layers it was trained with"
-        )
     return tower.embed_images(pooled)
 
 
