@@ -64,3 +64,18 @@ for _set, (_dataset, _split, _what) in _ZERO_SHOT.items():
         dataset=_dataset,
         eval_split=_split,
     )
+for _classes in (400, 600, 700):
+    TASKS.add(
+        f"kinetics{_classes}",
+        "evalkit.tasks.video:VideoClassification",
+        f"Kinetics-{_classes}: per-frame frozen features, a temporal head (head temporal|attentive|mean)",
+        dataset=f"kinetics{_classes}",
+    )
+TASKS.add(
+    "moments-in-time",
+    "evalkit.tasks.video:VideoClassification",
+    "Moments in Time: per-frame frozen features, a temporal head (head temporal|attentive|mean)",
+    dataset="moments",
+    train_split="training",
+    eval_split="validation",
+)

@@ -80,6 +80,11 @@ for _name, _what in (("imagenet-v2", "ImageNet-v2 matched frequency (class-index
                      ("imagenet-real", "ImageNet val with ReaL's label sets (real.json)"),
                      ("objectnet", "ObjectNet 1.0 with its mappings/ folder")):  # fmt: skip
     DATASETS.add(_name, f"evalkit.data.shifted:{_name.upper().replace('-', '_')}", _what)
+for _name in ("kinetics400", "kinetics600", "kinetics700"):
+    DATASETS.add(
+        _name, f"evalkit.data.video:{_name.upper()}", f"{_name} clips (class folders or CSV)"
+    )
+DATASETS.add("moments", "evalkit.data.video:MOMENTS", "Moments in Time clips (class folders)")
 for _name in ("waymo", "kitti", "nyu"):
     DATASETS.add(_name, f"evalkit.data.dense:{_name.upper()}", f"{_name} depth, flattened layout")
 

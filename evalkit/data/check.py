@@ -94,9 +94,10 @@ def _check_files(dataset, split_report: SplitReport, report: DataReport, *, prog
     """Every image's header (size) and, for dense layouts, every target through the reader."""
     paths = [p for p, _ in getattr(dataset, "samples", [])] or getattr(dataset, "images", [])
     targets = hasattr(dataset, "target")
+    check_file = getattr(dataset, "check_file", None)
     with ProgressBar(progress, len(paths), f"check {split_report.split}") as advance:
         for index, path in enumerate(paths):
-            problem = _check_image(path, split_report)
+            problem = check_file(path) if check_file else _check_image(path, split_report)
             if problem is None and targets:
                 problem = _check_target(dataset, index)
             if problem:
