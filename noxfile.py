@@ -61,6 +61,7 @@ def bench(session):
         "bench_identity",
         "bench_probe_memory",
         "bench_lit",
+        "bench_video",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

@@ -5,7 +5,10 @@ docs/protocols.md, "Video").
   representations": a linear map to ``width``, a class token, learned temporal position
   embeddings, ``depth`` pre-norm transformer blocks, then a linear classifier on the class token.
 - ``attentive``: V-JEPA's attentive probe: one learned query attends over the frames in one
-  cross-attention block (cross-attention + MLP, pre-norm) before a linear classifier.
+  cross-attention block (cross-attention + MLP, pre-norm) before a linear classifier. V-JEPA's
+  tokens carry their time from its video encoder; per-frame image features do not, so the
+  frames get learned temporal position embeddings here (without them the probe could not tell
+  a clip from its reverse).
 - ``mean``: the mean over frames, then a linear classifier (the baseline that cannot see
   the order of frames).
 """
@@ -40,7 +43,7 @@ def build_head(cfg: HeadConfig, dim: int, classes: int, frames: int) -> nn.Modul
     if cfg.kind == "mean":
         return MeanLinear(dim, classes)
     if cfg.kind == "attentive":
-        return AttentiveProbe(dim, classes, cfg)
+        return AttentiveProbe(dim, classes, frames, cfg)
     return TemporalTransformer(dim, classes, frames, cfg)
 
 
@@ -72,9 +75,10 @@ class TemporalTransformer(nn.Module):
 
 
 class AttentiveProbe(nn.Module):
-    def __init__(self, dim: int, classes: int, cfg: HeadConfig):
+    def __init__(self, dim: int, classes: int, frames: int, cfg: HeadConfig):
         super().__init__()
         self.inp = nn.Linear(dim, cfg.width) if cfg.width != dim else nn.Identity()
+        self.pos = nn.Parameter(torch.randn(1, frames, cfg.width) * 0.02)
         self.query = nn.Parameter(torch.randn(1, 1, cfg.width) * 0.02)
         self.norm_kv = nn.LayerNorm(cfg.width)
         self.attn = nn.MultiheadAttention(cfg.width, cfg.heads, batch_first=True)
@@ -85,7 +89,7 @@ class AttentiveProbe(nn.Module):
         self.out = nn.Linear(cfg.width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kv = self.norm_kv(self.inp(x))
+        kv = self.norm_kv(self.inp(x) + self.pos[:, : x.shape[1]])
         q = self.query.expand(len(x), -1, -1)
         h = q + self.attn(q, kv, kv, need_weights=False)[0]
         h = h + self.mlp(self.norm_mlp(h))
