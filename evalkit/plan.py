@@ -27,7 +27,12 @@ DATASET_CARDS = {
     "imagenet-r": {"test": 30_000, "classes": 200},
     "imagenet-a": {"test": 7_500, "classes": 200},
     "imagenet-real": {"val": 50_000, "classes": 1000},  # an upper bound: unlabelled ones dropped
-    "objectnet": {"test": 18_514, "classes": 113},  # the images of the classes mapped to ImageNet
+    "objectnet": {"test": 18_514, "classes": 113},
+    # Video: about these sizes; downloaded copies differ as clips leave YouTube.
+    "kinetics400": {"train": 240_000, "val": 20_000, "classes": 400},
+    "kinetics600": {"train": 390_000, "val": 30_000, "classes": 600},
+    "kinetics700": {"train": 545_000, "val": 35_000, "classes": 700},
+    "moments": {"training": 802_264, "validation": 33_900, "classes": 339},  # the images of the classes mapped to ImageNet
 }
 
 
