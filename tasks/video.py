@@ -163,6 +163,8 @@ class VideoClassification(Task):
             sums.index_add_(0, index[keep] // views, probs[keep])
             counts.index_add_(0, index[keep] // views, torch.ones(int(keep.sum())))
         scored = counts > 0
+        if not scored.any():
+            raise EvalkitError(f"no readable clip in {self.dataset}/{self.eval_split}")
         clip_labels = torch.tensor(dataset.clip_labels)[scored]
         status = {"padded": int(padded.sum()), "unreadable": _listed(dataset, unreadable, views)}
         return sums[scored] / counts[scored, None], clip_labels, status
