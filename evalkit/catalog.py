@@ -79,3 +79,8 @@ TASKS.add(
     train_split="training",
     eval_split="validation",
 )
+TASKS.add(
+    "qk-norm-stability",
+    "evalkit.tasks.stability:QKNormStability",
+    "ablation: a small model trained with and without QK-norm over an LR sweep (max attention logit, loss)",
+)

@@ -32,7 +32,11 @@ DATASET_CARDS = {
     "kinetics400": {"train": 240_000, "val": 20_000, "classes": 400},
     "kinetics600": {"train": 390_000, "val": 30_000, "classes": 600},
     "kinetics700": {"train": 545_000, "val": 35_000, "classes": 700},
-    "moments": {"training": 802_264, "validation": 33_900, "classes": 339},  # the images of the classes mapped to ImageNet
+    "moments": {
+        "training": 802_264,
+        "validation": 33_900,
+        "classes": 339,
+    },  # the images of the classes mapped to ImageNet
 }
 
 

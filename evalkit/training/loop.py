@@ -1,0 +1,182 @@
+"""The backbone training loop (effect-table rows 1–4; docs/protocols.md, "Stability"): AdamW
+with β2 = 0.95 as the small-scale proxies use (or torch's Adafactor), linear warm-up then cosine
+decay, global-norm clipping, optional z-loss and independent weight decay, gradient
+accumulation, bf16 autocast on CUDA, and a data order that is a pure function of (seed, step),
+so a resumed run sees the batches an uninterrupted one would.
+
+Checkpoints (``out/checkpoint-<step>/``: weights as safetensors, optimizer and RNG state, the
+log so far) are written to a temporary folder and renamed, then named in ``out/latest.json``;
+a run restarted with the same ``out`` resumes from the latest one, and a killed run loses at
+most ``checkpoint_every`` steps. A loss that is not finite stops the run with ``Diverged``;
+the last good checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
+from evalkit.errors import EvalkitError
+from evalkit.identity import read_json, write_json
+from evalkit.progress import ProgressBar
+
+OPTIMIZERS = ("adamw", "adafactor")
+LATEST = "latest.json"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 30
+    weight_decay: float = 1e-4
+    independent_wd: bool = False  # decay weights by weight_decay × schedule, not × lr
+    b2: float = 0.95
+    optimizer: str = "adamw"
+    clip: float = 1.0
+    z_loss: float = 0.0  # weight of log²Z of the logits
+    accumulate: int = 1  # micro-batches per step
+    checkpoint_every: int = 100
+    seed: int = 0
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Diverged(EvalkitError):
+    """The loss stopped being finite; ``log`` holds the steps before it."""
+
+    log: list[dict] = []
+
+
+Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, micro) → (x, y)
+
+
+def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = None,
+        device: str = "cpu", progress: bool = False, observe=None) -> list[dict]:  # fmt: skip
+    """Train ``model`` (inputs → logits) for ``schedule.steps``, resuming from ``out``. Each
+    step's log holds loss, lr, grad_norm and whatever ``observe()`` returns after the step's
+    first forward pass (attention statistics). Returns the log of every step."""
+    optimizer = make_optimizer(model, schedule)
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
+    log = resume(model, optimizer, lr_schedule, out) if out is not None else []
+    model.train()
+    status = "loss {task.fields[loss]:.4f}  {task.fields[speed]:.0f} img/s"
+    with ProgressBar(progress, schedule.steps, "train", status=status) as advance:
+        advance(len(log), loss=float("nan"), speed=0.0)
+        for step in range(len(log), schedule.steps):
+            start = time.perf_counter()
+            try:
+                entry = train_step(
+                    model, optimizer, batch, loss_fn, schedule, step, device, observe
+                )
+            except Diverged as exc:
+                exc.log = log
+                raise
+            lr_schedule.step()
+            log.append(entry)
+            images = schedule.batch_size * schedule.accumulate
+            advance(1, loss=entry["loss"], speed=images / (time.perf_counter() - start))
+            if out is not None and (step + 1) % schedule.checkpoint_every == 0:
+                save(model, optimizer, lr_schedule, log, out)
+    model.eval()
+    return log
+
+
+def make_optimizer(model, schedule: Schedule) -> torch.optim.Optimizer:
+    if schedule.optimizer not in OPTIMIZERS:
+        raise EvalkitError(
+            f"unknown optimizer {schedule.optimizer!r}: choose from {', '.join(OPTIMIZERS)}"
+        )
+    decay = (
+        schedule.weight_decay / schedule.lr if schedule.independent_wd else schedule.weight_decay
+    )
+    if schedule.optimizer == "adafactor":
+        return torch.optim.Adafactor(model.parameters(), lr=schedule.lr, weight_decay=decay)
+    return torch.optim.AdamW(model.parameters(), lr=schedule.lr, betas=(0.9, schedule.b2),
+                             weight_decay=decay)  # fmt: skip
+
+
+def train_step(
+    model, optimizer, batch: Batch, loss_fn, schedule: Schedule, step: int, device: str, observe
+):
+    optimizer.zero_grad(set_to_none=True)
+    total, seen = 0.0, {}
+    use_bf16 = torch.device(device).type == "cuda"
+    for micro in range(schedule.accumulate):
+        x, y = batch(step, micro)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(x.to(device)).float()
+        loss = loss_fn(logits, y.to(device))
+        if schedule.z_loss:
+            loss = loss + schedule.z_loss * torch.logsumexp(logits, -1).pow(2).mean()
+        if micro == 0 and observe is not None:
+            seen = observe()
+        (loss / schedule.accumulate).backward()
+        total += loss.item() / schedule.accumulate
+    if not math.isfinite(total):
+        lr = optimizer.param_groups[0]["lr"]
+        raise Diverged(
+            f"the loss became {total} at step {step} (lr {lr:.3g}): lower the learning rate"
+        )
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.clip)
+    optimizer.step()
+    return {
+        "step": step,
+        "loss": total,
+        "lr": optimizer.param_groups[0]["lr"],
+        "grad_norm": norm.item(),
+        **seen,
+    }
+
+
+def save(model, optimizer, lr_schedule, log: list[dict], out: Path):
+    """``out/checkpoint-<step>``, written whole before ``latest.json`` names it."""
+    out = Path(out)
+    name = f"checkpoint-{len(log):07d}"
+    tmp = out / f".{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_checkpoint(state, tmp, {"step": len(log)})
+    torch.save({"optimizer": optimizer.state_dict(), "lr_schedule": lr_schedule.state_dict(),
+                "rng": torch.get_rng_state(), "log": log}, tmp / "trainer.pt")  # fmt: skip
+    shutil.rmtree(out / name, ignore_errors=True)
+    os.replace(tmp, out / name)
+    previous = read_json(out / LATEST).get("checkpoint") if (out / LATEST).exists() else None
+    write_json(out / LATEST, {"checkpoint": name, "step": len(log)})
+    if previous and previous != name:
+        shutil.rmtree(out / previous, ignore_errors=True)
+
+
+def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
+    """The log so far, with model and optimizer restored from the latest checkpoint (none:
+    an empty log). A checkpoint that cannot be read is an error naming it."""
+    pointer = Path(out) / LATEST
+    if not pointer.exists():
+        return []
+    folder = Path(out) / read_json(pointer)["checkpoint"]
+    try:
+        load_strict(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
+        trainer = torch.load(folder / "trainer.pt", weights_only=False)
+        optimizer.load_state_dict(trainer["optimizer"])
+        lr_schedule.load_state_dict(trainer["lr_schedule"])
+    except EvalkitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every way a checkpoint can be damaged
+        raise EvalkitError(
+            f"cannot resume from {folder} ({exc.__class__.__name__}): delete it to start over"
+        ) from exc
+    torch.set_rng_state(trainer["rng"])
+    return list(trainer["log"])

@@ -1,0 +1,133 @@
+"""The QK-norm stability ablation (effect-table row 1; docs/protocols.md, "Stability").
+
+The paper: without QK-norm an ~8B ViT diverged after a few thousand steps — the attention
+logits grew until attention was one-hot — and with it training was stable. Wortsman et al.
+(2023) reproduce the effect in small models at high learning rates. This task trains the same
+small model of the built-in family with and without QK-norm at every learning rate of ``lrs``
+(AdamW, β2 0.95, warm-up + cosine, clip 1) on a seeded stream of the dataset's training images,
+and reports per (variant, LR): the final loss, the largest attention logit at the end and its
+growth over training, the last attention entropy, and whether the run diverged; per variant,
+the LR sensitivity: the mean over LRs of min(final loss, initial loss) − the best final loss
+(a diverged run counts as the initial loss).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from evalkit.data import open_dataset
+from evalkit.models.vit22b import SIZES, ViT, build, config
+from evalkit.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Task, setting
+from evalkit.train import seeded_build
+from evalkit.training.loop import Diverged, Schedule, fit
+from evalkit.training.probes import AttentionStats
+
+VARIANTS = {"qk_norm": True, "no_qk_norm": False}
+SIZE = Rule(f"a size of the built-in family ({', '.join(SIZES)})", lambda v: v in SIZES)
+TRACE_EVERY = 10  # steps between the points of the curves kept in the rows
+
+
+@dataclass(frozen=True)
+class QKNormStability(Task):
+    name: str = "qk-norm-stability"
+    dataset: str = "imagenet"
+    split: str = "train"
+    size: str = setting("test", SIZE)
+    image: int = setting(32, POSITIVE)  # images are resized to this square side
+    patch: int = setting(8, POSITIVE)
+    lrs: tuple[float, ...] = setting((1e-3, 1e-2, 1e-1, 3e-1), POSITIVES)
+    steps: int = setting(300, POSITIVE)
+    batch_size: int = setting(64, POSITIVE)
+    warmup: int = setting(30, NON_NEGATIVE)
+    weight_decay: float = setting(1e-4, NON_NEGATIVE)
+    z_loss: float = setting(0.0, NON_NEGATIVE)
+
+    version = 1
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.split,)
+
+    def metrics(self) -> list[str]:
+        per_run = [f"{m}/{v}/lr={lr:g}" for v in VARIANTS for lr in self.lrs
+                   for m in ("final_loss", "max_attention_logit")]  # fmt: skip
+        return per_run + [f"lr_sensitivity/{v}" for v in VARIANTS]
+
+    def run(self, backbone, ctx):
+        """``backbone`` is not used: the task trains its own models."""
+        x, y = self.images(ctx)
+        classes = int(y.max()) + 1
+        for variant, qk_norm in VARIANTS.items():
+            runs = {lr: self.train_one(x, y, classes, qk_norm, lr, ctx) for lr in self.lrs}
+            yield from self.variant_rows(variant, runs, ctx)
+
+    def images(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        from torchvision import transforms as T
+
+        transform = T.Compose([T.Resize((self.image, self.image)), T.ToTensor(),
+                               T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
+        data = open_dataset(self.dataset, self.split, ctx.data, transform=transform)
+        pairs = [data[i] for i in range(len(data))]
+        return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
+
+    def train_one(self, x, y, classes: int, qk_norm: bool, lr: float, ctx) -> dict:
+        cfg = config(self.size, qk_norm=qk_norm, image=self.image, patch=self.patch, pool="gap")
+        vit = build(cfg, seed=ctx.seed)
+        model = seeded_build(lambda: Classifier(vit, classes), ctx.seed)
+        stats = AttentionStats(model.vit)
+        schedule = Schedule(steps=self.steps, batch_size=self.batch_size, lr=lr, warmup=self.warmup,
+                            weight_decay=self.weight_decay, z_loss=self.z_loss, seed=ctx.seed)  # fmt: skip
+
+        def batch(step: int, micro: int):
+            generator = torch.Generator().manual_seed(ctx.seed * 1_000_003 + step)
+            pick = torch.randint(0, len(y), (self.batch_size,), generator=generator)
+            return x[pick], y[pick]
+
+        log, diverged = [], None
+        try:
+            log = fit(model, batch, torch.nn.functional.cross_entropy, schedule, observe=stats.read,
+                      device=ctx.extract.device, progress=ctx.extract.progress)  # fmt: skip
+        except Diverged as exc:
+            log, diverged = exc.log, str(exc)
+        finally:
+            stats.close()
+        return {"log": log, "diverged": diverged, "initial_loss": math.log(classes)}
+
+    def variant_rows(self, variant: str, runs: dict, ctx):
+        initial = next(iter(runs.values()))["initial_loss"]
+        finals = {}
+        for lr, result in runs.items():
+            log = result["log"]
+            final = initial if result["diverged"] or not log else _tail_mean(log, "loss")
+            finals[lr] = min(final, initial)
+            logits = [max(entry["max_attention_logit"]) for entry in log] or [math.inf]
+            extra = {"diverged": result["diverged"], "lr": lr, "qk_norm": variant == "qk_norm",
+                     "max_logit_curve": logits[::TRACE_EVERY], "loss_curve": [e["loss"] for e in log][::TRACE_EVERY],
+                     "first_max_logit": logits[0], "last_entropy": log[-1]["attention_entropy"] if log else None,
+                     "note": "a diverged run's loss is the initial loss, ln(classes)" if result["diverged"] else None}  # fmt: skip
+            yield Metric(f"final_loss/{variant}/lr={lr:g}", final, higher_is_better=False,
+                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+            yield Metric(f"max_attention_logit/{variant}/lr={lr:g}", logits[-1], higher_is_better=False,
+                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+        sensitivity = sum(finals.values()) / len(finals) - min(finals.values())
+        yield Metric(f"lr_sensitivity/{variant}", sensitivity, higher_is_better=False, seeds=[ctx.seed],
+                     extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}})  # fmt: skip
+
+
+class Classifier(torch.nn.Module):
+    """The family's pooled features and a linear classifier."""
+
+    def __init__(self, vit: ViT, classes: int):
+        super().__init__()
+        self.vit = vit
+        self.head = torch.nn.Linear(vit.cfg.width, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.vit(images))
+
+
+def _tail_mean(log: list[dict], key: str, tail: int = 10) -> float:
+    values = [entry[key] for entry in log[-tail:]]
+    return sum(values) / len(values)

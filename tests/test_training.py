@@ -1,0 +1,110 @@
+"""The backbone trainer: a SIGKILLed run resumes to the same final loss, a diverging run stops
+with a clear error and keeps its last good checkpoint, a damaged checkpoint is refused by name;
+attention statistics read from outside the model; the QK-norm stability task end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from evalkit.errors import EvalkitError
+from evalkit.training.loop import Diverged, Schedule, fit
+
+SCRIPT = Path(__file__).with_name("train_resume_script.py")
+
+
+def test_a_killed_run_resumes_to_the_same_final_loss(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    from train_resume_script import SCHEDULE, model_and_batches
+
+    model, batch = model_and_batches()
+    uninterrupted = fit(model, batch, torch.nn.functional.cross_entropy, SCHEDULE)
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(out), "0.05"], env=env)
+    deadline = time.time() + 120
+    while (
+        not (out / "latest.json").exists()
+        or json.loads((out / "latest.json").read_text())["step"] < 10
+    ):
+        assert time.time() < deadline and proc.poll() is None, "no checkpoint was written"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "final.json").exists()
+    subprocess.run([sys.executable, str(SCRIPT), str(out), "0"], env=env, check=True, timeout=300)
+    resumed = json.loads((out / "final.json").read_text())
+    assert len(resumed) == SCHEDULE.steps
+    assert resumed[-1]["loss"] == pytest.approx(uninterrupted[-1]["loss"], rel=1e-6)
+
+
+def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(8, 4)
+
+    def batch(step, micro):
+        return (x * (math.inf if step == 7 else 1.0)), torch.zeros(8, dtype=torch.long)
+
+    schedule = Schedule(steps=20, batch_size=8, checkpoint_every=5, warmup=1)
+    with pytest.raises(Diverged, match="step 7"):
+        fit(model, batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
+    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 5
+
+
+def test_a_damaged_checkpoint_is_refused_by_name(tmp_path):
+    model = torch.nn.Linear(4, 2)
+
+    def batch(step, micro):
+        return torch.randn(8, 4), torch.zeros(8, dtype=torch.long)
+
+    schedule = Schedule(steps=6, batch_size=8, checkpoint_every=5, warmup=1)
+    fit(model, batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
+    (tmp_path / "checkpoint-0000005" / "trainer.pt").write_bytes(b"damaged")
+    with pytest.raises(EvalkitError, match="checkpoint-0000005"):
+        fit(torch.nn.Linear(4, 2), batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
+    with pytest.raises(EvalkitError, match="shape"):
+        fit(torch.nn.Linear(4, 3), batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
+
+
+def test_attention_statistics_equal_a_direct_computation():
+    from evalkit.models.vit22b import build, config
+    from evalkit.training.probes import AttentionStats
+
+    model = build(config("test", qk_norm=False, image=28), seed=0)
+    stats = AttentionStats(model)
+    images = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        model(images)
+        read = stats.read()
+        block = model.blocks[0]
+        h = block.norm1(model.embed(images))
+        q = block.attn.q(h).unflatten(-1, (-1, block.attn.head_dim)).transpose(1, 2)
+        k = block.attn.k(h).unflatten(-1, (-1, block.attn.head_dim)).transpose(1, 2)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(block.attn.head_dim)
+    assert len(read["max_attention_logit"]) == 4
+    assert read["max_attention_logit"][0] == pytest.approx(logits.max().item(), rel=1e-5)
+    p = logits.softmax(-1)
+    assert read["attention_entropy"][0] == pytest.approx(
+        -(p * p.log()).sum(-1).mean().item(), rel=1e-5
+    )
+    stats.close()
+
+
+def test_qk_norm_stability_task_reports_every_run(fake, ctx):
+    from evalkit.tasks.stability import QKNormStability
+
+    task = QKNormStability(lrs=(1e-3, 1.0), steps=12, warmup=2, batch_size=16)
+    rows = {m.metric: m for m in task.run(fake, ctx)}
+    assert set(rows) == set(task.metrics())
+    assert rows["lr_sensitivity/qk_norm"].value >= 0
+    curve = rows["max_attention_logit/no_qk_norm/lr=1"].extra["max_logit_curve"]
+    assert curve and all(math.isfinite(v) or v == math.inf for v in curve)
