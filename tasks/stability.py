@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.data import open_dataset
-from evalkit.models.vit22b import SIZES, ViT, build, config
+from evalkit.models.vit22b import SIZES, build, config
 from evalkit.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Task, setting
 from evalkit.train import seeded_build
 from evalkit.training.loop import Diverged, Schedule, fit
+from evalkit.training.pretrain import Classifier
 from evalkit.training.probes import AttentionStats
 
 VARIANTS = {"qk_norm": True, "no_qk_norm": False}
@@ -114,18 +115,6 @@ class QKNormStability(Task):
         sensitivity = sum(finals.values()) / len(finals) - min(finals.values())
         yield Metric(f"lr_sensitivity/{variant}", sensitivity, higher_is_better=False, seeds=[ctx.seed],
                      extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}})  # fmt: skip
-
-
-class Classifier(torch.nn.Module):
-    """The family's pooled features and a linear classifier."""
-
-    def __init__(self, vit: ViT, classes: int):
-        super().__init__()
-        self.vit = vit
-        self.head = torch.nn.Linear(vit.cfg.width, classes)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.vit(images))
 
 
 def _tail_mean(log: list[dict], key: str, tail: int = 10) -> float:

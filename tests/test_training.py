@@ -68,8 +68,10 @@ def test_a_damaged_checkpoint_is_refused_by_name(tmp_path):
 
     schedule = Schedule(steps=6, batch_size=8, checkpoint_every=5, warmup=1)
     fit(model, batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
-    (tmp_path / "checkpoint-0000005" / "trainer.pt").write_bytes(b"damaged")
-    with pytest.raises(EvalkitError, match="checkpoint-0000005"):
+    latest = json.loads((tmp_path / "latest.json").read_text())["checkpoint"]
+    assert latest == "checkpoint-0000006"  # the end of the run is kept too
+    (tmp_path / latest / "trainer.pt").write_bytes(b"damaged")
+    with pytest.raises(EvalkitError, match=latest):
         fit(torch.nn.Linear(4, 2), batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
     with pytest.raises(EvalkitError, match="shape"):
         fit(torch.nn.Linear(4, 3), batch, torch.nn.functional.cross_entropy, schedule, out=tmp_path)
@@ -108,3 +110,22 @@ def test_qk_norm_stability_task_reports_every_run(fake, ctx):
     assert rows["lr_sensitivity/qk_norm"].value >= 0
     curve = rows["max_attention_logit/no_qk_norm/lr=1"].extra["max_logit_curve"]
     assert curve and all(math.isfinite(v) or v == math.inf for v in curve)
+
+
+def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
+    from evalkit.backbones import load_backbone
+    from evalkit.backbones.options import BackboneOptions
+    from evalkit.cli import main
+
+    args = ["pretrain", "--ladder", "test", "--data", "embedded", "--steps", "6", "--batch-size", "8",
+            "--warmup", "2", "--checkpoint-every", "4", "--out", "ckpt", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    weights = cli_env / "ckpt" / "test" / "model.safetensors"
+    summary = json.loads((cli_env / "ckpt" / "ladder.json").read_text())[0]
+    assert summary["loss"] == "sigmoid" and summary["steps"] == 6
+    backbone = load_backbone("vit22b/test", BackboneOptions(weights=str(weights)))
+    assert backbone.info.preprocess.size == 32 and backbone.info.patch_size == 8
+    assert main(args) == 0  # a finished size resumes at its end
+    assert json.loads((cli_env / "ckpt" / "test" / "run" / "latest.json").read_text())["step"] == 6
+    assert main([*args[:2], "test,xl", *args[3:]]) == 2
+    assert "unknown ladder size 'xl'" in capsys.readouterr().err

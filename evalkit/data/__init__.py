@@ -73,6 +73,9 @@ DATASETS.add(
     "evalkit.data.captions:CAPTIONS",
     "image–caption pairs: CSV/JSONL, WebDataset, parquet",
 )
+DATASETS.add(
+    "jft", "evalkit.data.multilabel:JFT", "multi-label images for pretraining (jft/<split>.jsonl)"
+)
 DATASETS.add("ade20k", "evalkit.data.dense:ADE20K", "ADEChallengeData2016 (SceneParsing)")
 for _name, _what in (("imagenet-v2", "ImageNet-v2 matched frequency (class-index folders)"),
                      ("imagenet-r", "ImageNet-R renditions (200 WordNet-id folders)"),

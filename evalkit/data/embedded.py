@@ -81,9 +81,7 @@ def draw(rng, size: int, what: tuple[str, str, str], style: str = "photo") -> Dr
     if style == "rendition":
         inside &= ~_eroded(inside, max(2, size // 24))
     elif texture == "striped":
-        period = max(4, size // 12)
-        ys, xs = np.mgrid[:size, :size]
-        inside &= ((xs + ys) // (period // 2)) % 2 == 0
+        inside &= _stripes(size)
     fill = np.clip(np.array(COLOURS[colour]) + rng.normal(0, 15, 3), 0, 255)
     if style == "hard":
         fill = 0.55 * fill + 0.45 * background.mean((0, 1))
@@ -94,6 +92,28 @@ def draw(rng, size: int, what: tuple[str, str, str], style: str = "photo") -> Dr
     image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
     where = (float(centre[0] / size), float(centre[1] / size))
     return Drawing(image, float(radius / size), where, float(background.mean()))
+
+
+def draw_objects(rng, size: int, whats: list[tuple[str, str, str]]) -> Image.Image:
+    """Several objects (shape, colour, texture) on one photo-style background: the JFT
+    stand-in's images, each object one of its labels."""
+    pixels = rng.normal(120, 25, (size, size, 3)) + rng.uniform(-40, 40, 3)
+    for shape, colour, texture in whats:
+        radius = size * rng.uniform(0.12, 0.22)
+        centre = rng.uniform(radius + 2, size - radius - 2, 2)
+        inside = _mask(size, shape, centre, radius, rng.uniform(0, 2 * math.pi))
+        if texture == "striped":
+            inside &= _stripes(size)
+        fill = np.clip(np.array(COLOURS[colour]) + rng.normal(0, 15, 3), 0, 255)
+        pixels = np.where(inside[..., None], fill, pixels)
+    pixels += rng.normal(0, 6, pixels.shape)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def _stripes(size: int) -> np.ndarray:
+    period = max(4, size // 12)
+    ys, xs = np.mgrid[:size, :size]
+    return ((xs + ys) // (period // 2)) % 2 == 0
 
 
 def _mask(size: int, shape: str, centre, radius: float, angle: float) -> np.ndarray:

@@ -91,6 +91,8 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
             advance(1, loss=entry["loss"], speed=images / (time.perf_counter() - start))
             if out is not None and (step + 1) % schedule.checkpoint_every == 0:
                 save(model, optimizer, lr_schedule, log, out)
+    if out is not None and log and len(log) % schedule.checkpoint_every:
+        save(model, optimizer, lr_schedule, log, out)  # the end, so a rerun has nothing to redo
     model.eval()
     return log
 

@@ -1,0 +1,134 @@
+"""``evalkit pretrain``: train sizes of the built-in ViT family from scratch — one size, or a
+ladder of sizes sharing data and schedule — and write checkpoints that ``--weights`` loads
+(effect-table rows 1–6 at small scale; docs/protocols.md, "Pretraining").
+
+On the JFT stand-in (``--data embedded``, or a ``jft/`` multi-label set) the classifier is fitted
+with a sigmoid cross-entropy, as JFT pretraining was; on a class-folder set (``imagenet``) with
+a softmax cross-entropy. Images get a random resized crop and flip, drawn from a generator
+seeded by (seed, step), so a resumed run sees the same batches. Each size writes
+``<out>/<size>/model.safetensors`` (the backbone, its config in the metadata),
+``head.safetensors`` (the classifier) and ``provenance.json``; ``<out>/ladder.json``
+summarises the ladder. Training state lives in ``<out>/<size>/run/`` until the size finishes:
+rerunning the command resumes it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from evalkit.checkpoints import save_checkpoint
+from evalkit.data import DataConfig, data_identity, open_dataset
+from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.identity import library_versions, write_json
+from evalkit.models.vit22b import SIZES, ViT, build, config
+from evalkit.training.loop import Schedule, fit
+
+LADDER_SIZES = ("test", "ti", "s", "b", "l")  # the sizes a CPU or one GPU can pretrain
+
+
+@dataclass(frozen=True)
+class PretrainSpec:
+    sizes: tuple[str, ...] = ("ti",)
+    image: int = 32
+    patch: int = 8
+    schedule: Schedule = field(
+        default_factory=lambda: Schedule(steps=200, batch_size=64, warmup=20)
+    )
+    out: Path = Path("checkpoints/pretrain")
+    device: str = "cpu"
+    progress: bool = True
+
+    def check(self):
+        unknown = [s for s in self.sizes if s not in SIZES]
+        if unknown:
+            raise EvalkitError(
+                f"unknown ladder size {unknown[0]!r}: {did_you_mean(unknown[0], list(SIZES))}"
+            )
+        if self.image % self.patch:
+            raise EvalkitError(f"--image {self.image} must be a multiple of --patch {self.patch}")
+
+
+class Classifier(torch.nn.Module):
+    """The family's pooled features and a linear classifier."""
+
+    def __init__(self, vit: ViT, classes: int):
+        super().__init__()
+        self.vit = vit
+        self.head = torch.nn.Linear(vit.cfg.width, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.vit(images))
+
+
+def pretrain(spec: PretrainSpec, data: DataConfig) -> list[dict]:
+    """Train every size of ``spec.sizes`` in turn; returns one summary per size."""
+    spec.check()
+    name = "jft" if data.source == "embedded" or _has_jft(data) else "imagenet"
+    dataset = open_dataset(name, "train", data, transform=_augment(spec.image))
+    summaries = []
+    for size in spec.sizes:
+        summaries.append(_train_size(size, dataset, name, spec, data))
+        write_json(Path(spec.out) / "ladder.json", summaries)
+    return summaries
+
+
+def _has_jft(data: DataConfig) -> bool:
+    root = data.root
+    return root is not None and (Path(root) / "jft" / "train.jsonl").exists()
+
+
+def _augment(image: int):
+    from torchvision import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(image, scale=(0.35, 1.0)), T.RandomHorizontalFlip(),
+                      T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
+
+
+def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataConfig) -> dict:
+    schedule = spec.schedule
+    cfg = config(size, image=spec.image, patch=spec.patch)
+    torch.manual_seed(schedule.seed)
+    model = Classifier(build(cfg, seed=schedule.seed), len(dataset.classes)).to(spec.device)
+    multilabel = name == "jft"
+    loss = (
+        torch.nn.functional.binary_cross_entropy_with_logits
+        if multilabel
+        else torch.nn.functional.cross_entropy
+    )
+
+    def batch(step: int, micro: int):
+        torch.manual_seed(
+            hash((schedule.seed, step, micro)) % 2**63
+        )  # crops and flips of this step
+        pick = torch.randint(0, len(dataset), (schedule.batch_size,))
+        pairs = [dataset[int(i)] for i in pick]
+        return torch.stack([p[0] for p in pairs]), torch.stack(
+            [torch.as_tensor(p[1]) for p in pairs]
+        )
+
+    folder = Path(spec.out) / size
+    start = time.perf_counter()
+    log = fit(
+        model, batch, loss, schedule, out=folder / "run", device=spec.device, progress=spec.progress
+    )
+    seconds = time.perf_counter() - start
+    vit_state = {k: v.detach().cpu().contiguous() for k, v in model.vit.state_dict().items()}
+    weights = save_checkpoint(vit_state, folder, cfg.as_dict())
+    head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
+    from safetensors.torch import save_file
+
+    save_file(
+        head, str(folder / "head.safetensors"), metadata={"classes": ",".join(dataset.classes)}
+    )
+    summary = {"size": size, "weights": str(weights), "params": sum(p.numel() for p in model.vit.parameters()),
+               "loss": "sigmoid" if multilabel else "softmax", "dataset": name,
+               "first_loss": log[0]["loss"], "final_loss": sum(e["loss"] for e in log[-10:]) / len(log[-10:]),
+               "steps": len(log), "seconds": round(seconds, 1), "schedule": asdict(schedule),
+               "image": spec.image, "patch": spec.patch, "data_id": data_identity(name, data),
+               "versions": library_versions()}  # fmt: skip
+    write_json(folder / "provenance.json", summary)
+    return summary
