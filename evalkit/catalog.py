@@ -84,3 +84,13 @@ TASKS.add(
     "evalkit.tasks.stability:QKNormStability",
     "ablation: a small model trained with and without QK-norm over an LR sweep (max attention logit, loss)",
 )
+for _switch, _what in (
+    ("bias", "with vs without QKV and LayerNorm biases"),
+    ("parallel", "parallel vs sequential blocks"),
+):
+    TASKS.add(
+        f"{_switch}-efficiency",
+        "evalkit.tasks.efficiency:EfficiencyAblation",
+        f"ablation: training throughput (interleaved) and quality, {_what}",
+        switch="biases" if _switch == "bias" else "parallel",
+    )

@@ -58,20 +58,11 @@ class QKNormStability(Task):
 
     def run(self, backbone, ctx):
         """``backbone`` is not used: the task trains its own models."""
-        x, y = self.images(ctx)
+        x, y = load_images(self, ctx)
         classes = int(y.max()) + 1
         for variant, qk_norm in VARIANTS.items():
             runs = {lr: self.train_one(x, y, classes, qk_norm, lr, ctx) for lr in self.lrs}
             yield from self.variant_rows(variant, runs, ctx)
-
-    def images(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        from torchvision import transforms as T
-
-        transform = T.Compose([T.Resize((self.image, self.image)), T.ToTensor(),
-                               T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
-        data = open_dataset(self.dataset, self.split, ctx.data, transform=transform)
-        pairs = [data[i] for i in range(len(data))]
-        return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
 
     def train_one(self, x, y, classes: int, qk_norm: bool, lr: float, ctx) -> dict:
         cfg = config(self.size, qk_norm=qk_norm, image=self.image, patch=self.patch, pool="gap")
@@ -115,6 +106,18 @@ class QKNormStability(Task):
         sensitivity = sum(finals.values()) / len(finals) - min(finals.values())
         yield Metric(f"lr_sensitivity/{variant}", sensitivity, higher_is_better=False, seeds=[ctx.seed],
                      extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}})  # fmt: skip
+
+
+def load_images(task, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of ``task.split`` of ``task.dataset`` at ``task.image`` px, in memory (the
+    ablations train small models on small sets)."""
+    from torchvision import transforms as T
+
+    transform = T.Compose([T.Resize((task.image, task.image)), T.ToTensor(),
+                           T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
+    data = open_dataset(task.dataset, task.split, ctx.data, transform=transform)
+    pairs = [data[i] for i in range(len(data))]
+    return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
 
 
 def _tail_mean(log: list[dict], key: str, tail: int = 10) -> float:

@@ -129,3 +129,26 @@ def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
     assert json.loads((cli_env / "ckpt" / "test" / "run" / "latest.json").read_text())["step"] == 6
     assert main([*args[:2], "test,xl", *args[3:]]) == 2
     assert "unknown ladder size 'xl'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("switch", ["parallel", "biases"])
+def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch):
+    from evalkit.tasks.efficiency import EfficiencyAblation
+
+    task = EfficiencyAblation(
+        switch=switch, size="test", image=32, rounds=2, timed_steps=2, steps=6, warmup=1
+    )
+    rows = {m.metric: m for m in task.run(fake, ctx)}
+    assert set(rows) == set(task.metrics())
+    first, second = [
+        name.split("/")[1] for name in task.metrics() if name.startswith("images_per_s")
+    ]
+    assert len(rows[f"images_per_s/{first}"].extra["per_round"]) == 2
+    ratio = rows[f"images_per_s/{first}"].value / rows[f"images_per_s/{second}"].value
+    assert rows["speedup"].value == pytest.approx(ratio)
+    if switch == "biases":  # "without" is first: the biased model has more parameters
+        sizes = [
+            sum(p.numel() for p in task.model(name, 3, 0).parameters())
+            for name in ("without", "with")
+        ]
+        assert sizes[0] < sizes[1]
