@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -60,9 +61,22 @@ class QKNormStability(Task):
         """``backbone`` is not used: the task trains its own models."""
         x, y = load_images(self, ctx)
         classes = int(y.max()) + 1
+        rows, curves = [], {}
         for variant, qk_norm in VARIANTS.items():
             runs = {lr: self.train_one(x, y, classes, qk_norm, lr, ctx) for lr in self.lrs}
-            yield from self.variant_rows(variant, runs, ctx)
+            rows += list(self.variant_rows(variant, runs, ctx))
+            curves[variant] = {lr: _curves(run) for lr, run in runs.items()}
+        picture = self.plot(curves, ctx)
+        for row in rows:
+            row.extra["picture"] = picture
+            yield row
+
+    def plot(self, curves: dict, ctx) -> str | None:
+        if ctx.artifacts is None:
+            return None
+        from evalkit.plots import stability_plot
+
+        return str(stability_plot(curves, Path(ctx.artifacts) / f"{self.name}.png"))
 
     def train_one(self, x, y, classes: int, qk_norm: bool, lr: float, ctx) -> dict:
         cfg = config(self.size, qk_norm=qk_norm, image=self.image, patch=self.patch, pool="gap")
@@ -106,6 +120,13 @@ class QKNormStability(Task):
         sensitivity = sum(finals.values()) / len(finals) - min(finals.values())
         yield Metric(f"lr_sensitivity/{variant}", sensitivity, higher_is_better=False, seeds=[ctx.seed],
                      extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}})  # fmt: skip
+
+
+def _curves(run: dict) -> dict:
+    log = run["log"]
+    final = _tail_mean(log, "loss") if log and not run["diverged"] else run["initial_loss"]
+    return {"steps": [e["step"] for e in log], "loss": [e["loss"] for e in log],
+            "max_logit": [max(e["max_attention_logit"]) for e in log], "final": final}  # fmt: skip
 
 
 def load_images(task, ctx) -> tuple[torch.Tensor, torch.Tensor]:

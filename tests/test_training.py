@@ -101,11 +101,14 @@ def test_attention_statistics_equal_a_direct_computation():
     stats.close()
 
 
-def test_qk_norm_stability_task_reports_every_run(fake, ctx):
+def test_qk_norm_stability_task_reports_every_run(fake, ctx, tmp_path):
     from evalkit.tasks.stability import QKNormStability
 
+    ctx.artifacts = tmp_path / "pictures"
     task = QKNormStability(lrs=(1e-3, 1.0), steps=12, warmup=2, batch_size=16)
     rows = {m.metric: m for m in task.run(fake, ctx)}
+    picture = Path(rows["lr_sensitivity/qk_norm"].extra["picture"])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(rows) == set(task.metrics())
     assert rows["lr_sensitivity/qk_norm"].value >= 0
     curve = rows["max_attention_logit/no_qk_norm/lr=1"].extra["max_logit_curve"]
