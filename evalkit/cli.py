@@ -43,8 +43,9 @@ def add_jobs_arguments(run) -> None:
         dest="backbones",
         metavar="BACKBONE",
         action="append",
-        required=True,
-        help="e.g. timm/vit_tiny_patch16_224 (repeatable)",
+        default=[],
+        help="e.g. timm/vit_tiny_patch16_224 (repeatable); tasks that train their own models "
+        "(the ablations) need none",
     )
     run.add_argument("--weights", help="local checkpoint (.safetensors, .pt, .pth)")
     run.add_argument(

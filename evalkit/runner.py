@@ -163,10 +163,11 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     """Yield one ``JobResult`` per (backbone, task, seed), in that nesting order.
     ``on_backbone(backbone)`` is called after each backbone loads (the CLI warns there)."""
     tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
+    backbones = spec.backbones or _no_backbone(tasks)
     distributed.setup(spec.tp, device=spec.resolved_device)
     identities = {}
     try:
-        for name in spec.backbones:
+        for name in backbones:
             backbone = load_backbone(name, spec.backbone_options())
             if on_backbone is not None:
                 on_backbone(backbone)
@@ -180,6 +181,16 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
             del backbone  # free it before the next one loads
     finally:
         distributed.teardown()
+
+
+def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:
+    """Runs without ``--backbone``: only tasks that train their own models may."""
+    needing = [task.name for task in tasks if not task.trains_own_model]
+    if needing:
+        raise EvalkitError(
+            f"{needing[0]} needs a backbone: pass --backbone, e.g. timm/vit_tiny_patch16_224"
+        )
+    return ("none",)
 
 
 def resolve_task(name: str, overrides=()) -> Task:

@@ -127,6 +127,7 @@ class Task:
     name: str
     version: ClassVar[int] = 1
     reference: ClassVar[dict[str, dict[str, float]]] = {}
+    trains_own_model: ClassVar[bool] = False  # ablations: run without --backbone
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

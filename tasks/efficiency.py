@@ -53,6 +53,7 @@ class EfficiencyAblation(Task):
     warmup: int = setting(10, NON_NEGATIVE)
 
     version = 1
+    trains_own_model = True
 
     def splits(self) -> tuple[str, ...]:
         return (self.split,)

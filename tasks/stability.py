@@ -48,6 +48,7 @@ class QKNormStability(Task):
     z_loss: float = setting(0.0, NON_NEGATIVE)
 
     version = 1
+    trains_own_model = True
 
     def splits(self) -> tuple[str, ...]:
         return (self.split,)

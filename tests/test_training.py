@@ -155,3 +155,31 @@ def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch):
             for name in ("without", "with")
         ]
         assert sizes[0] < sizes[1]
+
+
+def test_ablations_run_without_a_backbone_and_other_tasks_ask_for_one(cli_env, capsys):
+    from evalkit.cli import main
+    from evalkit.results import load_rows
+
+    small = ["--set", "lrs=1e-3", "--set", "steps=4", "--set", "warmup=1", "--set", "batch_size=8"]
+    assert (
+        main(
+            [
+                "run",
+                "--task",
+                "qk-norm-stability",
+                "--data",
+                "embedded",
+                "--quiet",
+                "--out",
+                "rows",
+                *small,
+            ]
+        )
+        == 0
+    )
+    rows = load_rows([cli_env / "rows" / "qk-norm-stability.jsonl"])
+    assert {r["backbone"] for r in rows} == {"none"} and len(rows) == 6
+    assert "random weights" not in capsys.readouterr().err
+    assert main(["run", "--task", "imagenet-linear", "--data", "embedded", "--quiet"]) == 2
+    assert "needs a backbone" in capsys.readouterr().err

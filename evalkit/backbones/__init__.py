@@ -25,12 +25,16 @@ BACKBONES.add(
     "built-in ViT-22B family, shardable with --tp: vit22b or vit22b/<size>",
 )
 BACKBONES.add("fake", "evalkit.backbones.fake:build", "tiny deterministic backbone for tests")
+BACKBONES.add(
+    "none", "evalkit.backbones.none:build", "no backbone: for tasks that train their own models"
+)
 
 EXAMPLES = {
     "timm": "timm/vit_tiny_patch16_224, timm/vit_small_patch16_224, timm/resnet50",
     "open_clip": "open_clip/ViT-B-32, open_clip/ViT-B-16",
     "vit22b": "vit22b (22b), vit22b/e, vit22b/g, vit22b/l, vit22b/b, vit22b/s, vit22b/test",
     "fake": "fake",
+    "none": "none",
 }
 NEEDS_VARIANT = ("timm", "open_clip")
 
