@@ -94,3 +94,8 @@ for _switch, _what in (
         f"ablation: training throughput (interleaved) and quality, {_what}",
         switch="biases" if _switch == "bias" else "parallel",
     )
+TASKS.add(
+    "qk-norm-lr",
+    "evalkit.tasks.stability:QKNormLR",
+    "ablation: with QK-norm, LR kept at 1e-3 at every ladder size vs lowered with width (final loss)",
+)

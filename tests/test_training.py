@@ -183,3 +183,16 @@ def test_ablations_run_without_a_backbone_and_other_tasks_ask_for_one(cli_env, c
     assert "random weights" not in capsys.readouterr().err
     assert main(["run", "--task", "imagenet-linear", "--data", "embedded", "--quiet"]) == 2
     assert "needs a backbone" in capsys.readouterr().err
+
+
+def test_qk_norm_lr_compares_kept_and_lowered_learning_rates(fake, ctx):
+    from evalkit.tasks.stability import QKNormLR
+
+    task = QKNormLR(sizes=("test", "ti"), steps=4, warmup=1, batch_size=8)
+    rows = {m.metric: m for m in task.run(fake, ctx)}
+    assert set(rows) == set(task.metrics())
+    assert rows["final_loss/lowered/ti"].extra["lr"] == pytest.approx(1e-3 * 64 / 192)
+    assert rows["final_loss/kept/ti"].extra["lr"] == 1e-3
+    gain = rows["final_loss/lowered/ti"].value - rows["final_loss/kept/ti"].value
+    assert rows["gain/ti"].value == pytest.approx(gain)
+    assert "not confirmed" in rows["gain/test"].extra["note"]
