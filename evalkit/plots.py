@@ -3,6 +3,7 @@ per variant, drawn with matplotlib's non-interactive backend."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 
@@ -35,6 +36,36 @@ def stability_plot(runs: dict[str, dict[float, dict]], path: Path) -> Path:
         ax.grid(alpha=0.3)
     loss_ax.legend(fontsize=7)
     lr_ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def throughput_plot(
+    rates: dict[str, list[float]], losses: dict[str, float], title: str, path: Path
+) -> Path:
+    """Two panels: images/s of each variant (median bar, every timed round as a dot) and the
+    loss each reached after the same budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rates)
+    fig, (speed_ax, loss_ax) = plt.subplots(1, 2, figsize=(9, 3.6))
+    medians = [statistics.median(rates[n]) for n in names]
+    speed_ax.bar(names, medians, color=["tab:blue", "tab:orange"][: len(names)], alpha=0.7)
+    for i, name in enumerate(names):
+        speed_ax.plot([i] * len(rates[name]), rates[name], "k.", alpha=0.6)
+    speed_ax.set_title(f"{title}: training images/s")
+    loss_ax.bar(
+        names, [losses[n] for n in names], color=["tab:blue", "tab:orange"][: len(names)], alpha=0.7
+    )
+    loss_ax.set_title("loss after the same steps")
+    for ax in (speed_ax, loss_ax):
+        ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

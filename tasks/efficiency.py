@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -80,7 +81,8 @@ class EfficiencyAblation(Task):
         losses = {name: self.quality(name, classes, schedule, batch, ctx) for name in names}
         first, second = names
         extra = {"rounds": self.rounds, "timed_steps": self.timed_steps, "device": ctx.extract.device,
-                 "paper": PAPER[self.switch], "size": self.size, "image": self.image}  # fmt: skip
+                 "paper": PAPER[self.switch], "size": self.size, "image": self.image,
+                 "picture": self.plot(rates, losses, ctx)}  # fmt: skip
         for name in names:
             yield Metric(f"images_per_s/{name}", statistics.median(rates[name]), seeds=[ctx.seed],
                          extra={**extra, "per_round": rates[name]})  # fmt: skip
@@ -94,6 +96,15 @@ class EfficiencyAblation(Task):
         speedup = statistics.median(rates[first]) / statistics.median(rates[second])
         yield Metric(
             "speedup", speedup, seeds=[ctx.seed], extra={**extra, "ratio": f"{first} / {second}"}
+        )
+
+    def plot(self, rates: dict, losses: dict, ctx) -> str | None:
+        if ctx.artifacts is None:
+            return None
+        from evalkit.plots import throughput_plot
+
+        return str(
+            throughput_plot(rates, losses, self.name, Path(ctx.artifacts) / f"{self.name}.png")
         )
 
     def model(self, name: str, classes: int, seed: int) -> torch.nn.Module:

@@ -135,8 +135,10 @@ def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
 
 
 @pytest.mark.parametrize("switch", ["parallel", "biases"])
-def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch):
+def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch, tmp_path):
     from evalkit.tasks.efficiency import EfficiencyAblation
+
+    ctx.artifacts = tmp_path / "pictures"
 
     task = EfficiencyAblation(
         switch=switch, size="test", image=32, rounds=2, timed_steps=2, steps=6, warmup=1
@@ -149,6 +151,7 @@ def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch):
     assert len(rows[f"images_per_s/{first}"].extra["per_round"]) == 2
     ratio = rows[f"images_per_s/{first}"].value / rows[f"images_per_s/{second}"].value
     assert rows["speedup"].value == pytest.approx(ratio)
+    assert Path(rows["speedup"].extra["picture"]).read_bytes()[:4] == b"\x89PNG"
     if switch == "biases":  # "without" is first: the biased model has more parameters
         sizes = [
             sum(p.numel() for p in task.model(name, 3, 0).parameters())
