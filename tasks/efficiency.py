@@ -21,7 +21,7 @@ import torch
 
 from evalkit.models.vit22b import build, config
 from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Task, one_of, setting
-from evalkit.training.loop import Schedule, make_optimizer, train_step
+from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
 
 from .stability import SIZE, load_images
@@ -137,8 +137,6 @@ class EfficiencyAblation(Task):
         return rates
 
     def quality(self, name: str, classes: int, schedule: Schedule, batch, ctx) -> float:
-        from evalkit.training.loop import fit
-
         model = self.model(name, classes, ctx.seed).to(ctx.extract.device)
         log = fit(model, batch, torch.nn.functional.cross_entropy, schedule, device=ctx.extract.device,
                   progress=ctx.extract.progress)  # fmt: skip

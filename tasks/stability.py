@@ -33,14 +33,15 @@ TRACE_EVERY = 10  # steps between the points of the curves kept in the rows
 
 
 @dataclass(frozen=True)
-class QKNormStability(Task):
-    name: str = "qk-norm-stability"
+class SmallTraining(Task):
+    """What the training ablations share: small models of the built-in family trained from
+    scratch on a split's images, resized to ``image`` px, with one schedule."""
+
+    name: str = ""
     dataset: str = "imagenet"
     split: str = "train"
-    size: str = setting("test", SIZE)
     image: int = setting(32, POSITIVE)  # images are resized to this square side
     patch: int = setting(8, POSITIVE)
-    lrs: tuple[float, ...] = setting((1e-3, 1e-2, 1e-1, 3e-1), POSITIVES)
     steps: int = setting(300, POSITIVE)
     batch_size: int = setting(64, POSITIVE)
     warmup: int = setting(30, NON_NEGATIVE)
@@ -53,6 +54,13 @@ class QKNormStability(Task):
     def splits(self) -> tuple[str, ...]:
         return (self.split,)
 
+
+@dataclass(frozen=True)
+class QKNormStability(SmallTraining):
+    name: str = "qk-norm-stability"
+    size: str = setting("test", SIZE)
+    lrs: tuple[float, ...] = setting((1e-3, 1e-2, 1e-1, 3e-1), POSITIVES)
+
     def metrics(self) -> list[str]:
         per_run = [f"{m}/{v}/lr={lr:g}" for v in VARIANTS for lr in self.lrs
                    for m in ("final_loss", "max_attention_logit")]  # fmt: skip
@@ -64,9 +72,10 @@ class QKNormStability(Task):
         classes = int(y.max()) + 1
         rows, curves = [], {}
         for variant, qk_norm in VARIANTS.items():
-            runs = {lr: self.train_one(x, y, classes, qk_norm, lr, ctx) for lr in self.lrs}
-            rows += list(self.variant_rows(variant, runs, ctx))
-            curves[variant] = {lr: _curves(run) for lr, run in runs.items()}
+            curves[variant] = {
+                lr: _curves(self.train_one(x, y, classes, qk_norm, lr, ctx)) for lr in self.lrs
+            }
+            rows += list(self.variant_rows(variant, curves[variant], ctx))
         picture = self.plot(curves, ctx)
         for row in rows:
             row.extra["picture"] = picture
@@ -83,18 +92,15 @@ class QKNormStability(Task):
         return train_run(self, self.size, (x, y, classes), qk_norm, lr, ctx)
 
     def variant_rows(self, variant: str, runs: dict, ctx):
-        initial = next(iter(runs.values()))["initial_loss"]
-        finals = {}
-        for lr, result in runs.items():
-            log = result["log"]
-            final = _final(result)
-            finals[lr] = min(final, initial)
-            logits = [max(entry["max_attention_logit"]) for entry in log] or [math.inf]
-            extra = {"diverged": result["diverged"], "lr": lr, "qk_norm": variant == "qk_norm",
-                     "max_logit_curve": logits[::TRACE_EVERY], "loss_curve": [e["loss"] for e in log][::TRACE_EVERY],
-                     "first_max_logit": logits[0], "last_entropy": log[-1]["attention_entropy"] if log else None,
-                     "note": "a diverged run's loss is the initial loss, ln(classes)" if result["diverged"] else None}  # fmt: skip
-            yield Metric(f"final_loss/{variant}/lr={lr:g}", final, higher_is_better=False,
+        """Rows of one variant from its runs' curves (``_curves``), by learning rate."""
+        finals = {lr: min(run["final"], run["initial"]) for lr, run in runs.items()}
+        for lr, run in runs.items():
+            logits = run["max_logit"] or [math.inf]
+            extra = {"diverged": run["diverged"], "lr": lr, "qk_norm": variant == "qk_norm",
+                     "max_logit_curve": logits[::TRACE_EVERY], "loss_curve": run["loss"][::TRACE_EVERY],
+                     "first_max_logit": logits[0], "last_entropy": run["last_entropy"],
+                     "note": "a diverged run's loss is the initial loss, ln(classes)" if run["diverged"] else None}  # fmt: skip
+            yield Metric(f"final_loss/{variant}/lr={lr:g}", run["final"], higher_is_better=False,
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
             yield Metric(f"max_attention_logit/{variant}/lr={lr:g}", logits[-1], higher_is_better=False,
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
@@ -131,10 +137,13 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
 
 
 def _curves(run: dict) -> dict:
+    """A run's loss and max-logit curves over steps, its final loss (``_final``), its initial
+    loss, whether it diverged and its last attention entropy: what rows and plot need."""
     log = run["log"]
-    final = _final(run)
     return {"steps": [e["step"] for e in log], "loss": [e["loss"] for e in log],
-            "max_logit": [max(e["max_attention_logit"]) for e in log], "final": final}  # fmt: skip
+            "max_logit": [max(e["max_attention_logit"]) for e in log], "final": _final(run),
+            "initial": run["initial_loss"], "diverged": run["diverged"],
+            "last_entropy": log[-1]["attention_entropy"] if log else None}  # fmt: skip
 
 
 def load_images(task, ctx) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +164,7 @@ def _tail_mean(log: list[dict], key: str, tail: int = 10) -> float:
 
 
 @dataclass(frozen=True)
-class QKNormLR(Task):
+class QKNormLR(SmallTraining):
     """Effect-table row 2: with QK-norm, keep the learning rate at ``lr`` at every size of
     ``sizes`` ("kept") rather than lowering it in proportion to the width, as is usual without
     it ("lowered": ``lr`` × the first size's width / this size's width). Per size: both final
@@ -163,26 +172,11 @@ class QKNormLR(Task):
     own statement of this is not confirmed in public text; the rows say so."""
 
     name: str = "qk-norm-lr"
-    dataset: str = "imagenet"
-    split: str = "train"
     sizes: tuple[str, ...] = setting(
         ("test", "ti"),
         Rule("sizes of the built-in family", lambda v: bool(v) and all(s in SIZES for s in v)),
     )
     lr: float = setting(1e-3, POSITIVE)
-    image: int = setting(32, POSITIVE)
-    patch: int = setting(8, POSITIVE)
-    steps: int = setting(300, POSITIVE)
-    batch_size: int = setting(64, POSITIVE)
-    warmup: int = setting(30, NON_NEGATIVE)
-    weight_decay: float = setting(1e-4, NON_NEGATIVE)
-    z_loss: float = setting(0.0, NON_NEGATIVE)
-
-    version = 1
-    trains_own_model = True
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split,)
 
     def metrics(self) -> list[str]:
         return [

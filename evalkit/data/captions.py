@@ -24,6 +24,7 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ class Scan:
     captions: list[list[str]]
     skipped: dict[str, int]
     files: list[Path]
+    rows: Any = None  # parquet: the rows already opened by the scan
 
 
 class ImageText(torch.utils.data.Dataset):
@@ -55,7 +57,7 @@ class ImageText(torch.utils.data.Dataset):
         self.root, self.scan, self.transform = root, scan, transform
         self.sources, self.captions, self.skipped = scan.sources, scan.captions, scan.skipped
         self.labels = list(range(len(scan.sources)))
-        self._rows = None  # parquet rows, opened lazily (per worker)
+        self._rows = scan.rows  # parquet rows (None for files and shards)
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -81,19 +83,13 @@ class ImageText(torch.utils.data.Dataset):
                 data = f.read(source[3])
             with Image.open(io.BytesIO(data)) as image:
                 return image.convert("RGB")
-        return _parquet_image(self, source)
+        return self._rows[source[2]]["image"].convert("RGB")
 
     def identity(self) -> str:
         extra = spec_key([self.captions, repr(self.transform)], length=16)
         return files_identity(
             self.scan.files, self.root, content=verifies_content(self), extra=extra
         )
-
-
-def _parquet_image(dataset: ImageText, source) -> Image.Image:
-    if dataset._rows is None:
-        dataset._rows = _load_parquet(dataset.root, source[1])
-    return dataset._rows[source[2]]["image"].convert("RGB")
 
 
 def open_captions(root: Path, split: str, *, source: str = "auto", transform=None, classes=None):
@@ -240,7 +236,7 @@ def _scan_parquet(root: Path, split: str):
             continue
         sources.append(("parquet", split, index))
         captions.append([text.strip()])
-    return Scan(sources, captions, dict(skipped), sorted((root / split).glob("*.parquet")))
+    return Scan(sources, captions, dict(skipped), sorted((root / split).glob("*.parquet")), rows)
 
 
 # --- the embedded stand-in --------------------------------------------------------------

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from PIL import ImageOps
 
-from evalkit.data import DataConfig, DataKind, dataset_root, open_dataset
+from evalkit.data import DATASETS, DataConfig, DataKind, dataset_root, open_dataset
 from evalkit.data.folder import ImageFolder
 from evalkit.errors import EvalkitError
 from evalkit.identity import read_json
@@ -184,8 +184,6 @@ def open_scored(name: str, split: str, config: DataConfig, transform):
     split (ImageNet val) gets one from its folder names."""
     dataset = open_dataset(name, split, config, transform=transform)
     if getattr(dataset, "label_space", None) is None:
-        from evalkit.data import DATASETS
-
         root = dataset_root(DATASETS.get(name).load(), config)
         dataset.label_space = folder_space(list(dataset.classes), reference_classes(root))
     return dataset

@@ -100,15 +100,16 @@ def probe(path: Path) -> int:
     av = _av()
     try:
         with av.open(str(path)) as container:
-            stream = _video_stream(container, path)
-            if stream.frames:
-                return int(stream.frames)
-            duration = (
-                stream.duration * stream.time_base if stream.duration else container.duration / 1e6
-            )
-            return max(0, int(round(float(duration) * float(stream.average_rate))))
+            return _frame_count(container, _video_stream(container, path))
     except (av.error.FFmpegError, OSError, ValueError, TypeError) as exc:
         raise Unreadable(f"{path}: {exc.__class__.__name__}") from exc
+
+
+def _frame_count(container, stream) -> int:
+    if stream.frames:
+        return int(stream.frames)
+    duration = stream.duration * stream.time_base if stream.duration else container.duration / 1e6
+    return max(0, int(round(float(duration) * float(stream.average_rate))))
 
 
 def _video_stream(container, path: Path):
@@ -117,34 +118,38 @@ def _video_stream(container, path: Path):
     return container.streams.video[0]
 
 
-def read_frames(path: Path, indices: list[int], *, seek: bool = True) -> dict[int, Image.Image]:
-    """The frames at ``indices`` as RGB images; ``seek`` jumps to the keyframe before the
-    first one instead of decoding from the start."""
+def read_frames(path: Path, indices, *, seek: bool = True) -> dict[int, Image.Image]:
+    """The frames at ``indices`` — a list, or a function of the clip's frame count that
+    returns it — as RGB images, from one open of the file; ``seek`` jumps to the keyframe
+    before the first one instead of decoding from the start."""
     av = _av()
-    wanted, found = set(indices), {}
     try:
         with av.open(str(path)) as container:
             stream = _video_stream(container, path)
-            rate, base = float(stream.average_rate), float(stream.time_base)
-            start = stream.start_time or 0
-            if seek and min(indices) > 0:
-                container.seek(
-                    start + int(min(indices) / rate / base), stream=stream, backward=True
-                )
-            for frame in container.decode(stream):
-                index = (
-                    int(round((frame.pts - start) * base * rate))
-                    if frame.pts is not None
-                    else len(found)
-                )
-                if index in wanted and index not in found:
-                    found[index] = frame.to_image()
-                if index >= max(indices):
-                    break
-    except (av.error.FFmpegError, OSError, ValueError) as exc:
+            if callable(indices):
+                indices = indices(_frame_count(container, stream))
+            found = _decode(container, stream, indices, seek)
+    except (av.error.FFmpegError, OSError, ValueError, TypeError) as exc:
         raise Unreadable(f"{path}: {exc.__class__.__name__}") from exc
     if not found:
         raise Unreadable(f"{path}: no frame decoded")
+    return found
+
+
+def _decode(container, stream, indices: list[int], seek: bool) -> dict[int, Image.Image]:
+    wanted, found = set(indices), {}
+    rate, base = float(stream.average_rate), float(stream.time_base)
+    start = stream.start_time or 0
+    if seek and min(indices) > 0:
+        container.seek(start + int(min(indices) / rate / base), stream=stream, backward=True)
+    for frame in container.decode(stream):
+        index = (
+            int(round((frame.pts - start) * base * rate)) if frame.pts is not None else len(found)
+        )
+        if index in wanted and index not in found:
+            found[index] = frame.to_image()
+        if index >= max(indices):
+            break
     return found
 
 
@@ -193,11 +198,17 @@ class VideoClips(torch.utils.data.Dataset):
         return torch.stack(images), label + (PADDED if padded else 0)
 
     def view(self, path: Path, segment: int) -> tuple[list[Image.Image], bool]:
-        total = probe(path)
-        if total == 0:
-            raise Unreadable(f"{path}: no frames")
-        indices, padded = frame_indices(total, self.sampling, segment)
-        return nearest_frames(read_frames(path, indices), indices), padded
+        """One temporal view: the header's frame count and the frames, from one open."""
+        chosen = {}
+
+        def pick(total: int) -> list[int]:
+            if total == 0:
+                raise Unreadable(f"{path}: no frames")
+            chosen["indices"], chosen["padded"] = frame_indices(total, self.sampling, segment)
+            return chosen["indices"]
+
+        found = read_frames(path, pick)
+        return nearest_frames(found, chosen["indices"]), chosen["padded"]
 
     def check_file(self, path: Path) -> str | None:
         """``check-data``: whether the clip's header opens and it has frames."""
@@ -222,9 +233,7 @@ def open_clips(root: Path, split: str, *, source: str = "auto", transform=None, 
     if listing.exists():
         samples, own, missing = _from_csv(root, split, listing)
     else:
-        samples, own, missing = _from_folders(root / split), None, 0
-        own = sorted({p.parent.name for p, _ in samples})
-        samples = [(p, own.index(p.parent.name)) for p, _ in samples]
+        samples, own, missing = _from_folders(root / split)
     to_reference = class_index(own, classes, where=f"{root / split}")
     dataset = VideoClips(root, [(p, to_reference[label]) for p, label in samples],
                          list(classes) if classes is not None else own, transform, sampling)  # fmt: skip
@@ -242,7 +251,8 @@ def _from_folders(folder: Path):
         raise EvalkitError(
             f"no clips in {folder} (expected <class>/<clip> with {', '.join(sorted(VIDEO_SUFFIXES))})"
         )
-    return [(p, 0) for p in clips]
+    own = sorted({p.parent.name for p in clips})
+    return [(p, own.index(p.parent.name)) for p in clips], own, 0
 
 
 def _from_csv(root: Path, split: str, listing: Path):

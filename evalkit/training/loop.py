@@ -171,7 +171,7 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
     folder = Path(out) / read_json(pointer)["checkpoint"]
     try:
         load_strict(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
-        trainer = torch.load(folder / "trainer.pt", weights_only=False)
+        trainer = torch.load(folder / "trainer.pt", weights_only=True)
         optimizer.load_state_dict(trainer["optimizer"])
         lr_schedule.load_state_dict(trainer["lr_schedule"])
     except EvalkitError:
