@@ -477,6 +477,7 @@ def cmd_table(args, console) -> int:
     index, _, columns = args.pivot.partition(",")
     if {index, columns} != {"backbone", "task"}:
         raise EvalkitError(f"--pivot expects backbone,task or task,backbone, got {args.pivot!r}")
+    rows = [{**row, "task": table_task(row)} for row in rows]
     frame = pivot_table(rows, index=index, columns=columns, references=references_for(rows))
     text = frame.to_csv() if args.format == "csv" else markdown(frame, index)
     if args.output:
@@ -487,16 +488,27 @@ def cmd_table(args, console) -> int:
     return 0
 
 
+FINETUNED = " (fine-tuned)"
+
+
+def table_task(row) -> str:
+    """A row's task as tables name it: fine-tuned runs apart from frozen ones."""
+    return row["task"] + (FINETUNED if row.get("config", {}).get("finetune") else "")
+
+
 def references_for(rows) -> dict:
-    """The paper's numbers for the tasks present (tasks unknown here have none)."""
+    """The paper's numbers for the tasks present, as each was run: frozen numbers beside
+    frozen runs, fine-tuned ones beside fine-tuned runs (tasks unknown here have none)."""
     from evalkit.runner import resolve_task
 
     refs = {}
-    for name in {r["task"] for r in rows}:
+    for label in {r["task"] for r in rows}:
+        name = label.removesuffix(FINETUNED)
+        overrides = ["finetune=true"] if label.endswith(FINETUNED) else []
         try:
-            refs[name] = resolve_task(name).reference
+            refs[label] = resolve_task(name, overrides).reference
         except EvalkitError:
-            refs[name] = {}
+            refs[label] = {}
     return refs
 
 

@@ -22,6 +22,7 @@ Paper: ViT-e 89.26 → ViT-22B 89.51 top-1 on ImageNet-1k (frozen features, line
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,8 @@ from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
+from evalkit.metrics import topk_hits
+from evalkit.progress import ProgressBar
 from evalkit.task import (
     FRACTION,
     LAYERS,
@@ -46,7 +49,10 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
+from evalkit.training.finetune import sampled_batches
 from evalkit.zeroshot import label_space_hits
+
+from .finetuning import FinetuneSettings, end_to_end, finetune_extra, resolution
 
 # Test sets scored in their own label space (evalkit.data.shifted), by the split each has.
 SCORED_SETS = {"imagenet-v2": "test", "imagenet-r": "test", "imagenet-a": "test",
@@ -71,24 +77,32 @@ class FrozenClassification(Task):
         and the eval set's label space over the training classes (None for a split of the
         training dataset, whose labels are the training classes' indices, matched by name)."""
         request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
-        train = self.open_split(self.train_split, backbone, ctx)
-        if len(train.classes) < 2:
-            raise EvalkitError(
-                f"the training split of {self.dataset} has {len(train.classes)} class "
-                f"({', '.join(train.classes)}): a classifier needs at least two"
-            )
-        space = None
-        if self.eval_split in SCORED_SETS:
-            test = open_scored(self.eval_split, SCORED_SETS[self.eval_split], ctx.data,
-                               self.transform(backbone))  # fmt: skip
-            space = test.label_space.over(train.classes)
-        else:
-            test = self.open_split(self.eval_split, backbone, ctx, classes=train.classes)
+        train = self.training_set(self.transform(backbone), ctx)
+        test, space = self.eval_set(train.classes, self.transform(backbone), ctx)
         features = [
             ctx.features(backbone, dataset, split=split, request=request)
             for split, dataset in ((self.train_split, train), (self.eval_split, test))
         ]
         return (*features, space)
+
+    def training_set(self, transform, ctx):
+        train = open_dataset(self.dataset, self.train_split, ctx.data, transform=transform)
+        if len(train.classes) < 2:
+            raise EvalkitError(
+                f"the training split of {self.dataset} has {len(train.classes)} class "
+                f"({', '.join(train.classes)}): a classifier needs at least two"
+            )
+        return train
+
+    def eval_set(self, classes, transform, ctx):
+        """The eval split with its labels matched to ``classes`` by name, and its label space
+        over them (None for a split of the training dataset)."""
+        if self.eval_split in SCORED_SETS:
+            test = open_scored(self.eval_split, SCORED_SETS[self.eval_split], ctx.data, transform)
+            return test, test.label_space.over(classes)
+        test = open_dataset(self.dataset, self.eval_split, ctx.data, transform=transform,
+                            classes=classes)  # fmt: skip
+        return test, None
 
     def splits(self) -> tuple[str, ...]:
         return (self.train_split, self.eval_split)
@@ -111,13 +125,10 @@ class FrozenClassification(Task):
             return build_transform(backbone.info.preprocess, square=True)
         return backbone.transform()
 
-    def open_split(self, split: str, backbone, ctx, classes=None):
-        return open_dataset(self.dataset, split, ctx.data, transform=self.transform(backbone),
-                            classes=classes)  # fmt: skip
-
 
 @dataclass(frozen=True)
-class LinearProbe(FrozenClassification):
+class LinearProbe(FinetuneSettings, FrozenClassification):
+    finetune_resolution: int = setting(0, NON_NEGATIVE)  # 0: the backbone's own size
     l2_grid: tuple[float, ...] = setting(DEFAULT_L2, POSITIVES)
     holdout: float = setting(0.2, FRACTION)
     max_iter: int = setting(100, POSITIVE)  # per L2 value on the path (it only ranks them)
@@ -125,12 +136,19 @@ class LinearProbe(FrozenClassification):
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training features are streamed
 
     version = 2  # 2: the refit runs to convergence; fits on record
-    reference = {"top1": {"ViT-22B": 89.51, "ViT-e": 89.26}}
+
+    @property
+    def reference(self) -> dict:
+        # The paper's ImageNet numbers are frozen-feature probes: none beside a fine-tuned run.
+        return {} if self.finetune else {"top1": {"ViT-22B": 89.51, "ViT-e": 89.26}}
 
     def metrics(self) -> list[str]:
         return ["top1", "top5"]
 
     def run(self, backbone, ctx):
+        if self.finetune:
+            yield from finetuned_classification(self, backbone, ctx)
+            return
         train, test, space = self.split_features(backbone, ctx)
         labels = train.labels if space else torch.cat([train.labels, test.labels])
         num_classes = int(labels.max()) + 1
@@ -194,6 +212,48 @@ class LinearProbe(FrozenClassification):
         best_l2, best_model = max(path, key=lambda item: scores[item[0]])
         fits = {f"{l2:g}": m.fit.as_dict() for l2, m in path}
         return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}, fits
+
+
+def finetuned_classification(task: LinearProbe, backbone, ctx):
+    """Fine-tuning mode: backbone and a linear classifier trained end to end on augmented
+    crops at ``finetune_resolution``, scored at that resolution (tasks/finetuning.py)."""
+    size = resolution(task, backbone)
+    pre = dataclasses.replace(backbone.info.preprocess, size=size)
+    train = task.training_set(build_transform(pre, train=True), ctx)
+    test, space = task.eval_set(
+        train.classes, build_transform(pre, square=task.resize == "square"), ctx
+    )
+    pool = resolve_pool(task.pool, backbone)
+    classes = len(train.classes)
+    run = end_to_end(task, backbone, ctx, lambda dims: torch.nn.Linear(dims[0], classes),
+                     layers=task.layers, pool=pool, dense=False)  # fmt: skip
+    batches = sampled_batches(train, task.finetune_batch_size, ctx.seed)
+    log = run.train(task, batches, torch.nn.functional.cross_entropy, ctx)
+    logits, labels = predict(run.model, test, ctx)
+    extra = {**finetune_extra(task, log, size), "pool": pool, "n_train": len(train),
+             "num_classes": classes}  # fmt: skip
+    for k in (1, 5):
+        row_hits = (
+            topk_hits(logits, labels, k)
+            if space is None
+            else label_space_hits(logits, labels, space, k)
+        )
+        yield Metric(f"top{k}", percent(row_hits), n=len(labels), seeds=[ctx.seed], extra=extra)
+
+
+@torch.no_grad()
+def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels of every image of ``dataset``, in batches."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=ctx.extract.batch_size,
+                                         num_workers=ctx.extract.workers or 0)  # fmt: skip
+    logits, labels = [], []
+    model.eval()
+    with ProgressBar(ctx.extract.progress, len(dataset), "score", status="rate") as advance:
+        for images, y in loader:
+            logits.append(model(images.to(ctx.extract.device)).float().cpu())
+            labels.append(torch.as_tensor(y))
+            advance(len(images))
+    return torch.cat(logits), torch.cat(labels)
 
 
 def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:

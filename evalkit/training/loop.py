@@ -65,11 +65,14 @@ Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, micro)
 
 
 def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = None,
-        device: str = "cpu", progress: bool = False, observe=None) -> list[dict]:  # fmt: skip
+        device: str = "cpu", progress: bool = False, observe=None,
+        groups: list[dict] | None = None) -> list[dict]:  # fmt: skip
     """Train ``model`` (inputs → logits) for ``schedule.steps``, resuming from ``out``. Each
     step's log holds loss, lr, grad_norm and whatever ``observe()`` returns after the step's
-    first forward pass (attention statistics). Returns the log of every step."""
-    optimizer = make_optimizer(model, schedule)
+    first forward pass (attention statistics). ``groups`` (optional) are parameter groups
+    with an ``lr_scale`` and whether weight decay applies (``decayed``). Returns the log of
+    every step."""
+    optimizer = make_optimizer(model, schedule, groups)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
     log = resume(model, optimizer, lr_schedule, out) if out is not None else []
     model.train()
@@ -97,7 +100,7 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
     return log
 
 
-def make_optimizer(model, schedule: Schedule) -> torch.optim.Optimizer:
+def make_optimizer(model, schedule: Schedule, groups: list[dict] | None = None):
     if schedule.optimizer not in OPTIMIZERS:
         raise EvalkitError(
             f"unknown optimizer {schedule.optimizer!r}: choose from {', '.join(OPTIMIZERS)}"
@@ -105,10 +108,12 @@ def make_optimizer(model, schedule: Schedule) -> torch.optim.Optimizer:
     decay = (
         schedule.weight_decay / schedule.lr if schedule.independent_wd else schedule.weight_decay
     )
+    params = [{"params": g["params"], "lr": schedule.lr * g["lr_scale"],
+               "weight_decay": decay if g["decayed"] else 0.0}
+              for g in groups] if groups else model.parameters()  # fmt: skip
     if schedule.optimizer == "adafactor":
-        return torch.optim.Adafactor(model.parameters(), lr=schedule.lr, weight_decay=decay)
-    return torch.optim.AdamW(model.parameters(), lr=schedule.lr, betas=(0.9, schedule.b2),
-                             weight_decay=decay)  # fmt: skip
+        return torch.optim.Adafactor(params, lr=schedule.lr, weight_decay=decay)
+    return torch.optim.AdamW(params, lr=schedule.lr, betas=(0.9, schedule.b2), weight_decay=decay)
 
 
 def train_step(

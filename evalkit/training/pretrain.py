@@ -25,6 +25,7 @@ from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.identity import library_versions, write_json
 from evalkit.models.vit22b import SIZES, ViT, build, config
+from evalkit.training.finetune import sampled_batches
 from evalkit.training.loop import Schedule, fit
 
 LADDER_SIZES = ("test", "ti", "s", "b", "l")  # the sizes a CPU or one GPU can pretrain
@@ -100,16 +101,7 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
         else torch.nn.functional.cross_entropy
     )
 
-    def batch(step: int, micro: int):
-        torch.manual_seed(
-            hash((schedule.seed, step, micro)) % 2**63
-        )  # crops and flips of this step
-        pick = torch.randint(0, len(dataset), (schedule.batch_size,))
-        pairs = [dataset[int(i)] for i in pick]
-        return torch.stack([p[0] for p in pairs]), torch.stack(
-            [torch.as_tensor(p[1]) for p in pairs]
-        )
-
+    batch = sampled_batches(dataset, schedule.batch_size, schedule.seed)
     folder = Path(spec.out) / size
     start = time.perf_counter()
     log = fit(

@@ -1,0 +1,128 @@
+"""Fine-tuning mode of the classification and ADE20k tasks (``--set finetune=true``; paper:
+effect-table rows 7–8, whose ADE20k fraction numbers were measured with the backbone
+fine-tuned, and row 11, whose calibration was measured on a fine-tuned classifier;
+docs/protocols.md, "Fine-tuning").
+
+A copy of the backbone and the task's head are trained end to end by the backbone trainer
+(``evalkit.training``): AdamW with β2 0.999, warm-up then cosine decay, layer-wise learning-rate
+decay (``layer_decay``), no weight decay on norms, biases and position embeddings. The
+classifier trains on inception crops with flips at ``finetune_resolution`` (position embeddings
+resampled where the backbone differs) and is scored at the same resolution with a centre crop.
+Training state is checkpointed under the feature cache (``finetune/<key>/``), so an
+interrupted run resumes; rows say ``finetuned: true``, and tables label them "(fine-tuned)"
+and set the paper's fine-tuned numbers beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalkit.errors import EvalkitError
+from evalkit.identity import spec_key
+from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, setting
+from evalkit.training.finetune import EndToEnd, backbone_module, decayed_groups, trainable_copy
+from evalkit.training.loop import Schedule, fit
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """Settings of fine-tuning mode (off by default: the tasks evaluate frozen backbones)."""
+
+    finetune: bool = False
+    finetune_steps: int = setting(300, POSITIVE)
+    finetune_batch_size: int = setting(32, POSITIVE)
+    finetune_lr: float = setting(3e-4, POSITIVE)  # the head's; blocks below decay from it
+    finetune_weight_decay: float = setting(0.05, NON_NEGATIVE)
+    layer_decay: float = setting(0.75, SHARE)
+
+    def schedule(self, seed: int) -> Schedule:
+        steps = self.finetune_steps
+        return Schedule(steps=steps, batch_size=self.finetune_batch_size, lr=self.finetune_lr,
+                        warmup=max(1, steps // 10), weight_decay=self.finetune_weight_decay,
+                        b2=0.999, clip=1.0, checkpoint_every=max(1, steps // 4), seed=seed)  # fmt: skip
+
+
+@dataclass
+class FinetuneRun:
+    """One end-to-end model and what its training needs."""
+
+    model: EndToEnd
+    depth: int
+    out: Path | None
+
+    def train(self, task: FinetuneSettings, batches, loss_fn, ctx) -> list[dict]:
+        groups = decayed_groups(self.model.tower, self.model.head, depth=self.depth,
+                                decay=task.layer_decay)  # fmt: skip
+        return fit(self.model, batches, loss_fn, task.schedule(ctx.seed), out=self.out,
+                   device=ctx.extract.device, progress=ctx.extract.progress, groups=groups)  # fmt: skip
+
+
+def end_to_end(task, backbone, ctx, head_factory, *, layers, pool: str, dense: bool):
+    """A trainable copy of ``backbone`` with the head ``head_factory(feature dims)`` on it,
+    its head seeded by the run's seed; checkpointed under the cache when there is one."""
+    from evalkit.train import seeded_build
+
+    for name in task.datasets():  # the rows' data provenance; no features are extracted
+        ctx.stats["data"][name] = ctx.data_identity(name)
+    copy = trainable_copy(backbone)
+    dims = probe_dims(copy, task, layers=layers, pool=pool, dense=dense)
+    head = seeded_build(lambda: head_factory(dims), ctx.seed)
+    model = EndToEnd(copy, head, layers=layers, pool=pool, dense=dense).to(ctx.extract.device)
+    return FinetuneRun(model, backbone.info.depth, checkpoint_dir(task, backbone, ctx))
+
+
+def probe_dims(backbone, task, *, layers, pool: str, dense: bool) -> list[int]:
+    """Feature widths of one forward pass at the task's resolution: the pooled width, or one
+    per grid. A backbone whose position embeddings cannot take that resolution is refused."""
+    size = resolution(task, backbone)
+    device = next(backbone_parameters(backbone)).device
+    images = torch.zeros(1, 3, size, size, device=device)
+    try:
+        with torch.no_grad():
+            features = backbone.extract(images, layers=tuple(layers), pool=pool, dense=dense)
+    except (AssertionError, RuntimeError) as exc:
+        raise EvalkitError(
+            f"{backbone.info.name} cannot run at {size} px ({exc.__class__.__name__}: {exc}); "
+            f"use its own size ({backbone.info.preprocess.size}) or, for timm models, "
+            "--model-arg dynamic_img_size=true"
+        ) from exc
+    if dense:
+        return [g.shape[1] for g in features.grids]
+    return [features.pooled.shape[1]]
+
+
+def backbone_parameters(backbone):
+    return backbone_module(backbone).parameters()
+
+
+def resolution(task, backbone) -> int:
+    """The task's image size when it has one (dense tasks, ``finetune_resolution``), else
+    the backbone's own."""
+    size = getattr(task, "finetune_resolution", 0) or getattr(task, "image_size", 0)
+    return size or backbone.info.preprocess.size
+
+
+def checkpoint_dir(task, backbone, ctx) -> Path | None:
+    """``<cache>/finetune/<key>``: one folder per (task settings, weights, data, seed)."""
+    if ctx.extract.cache_dir is None:
+        return None
+    spec = {
+        "task": dataclasses.asdict(task),
+        "weights": backbone.info.weights_id,
+        "data": {name: ctx.data_identity(name) for name in task.datasets()},
+        "seed": ctx.seed,
+    }
+    return Path(ctx.extract.cache_dir) / "finetune" / spec_key(spec, 16)
+
+
+def finetune_extra(task: FinetuneSettings, log: list[dict], size: int) -> dict:
+    if not log:
+        raise EvalkitError("fine-tuning ran no steps")
+    last = log[-10:]
+    return {"finetuned": True, "resolution": size, "finetune_steps": len(log),
+            "first_loss": log[0]["loss"], "final_loss": sum(e["loss"] for e in last) / len(last),
+            "layer_decay": task.layer_decay}  # fmt: skip
