@@ -225,12 +225,17 @@ def add_pretrain_command(sub) -> None:
     pre.add_argument("--checkpoint-every", type=int, default=50)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--device", default="cpu")
+    pre.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (under torchrun)")
+    pre.add_argument(
+        "--fsdp", action="store_true", help="shard parameters over data-parallel ranks (FSDP2)"
+    )
     pre.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def cmd_pretrain(args, console) -> int:
     from rich.table import Table
 
+    from evalkit import distributed
     from evalkit.data import DataConfig
     from evalkit.identity import cache_root
     from evalkit.training.loop import Schedule
@@ -249,14 +254,20 @@ def cmd_pretrain(args, console) -> int:
     schedule = Schedule(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                         weight_decay=args.weight_decay, optimizer=args.optimizer, z_loss=args.z_loss,
                         checkpoint_every=args.checkpoint_every, seed=args.seed)  # fmt: skip
+    layout = distributed.setup(args.tp, device=args.device)
     spec = PretrainSpec(sizes=sizes, image=args.image, patch=args.patch, schedule=schedule, out=args.out,
-                        device=args.device, progress=not args.quiet and sys.stderr.isatty())  # fmt: skip
+                        device=args.device, fsdp=args.fsdp,
+                        progress=not args.quiet and sys.stderr.isatty() and layout.main)  # fmt: skip
     data = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     table = Table("size", "params", "loss", "first", "final", "steps", "seconds", "weights")
-    for s in pretrain(spec, data):
-        table.add_row(s["size"], f"{s['params']:,}", s["loss"], f"{s['first_loss']:.4f}",
-                      f"{s['final_loss']:.4f}", str(s["steps"]), str(s["seconds"]), s["weights"])  # fmt: skip
-    console.print(table)
+    try:
+        for s in pretrain(spec, data):
+            table.add_row(s["size"], f"{s['params']:,}", s["loss"], f"{s['first_loss']:.4f}",
+                          f"{s['final_loss']:.4f}", str(s["steps"]), str(s["seconds"]), s["weights"])  # fmt: skip
+    finally:
+        distributed.teardown()
+    if layout.main:
+        console.print(table)
     return 0
 
 

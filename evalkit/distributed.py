@@ -94,3 +94,30 @@ def teardown():
 
         dist.destroy_process_group()
         _CURRENT[0] = Layout()
+
+
+def average_gradients(module: torch.nn.Module):
+    """After backward under torchrun: the mean of the data-parallel ranks' gradients, so
+    every rank steps as one process on the joined batch would."""
+    layout = current()
+    if layout.dp_size == 1:
+        return
+    import torch.distributed as dist
+
+    group = layout.mesh["dp"].get_group()
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= layout.dp_size
+
+
+def mean_over_ranks(value: float) -> float:
+    """The mean of a number over the data-parallel ranks (itself in one process)."""
+    layout = current()
+    if layout.dp_size == 1:
+        return value
+    import torch.distributed as dist
+
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total, group=layout.mesh["dp"].get_group())
+    return total.item() / layout.dp_size

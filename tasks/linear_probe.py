@@ -49,7 +49,7 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
-from evalkit.training.finetune import sampled_batches
+from evalkit.training.loop import sampled_batches
 from evalkit.zeroshot import label_space_hits
 
 from .finetuning import FinetuneSettings, end_to_end, finetune_extra, resolution

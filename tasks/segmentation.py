@@ -33,7 +33,7 @@ from evalkit.data.dense import ADE_CLASSES, IGNORE
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
 from evalkit.task import POSITIVE, SHARE, Metric, one_of, setting
-from evalkit.training.finetune import sampled_batches
+from evalkit.training.loop import sampled_batches
 
 from .dense import (
     DenseSettings,

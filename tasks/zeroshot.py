@@ -37,7 +37,6 @@ from evalkit.heads.text import (
     LitModel,
     LitText,
     TowerConfig,
-    average_gradients,
     load_tower,
     save_tower,
     tokenizer,
@@ -238,7 +237,7 @@ class Lit(ZeroShot):
                                weight_decay=self.weight_decay, warmup=self.warmup, clip=self.clip,
                                seed=ctx.seed)  # fmt: skip
         losses = train(model, step_loss, len(rows), settings, device=ctx.extract.device,
-                       progress=ctx.extract.progress, after_backward=average_gradients)  # fmt: skip
+                       progress=ctx.extract.progress, after_backward=mesh.average_gradients)  # fmt: skip
         fit = {"lit_first_loss": losses[0], "lit_final_loss": sum(losses[-10:]) / len(losses[-10:]),
                "lit_pairs": int(len(rows)), "lit_captions": int(len(tokens)),
                "lit_unreadable": int(len(feats) - len(rows)), "lit_skipped": pairs.skipped,

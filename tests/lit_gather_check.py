@@ -13,7 +13,8 @@ import sys
 import torch
 
 from evalkit import distributed as mesh
-from evalkit.heads.text import LitModel, TowerConfig, average_gradients, contrastive_loss, tokenizer
+from evalkit.distributed import average_gradients
+from evalkit.heads.text import LitModel, TowerConfig, contrastive_loss, tokenizer
 
 
 def main():

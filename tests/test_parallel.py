@@ -157,3 +157,26 @@ def test_lit_loss_on_two_ranks_equals_the_joined_batch(tmp_path):
     result = json.loads((tmp_path / "lit.json").read_text())
     assert result["gathered"] == pytest.approx(result["joined"], rel=1e-6)
     assert result["grad_diff"] < 1e-6
+
+
+def test_trainer_on_two_ranks_equals_one_process(tmp_path):
+    """The backbone trainer data parallel, under FSDP2 and tensor parallel, with a resume from
+    a checkpoint midway: the losses and gradient norms of every step equal one process's."""
+    script = str(Path(__file__).with_name("train_parallel_check.py"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = tmp_path / "single.json"
+    subprocess.run([sys.executable, script, str(single), "1", "dp"], check=True, env=env,
+                   timeout=600)  # fmt: skip
+    torchrun(script, str(tmp_path / "dp.json"), "1", "dp", "fsdp")
+    torchrun(script, str(tmp_path / "tp.json"), "2", "tp")
+    reference = json.loads(single.read_text())["dp"]
+    runs = json.loads((tmp_path / "dp.json").read_text()) | json.loads(
+        (tmp_path / "tp.json").read_text()
+    )
+    assert set(runs) == {"dp", "fsdp", "tp"}
+    for mode, log in runs.items():
+        assert len(log) == 5, mode
+        for ours, theirs in zip(log, reference, strict=True):
+            assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-5), mode
+            assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3), mode
+    assert reference[-1]["loss"] < reference[0]["loss"]  # it trains

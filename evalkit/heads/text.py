@@ -109,22 +109,6 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     return all_gather_tensor_autograd(x.contiguous(), 0, layout.mesh["dp"].get_group())
 
 
-def average_gradients(module: nn.Module):
-    """After backward under torchrun: the mean of the ranks' gradients. Each rank's loss is
-    the global loss and the gather sums the ranks' gradients into each rank's rows, so the mean
-    is the one-process gradient of the joined batch."""
-    layout = mesh.current()
-    if layout.dp_size == 1:
-        return
-    import torch.distributed as dist
-
-    group = layout.mesh["dp"].get_group()
-    for p in module.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad /= layout.dp_size
-
-
 class LitText:
     """A trained tower as a ``TextTower``, plus the image side it was trained with."""
 

@@ -16,6 +16,7 @@ from evalkit.errors import EvalkitError
 COLWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc1")
 ROWWISE = ("attn.out", "mlp.fc2")
 REDUCE = ("reduce", "reduce_attn", "reduce_mlp")
+HEAD_LOCAL = ("attn.q_norm", "attn.k_norm")  # replicated, applied per head
 
 
 def sharded_dim(name: str) -> int | None:
@@ -70,7 +71,21 @@ def apply_tensor_parallel(model, mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
     check_divisible(model.cfg, mesh.size())
-    return parallelize_module(model, mesh, tensor_parallel_plan(model))
+    model = parallelize_module(model, mesh, tensor_parallel_plan(model))
+    sum_head_local_gradients(model, mesh)
+    return model
+
+
+def sum_head_local_gradients(model, mesh):
+    """The QK norms are replicated, yet each rank applies them to its own heads only, so each
+    rank's gradient of them is a partial sum: a hook adds the ranks' parts (training only;
+    inference computes no gradients)."""
+    from torch.distributed._functional_collectives import all_reduce
+
+    group = mesh.get_group()
+    for name, param in model.named_parameters():
+        if any(f".{norm}." in name for norm in HEAD_LOCAL):
+            param.register_hook(lambda grad: all_reduce(grad, "sum", group))
 
 
 def apply_fsdp(model, mesh):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
 
 import torch
 
@@ -84,20 +83,3 @@ class EndToEnd(torch.nn.Module):
     def forward(self, images: torch.Tensor):
         features = self._extract(images, **self.request)
         return self.head(features.grids if self.request["dense"] else features.pooled)
-
-
-def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | None = None):
-    """The trainer's ``batch(step, micro)``: a batch drawn from the (seed, step, micro)
-    generator, with the dataset's random augmentation seeded the same way, so a resumed run
-    sees exactly the batches an uninterrupted one would."""
-
-    def batch(step: int, micro: int):
-        torch.manual_seed(hash((seed, step, micro)) % 2**63)
-        pick = torch.randint(0, len(dataset), (batch_size,))
-        items = [dataset[int(i)] for i in pick]
-        if collate is not None:
-            return collate(items)
-        images = torch.stack([item[0] for item in items])
-        return images, torch.stack([torch.as_tensor(item[1]) for item in items])
-
-    return batch

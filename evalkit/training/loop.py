@@ -4,6 +4,12 @@ decay, global-norm clipping, optional z-loss and independent weight decay, gradi
 accumulation, bf16 autocast on CUDA, and a data order that is a pure function of (seed, step),
 so a resumed run sees the batches an uninterrupted one would.
 
+Under torchrun each data-parallel rank draws the whole step's sample indices and computes
+its share of the batch (the ``batch`` callable slices by rank); gradients are averaged over
+ranks (by FSDP2 itself when the model is sharded with it), the logged loss is the mean over
+ranks, and the global gradient norm is taken over every shard, so the steps equal one
+process's on the joined batch. Checkpoints hold whole tensors, gathered to rank 0.
+
 Checkpoints (``out/checkpoint-<step>/``: weights as safetensors, optimizer and RNG state, the
 log so far) are written to a temporary folder and renamed, then named in ``out/latest.json``;
 a run restarted with the same ``out`` resumes from the latest one, and a killed run loses at
@@ -23,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit import distributed as mesh
 from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.errors import EvalkitError
 from evalkit.identity import read_json, write_json
@@ -100,6 +107,34 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
     return log
 
 
+def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | None = None):
+    """A ``Batch`` over ``dataset``: each step's sample indices drawn from the (seed, step,
+    micro) generator and each item's random augmentation seeded by its position in the batch,
+    so a resumed run, and a run over several data-parallel ranks (each loads its own share),
+    see exactly the images one uninterrupted process would."""
+
+    def batch(step: int, micro: int):
+        layout = mesh.current()
+        if batch_size % layout.dp_size:
+            raise EvalkitError(
+                f"batch size {batch_size} must be a multiple of the {layout.dp_size} "
+                "data-parallel ranks"
+            )
+        generator = torch.Generator().manual_seed(hash((seed, step, micro)) % 2**63)
+        pick = torch.randint(0, len(dataset), (batch_size,), generator=generator)
+        share = batch_size // layout.dp_size
+        items = []
+        for position in range(layout.dp_rank * share, (layout.dp_rank + 1) * share):
+            torch.manual_seed(hash((seed, step, micro, position)) % 2**63)
+            items.append(dataset[int(pick[position])])
+        if collate is not None:
+            return collate(items)
+        images = torch.stack([item[0] for item in items])
+        return images, torch.stack([torch.as_tensor(item[1]) for item in items])
+
+    return batch
+
+
 def make_optimizer(model, schedule: Schedule, groups: list[dict] | None = None):
     if schedule.optimizer not in OPTIMIZERS:
         raise EvalkitError(
@@ -133,31 +168,85 @@ def train_step(
             seen = observe()
         (loss / schedule.accumulate).backward()
         total += loss.item() / schedule.accumulate
+    if not fsdp_sharded(model):
+        mesh.average_gradients(model)
+    total = mesh.mean_over_ranks(total)
     if not math.isfinite(total):
         lr = optimizer.param_groups[0]["lr"]
         raise Diverged(
             f"the loss became {total} at step {step} (lr {lr:.3g}): lower the learning rate"
         )
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.clip)
+    norm = clip_global_norm(model, schedule.clip)
     optimizer.step()
     return {
         "step": step,
         "loss": total,
         "lr": optimizer.param_groups[0]["lr"],
-        "grad_norm": norm.item(),
+        "grad_norm": norm,
         **seen,
     }
 
 
+def fsdp_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def clip_global_norm(model, limit: float) -> float:
+    """Clip the gradients to a global L2 norm of ``limit``; returns the norm before. Sharded
+    gradients (FSDP2, tensor parallel) count once each, whatever rank holds them."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not any(isinstance(p.grad, DTensor) for p in params):
+        return torch.nn.utils.clip_grad_norm_(params, limit).item()
+    squares = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        norm = torch.linalg.vector_norm(p.grad.float())
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        squares += norm.double().cpu() ** 2
+    total = squares.sqrt().item()
+    scale = min(1.0, limit / (total + 1e-6))
+    for p in params:
+        p.grad.mul_(scale)
+    return total
+
+
+def full_state(module) -> dict[str, torch.Tensor]:
+    """Whole CPU tensors of ``module``'s state (gathered from every rank when sharded; the
+    other ranks get an empty dict)."""
+    if mesh.current().mesh is None:
+        return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {k: v.contiguous() for k, v in get_model_state_dict(module, options=options).items()}
+
+
+def _optimizer_state(model, optimizer) -> dict:
+    if mesh.current().mesh is None:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
 def save(model, optimizer, lr_schedule, log: list[dict], out: Path):
-    """``out/checkpoint-<step>``, written whole before ``latest.json`` names it."""
-    out = Path(out)
+    """``out/checkpoint-<step>``, written whole (by rank 0) before ``latest.json`` names it."""
+    state, optimizer_state = full_state(model), _optimizer_state(model, optimizer)
+    if mesh.current().main:
+        _write(state, optimizer_state, lr_schedule, log, Path(out))
+    mesh.barrier()
+
+
+def _write(state, optimizer_state, lr_schedule, log: list[dict], out: Path):
     name = f"checkpoint-{len(log):07d}"
     tmp = out / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_checkpoint(state, tmp, {"step": len(log)})
-    torch.save({"optimizer": optimizer.state_dict(), "lr_schedule": lr_schedule.state_dict(),
+    torch.save({"optimizer": optimizer_state, "lr_schedule": lr_schedule.state_dict(),
                 "rng": torch.get_rng_state(), "log": log}, tmp / "trainer.pt")  # fmt: skip
     shutil.rmtree(out / name, ignore_errors=True)
     os.replace(tmp, out / name)
@@ -175,9 +264,9 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
         return []
     folder = Path(out) / read_json(pointer)["checkpoint"]
     try:
-        load_strict(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
+        _restore_model(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
         trainer = torch.load(folder / "trainer.pt", weights_only=True)
-        optimizer.load_state_dict(trainer["optimizer"])
+        _restore_optimizer(model, optimizer, trainer["optimizer"])
         lr_schedule.load_state_dict(trainer["lr_schedule"])
     except EvalkitError:
         raise
@@ -187,3 +276,23 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
         ) from exc
     torch.set_rng_state(trainer["rng"])
     return list(trainer["log"])
+
+
+def _restore_model(model, state: dict, *, source: str):
+    if mesh.current().mesh is None:
+        load_strict(model, state, source=source)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _restore_optimizer(model, optimizer, state: dict):
+    if mesh.current().mesh is None:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(
+        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+    )

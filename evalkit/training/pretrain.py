@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
+from evalkit import distributed as mesh
 from evalkit.checkpoints import save_checkpoint
 from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.identity import library_versions, write_json
 from evalkit.models.vit22b import SIZES, ViT, build, config
-from evalkit.training.finetune import sampled_batches
-from evalkit.training.loop import Schedule, fit
+from evalkit.training.loop import Schedule, fit, full_state, sampled_batches
 
 LADDER_SIZES = ("test", "ti", "s", "b", "l")  # the sizes a CPU or one GPU can pretrain
 
@@ -42,6 +42,7 @@ class PretrainSpec:
     out: Path = Path("checkpoints/pretrain")
     device: str = "cpu"
     progress: bool = True
+    fsdp: bool = False  # under torchrun: shard parameters over the data-parallel ranks
 
     def check(self):
         unknown = [s for s in self.sizes if s not in SIZES]
@@ -94,6 +95,7 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     cfg = config(size, image=spec.image, patch=spec.patch)
     torch.manual_seed(schedule.seed)
     model = Classifier(build(cfg, seed=schedule.seed), len(dataset.classes)).to(spec.device)
+    model = shard(model, fsdp=spec.fsdp)
     multilabel = name == "jft"
     loss = (
         torch.nn.functional.binary_cross_entropy_with_logits
@@ -108,19 +110,52 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
         model, batch, loss, schedule, out=folder / "run", device=spec.device, progress=spec.progress
     )
     seconds = time.perf_counter() - start
-    vit_state = {k: v.detach().cpu().contiguous() for k, v in model.vit.state_dict().items()}
-    weights = save_checkpoint(vit_state, folder, cfg.as_dict())
-    head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
-    from safetensors.torch import save_file
-
-    save_file(
-        head, str(folder / "head.safetensors"), metadata={"classes": ",".join(dataset.classes)}
-    )
+    state = full_state(model)  # every rank takes part in gathering; rank 0 writes
+    weights = folder / "model.safetensors"
+    if mesh.current().main:
+        _write_weights(state, folder, cfg, dataset.classes)
+    layout = mesh.current()
     summary = {"size": size, "weights": str(weights), "params": sum(p.numel() for p in model.vit.parameters()),
+               "ranks": {"dp": layout.dp_size, "tp": layout.tp_size, "fsdp": spec.fsdp},
                "loss": "sigmoid" if multilabel else "softmax", "dataset": name,
                "first_loss": log[0]["loss"], "final_loss": sum(e["loss"] for e in log[-10:]) / len(log[-10:]),
                "steps": len(log), "seconds": round(seconds, 1), "schedule": asdict(schedule),
                "image": spec.image, "patch": spec.patch, "data_id": data_identity(name, data),
                "versions": library_versions()}  # fmt: skip
-    write_json(folder / "provenance.json", summary)
+    if layout.main:
+        write_json(folder / "provenance.json", summary)
+    mesh.barrier()
     return summary
+
+
+def _write_weights(state: dict, folder: Path, cfg, classes):
+    """The backbone as ``model.safetensors`` (its config in the metadata) and the classifier as
+    ``head.safetensors`` (its class names in the metadata)."""
+    from safetensors.torch import save_file
+
+    save_checkpoint({k[4:]: v for k, v in state.items() if k.startswith("vit.")}, folder,
+                    cfg.as_dict())  # fmt: skip
+    head = {k[5:]: v for k, v in state.items() if k.startswith("head.")}
+    save_file(head, str(folder / "head.safetensors"), metadata={"classes": ",".join(classes)})
+
+
+def shard(model: Classifier, *, fsdp: bool) -> Classifier:
+    """Spread ``model`` over the torchrun layout: tensor parallel over ``tp`` with the
+    family's plan, and FSDP2 over ``dp`` (``fsdp``); else data parallel with whole copies."""
+    layout = mesh.current()
+    if layout.tp_size > 1:
+        from evalkit.parallel.plan import apply_tensor_parallel
+
+        apply_tensor_parallel(model.vit, layout.mesh["tp"])
+    if fsdp:
+        if layout.dp_size == 1:
+            raise EvalkitError(
+                "--fsdp shards over data-parallel ranks: launch more processes than --tp"
+            )
+        from torch.distributed.fsdp import fully_shard
+
+        from evalkit.parallel.plan import apply_fsdp
+
+        apply_fsdp(model.vit, layout.mesh["dp"])
+        fully_shard(model, mesh=layout.mesh["dp"])
+    return model
