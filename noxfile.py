@@ -62,6 +62,7 @@ def bench(session):
         "bench_probe_memory",
         "bench_lit",
         "bench_video",
+        "bench_trainer",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

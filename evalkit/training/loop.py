@@ -37,6 +37,7 @@ from evalkit.progress import ProgressBar
 
 OPTIMIZERS = ("adamw", "adafactor")
 LATEST = "latest.json"
+SHARDED = "sharded"  # a checkpoint's per-rank shards, written under torchrun
 
 
 @dataclass(frozen=True)
@@ -214,44 +215,60 @@ def clip_global_norm(model, limit: float) -> float:
 
 
 def full_state(module) -> dict[str, torch.Tensor]:
-    """Whole CPU tensors of ``module``'s state (gathered from every rank when sharded; the
-    other ranks get an empty dict)."""
-    if mesh.current().mesh is None:
-        return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    """Whole CPU tensors of ``module``'s state, gathered one tensor at a time when sharded
+    (every rank takes part; rank 0 keeps them, the others get an empty dict)."""
+    from torch.distributed.tensor import DTensor
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {k: v.contiguous() for k, v in get_model_state_dict(module, options=options).items()}
-
-
-def _optimizer_state(model, optimizer) -> dict:
-    if mesh.current().mesh is None:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(model, optimizer, options=options)
+    keep, state = mesh.current().main, {}
+    for key, value in module.state_dict().items():
+        whole = value.full_tensor() if isinstance(value, DTensor) else value
+        if keep:
+            state[key] = whole.detach().cpu().contiguous()
+    return state
 
 
 def save(model, optimizer, lr_schedule, log: list[dict], out: Path):
-    """``out/checkpoint-<step>``, written whole (by rank 0) before ``latest.json`` names it."""
-    state, optimizer_state = full_state(model), _optimizer_state(model, optimizer)
-    if mesh.current().main:
-        _write(state, optimizer_state, lr_schedule, log, Path(out))
+    """``out/checkpoint-<step>``, written whole before ``latest.json`` names it. Under torchrun
+    every rank writes its own shards of the weights and optimizer state (``sharded/``, torch's
+    distributed checkpoint format); rank 0 writes the rest."""
+    out, layout = Path(out), mesh.current()
+    name = f"checkpoint-{len(log):07d}"
+    tmp = out / f".{name}.tmp"
+    if layout.main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    mesh.barrier()
+    if layout.mesh is None:
+        save_checkpoint(full_state(model), tmp, {"step": len(log)})
+        trainer = {"optimizer": optimizer.state_dict()}
+    else:
+        _save_sharded(model, optimizer, tmp / SHARDED)
+        trainer = {}
+    if layout.main:
+        trainer |= {
+            "lr_schedule": lr_schedule.state_dict(),
+            "rng": torch.get_rng_state(),
+            "log": log,
+        }
+        torch.save(trainer, tmp / "trainer.pt")
+        _publish(out, name, len(log))
     mesh.barrier()
 
 
-def _write(state, optimizer_state, lr_schedule, log: list[dict], out: Path):
-    name = f"checkpoint-{len(log):07d}"
-    tmp = out / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(state, tmp, {"step": len(log)})
-    torch.save({"optimizer": optimizer_state, "lr_schedule": lr_schedule.state_dict(),
-                "rng": torch.get_rng_state(), "log": log}, tmp / "trainer.pt")  # fmt: skip
+def _save_sharded(model, optimizer, folder: Path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+
+
+def _publish(out: Path, name: str, step: int):
+    """Rename the finished folder into place, point ``latest.json`` at it, drop the previous."""
     shutil.rmtree(out / name, ignore_errors=True)
-    os.replace(tmp, out / name)
+    os.replace(out / f".{name}.tmp", out / name)
     previous = read_json(out / LATEST).get("checkpoint") if (out / LATEST).exists() else None
-    write_json(out / LATEST, {"checkpoint": name, "step": len(log)})
+    write_json(out / LATEST, {"checkpoint": name, "step": step})
     if previous and previous != name:
         shutil.rmtree(out / previous, ignore_errors=True)
 
@@ -263,10 +280,15 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
     if not pointer.exists():
         return []
     folder = Path(out) / read_json(pointer)["checkpoint"]
+    _check_layout(folder)
     try:
-        _restore_model(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
+        if mesh.current().mesh is None:
+            load_strict(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
         trainer = torch.load(folder / "trainer.pt", weights_only=True)
-        _restore_optimizer(model, optimizer, trainer["optimizer"])
+        if mesh.current().mesh is None:
+            optimizer.load_state_dict(trainer["optimizer"])
+        else:
+            _load_sharded(model, optimizer, folder / SHARDED)
         lr_schedule.load_state_dict(trainer["lr_schedule"])
     except EvalkitError:
         raise
@@ -278,21 +300,19 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
     return list(trainer["log"])
 
 
-def _restore_model(model, state: dict, *, source: str):
-    if mesh.current().mesh is None:
-        load_strict(model, state, source=source)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+def _check_layout(folder: Path):
+    sharded, distributed = (folder / SHARDED).exists(), mesh.current().mesh is not None
+    if sharded != distributed:
+        how = "under torchrun" if sharded else "in one process"
+        raise EvalkitError(f"{folder} was written {how}: resume it the same way")
 
 
-def _restore_optimizer(model, optimizer, state: dict):
-    if mesh.current().mesh is None:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def _load_sharded(model, optimizer, folder: Path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    set_optimizer_state_dict(
-        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
-    )
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])  # fmt: skip
