@@ -71,3 +71,34 @@ def throughput_plot(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def lr_scaling_plot(
+    finals: dict[str, dict[str, float]], widths: dict[str, int], path: Path
+) -> Path:
+    """Final loss against model width, one line per learning-rate policy (``finals[size]
+    [policy]``: "kept" at the base LR, "lowered" with width)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(finals, key=widths.get)
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for policy, style in (("kept", "o-"), ("lowered", "s--")):
+        ax.plot([widths[s] for s in sizes], [finals[s][policy] for s in sizes], style,
+                label=f"LR {policy}")  # fmt: skip
+    for size in sizes:
+        ax.annotate(size, (widths[size], finals[size]["kept"]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("width")
+    ax.set_ylabel("final training loss")
+    ax.set_title("QK-norm: keep the learning rate vs lower it with size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -31,6 +31,9 @@ VARIANTS = {
                "with": {"qkv_bias": True, "ln_bias": True, "norm": "layer"}},
     "parallel": {"parallel": {"parallel": True}, "sequential": {"parallel": False}},
 }  # fmt: skip
+# Dense bf16 peak TFLOP/s by device name, for model FLOPs utilisation (vendors' data sheets).
+PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0,
+               "L4": 121.0, "A10": 125.0}  # fmt: skip
 PAPER = {
     "biases": "~+3% utilisation without biases",
     "parallel": "~15% faster with parallel blocks",
@@ -52,6 +55,7 @@ class EfficiencyAblation(Task):
     steps: int = setting(100, POSITIVE)  # the quality budget
     lr: float = setting(1e-3, POSITIVE)
     warmup: int = setting(10, NON_NEGATIVE)
+    peak_tflops: float = setting(0.0, NON_NEGATIVE)  # 0: the device's, where it is known
 
     version = 1
     trains_own_model = True
@@ -84,8 +88,9 @@ class EfficiencyAblation(Task):
                  "paper": PAPER[self.switch], "size": self.size, "image": self.image,
                  "picture": self.plot(rates, losses, ctx)}  # fmt: skip
         for name in names:
-            yield Metric(f"images_per_s/{name}", statistics.median(rates[name]), seeds=[ctx.seed],
-                         extra={**extra, "per_round": rates[name]})  # fmt: skip
+            rate = statistics.median(rates[name])
+            yield Metric(f"images_per_s/{name}", rate, seeds=[ctx.seed],
+                         extra={**extra, "per_round": rates[name], **self.utilisation(name, rate, ctx)})  # fmt: skip
             yield Metric(
                 f"final_loss/{name}",
                 losses[name],
@@ -107,10 +112,25 @@ class EfficiencyAblation(Task):
             throughput_plot(rates, losses, self.name, Path(ctx.artifacts) / f"{self.name}.png")
         )
 
+    def config(self, name: str):
+        return config(self.size, image=self.image, patch=self.patch, **VARIANTS[self.switch][name])
+
     def model(self, name: str, classes: int, seed: int) -> torch.nn.Module:
-        cfg = config(self.size, image=self.image, patch=self.patch, **VARIANTS[self.switch][name])
         torch.manual_seed(seed)
-        return Classifier(build(cfg, seed=seed), classes)
+        return Classifier(build(self.config(name), seed=seed), classes)
+
+    def utilisation(self, name: str, images_per_s: float, ctx) -> dict:
+        """Model FLOPs utilisation: training FLOPs done per second (3× the forward pass's, the
+        usual count) over the device's dense bf16 peak; measured on GPUs only."""
+        from evalkit.parallel.planner import forward_flops
+
+        device = ctx.extract.device
+        peak = self.peak_tflops or device_peak_tflops(device)
+        if not peak:
+            why = "no GPU" if not device.startswith("cuda") else "peak unknown: --set peak_tflops"
+            return {"mfu": None, "mfu_note": f"not measured ({why})"}
+        achieved = images_per_s * 3 * forward_flops(self.config(name))
+        return {"mfu": achieved / (peak * 1e12), "peak_tflops": peak}
 
     def throughput(
         self, names, classes: int, schedule: Schedule, batch, ctx
@@ -141,3 +161,10 @@ class EfficiencyAblation(Task):
         log = fit(model, batch, torch.nn.functional.cross_entropy, schedule, device=ctx.extract.device,
                   progress=ctx.extract.progress)  # fmt: skip
         return sum(e["loss"] for e in log[-10:]) / len(log[-10:])
+
+
+def device_peak_tflops(device: str) -> float | None:
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)

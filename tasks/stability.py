@@ -191,22 +191,35 @@ class QKNormLR(SmallTraining):
         data = (x, y, int(y.max()) + 1)
         base = SIZES[self.sizes[0]][0]
         note = "the paper's claim (keep LR 1e-3 with QK-norm up to ViT-L) is not confirmed in public text"
+        rows, finals = [], {}
         for size in self.sizes:
             lrs = {"kept": self.lr, "lowered": self.lr * base / SIZES[size][0]}
-            finals = {}
+            finals[size] = {}
             for variant, lr in lrs.items():
                 run = train_run(self, size, data, True, lr, ctx)
-                finals[variant] = _final(run)
+                finals[size][variant] = _final(run)
                 extra = {
                     "lr": lr,
                     "width": SIZES[size][0],
                     "diverged": run["diverged"],
                     "note": note,
                 }
-                yield Metric(f"final_loss/{variant}/{size}", finals[variant], higher_is_better=False,
-                             seeds=[ctx.seed], extra=extra)  # fmt: skip
-            yield Metric(f"gain/{size}", finals["lowered"] - finals["kept"], seeds=[ctx.seed],
-                         extra={"lrs": lrs, "note": note})  # fmt: skip
+                rows.append(Metric(f"final_loss/{variant}/{size}", finals[size][variant],
+                                   higher_is_better=False, seeds=[ctx.seed], extra=extra))  # fmt: skip
+            rows.append(Metric(f"gain/{size}", finals[size]["lowered"] - finals[size]["kept"],
+                               seeds=[ctx.seed], extra={"lrs": lrs, "note": note}))  # fmt: skip
+        picture = self.plot(finals, ctx)
+        for row in rows:
+            row.extra["picture"] = picture
+            yield row
+
+    def plot(self, finals: dict, ctx) -> str | None:
+        if ctx.artifacts is None:
+            return None
+        from evalkit.plots import lr_scaling_plot
+
+        widths = {size: SIZES[size][0] for size in finals}
+        return str(lr_scaling_plot(finals, widths, Path(ctx.artifacts) / f"{self.name}.png"))
 
 
 def _final(run: dict) -> float:

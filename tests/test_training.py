@@ -152,6 +152,7 @@ def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch, 
     ratio = rows[f"images_per_s/{first}"].value / rows[f"images_per_s/{second}"].value
     assert rows["speedup"].value == pytest.approx(ratio)
     assert Path(rows["speedup"].extra["picture"]).read_bytes()[:4] == b"\x89PNG"
+    assert rows[f"images_per_s/{first}"].extra["mfu_note"] == "not measured (no GPU)"
     if switch == "biases":  # "without" is first: the biased model has more parameters
         sizes = [
             sum(p.numel() for p in task.model(name, 3, 0).parameters())
@@ -188,9 +189,10 @@ def test_ablations_run_without_a_backbone_and_other_tasks_ask_for_one(cli_env, c
     assert "needs a backbone" in capsys.readouterr().err
 
 
-def test_qk_norm_lr_compares_kept_and_lowered_learning_rates(fake, ctx):
+def test_qk_norm_lr_compares_kept_and_lowered_learning_rates(fake, ctx, tmp_path):
     from evalkit.tasks.stability import QKNormLR
 
+    ctx.artifacts = tmp_path / "pictures"
     task = QKNormLR(sizes=("test", "ti"), steps=4, warmup=1, batch_size=8)
     rows = {m.metric: m for m in task.run(fake, ctx)}
     assert set(rows) == set(task.metrics())
@@ -199,3 +201,14 @@ def test_qk_norm_lr_compares_kept_and_lowered_learning_rates(fake, ctx):
     gain = rows["final_loss/lowered/ti"].value - rows["final_loss/kept/ti"].value
     assert rows["gain/ti"].value == pytest.approx(gain)
     assert "not confirmed" in rows["gain/test"].extra["note"]
+    assert Path(rows["gain/ti"].extra["picture"]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_model_flops_utilisation_by_hand(ctx):
+    from evalkit.parallel.planner import forward_flops
+    from evalkit.tasks.efficiency import EfficiencyAblation
+
+    task = EfficiencyAblation(size="test", image=32, peak_tflops=2.0)
+    utilisation = task.utilisation("parallel", 1000.0, ctx)
+    flops = 3 * forward_flops(task.config("parallel"))
+    assert utilisation["mfu"] == pytest.approx(1000.0 * flops / 2e12)
