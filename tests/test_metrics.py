@@ -1,6 +1,10 @@
+import math
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from evalkit.heads.linear import (
     BIAS_CONSTANT,
@@ -109,3 +113,80 @@ def test_standardizer_zero_mean_unit_std():
     z = Standardizer.fit(x)(x)
     torch.testing.assert_close(z.mean(0), torch.zeros(x.shape[1]), atol=1e-5, rtol=0)
     torch.testing.assert_close(z.std(0, unbiased=False), torch.ones(x.shape[1]), atol=1e-3, rtol=0)
+
+
+# --- calibration ---------------------------------------------------------------------------
+
+CALIBRATION_PROBS = torch.tensor(
+    [[0.2, 0.7, 0.1], [0.6, 0.3, 0.1], [1.0, 0.0, 0.0], [0.4, 0.35, 0.25]], dtype=torch.float64
+)
+CALIBRATION_LABELS = torch.tensor([1, 1, 0, 0])
+
+
+def test_ece_by_hand_with_a_confidence_of_one_and_empty_bins():
+    from evalkit.metrics import expected_calibration_error, reliability
+
+    # confidences 0.7 (right), 0.6 (wrong), 1.0 (right), 0.4 (right): one per bin
+    ece = expected_calibration_error(CALIBRATION_PROBS, CALIBRATION_LABELS)
+    assert ece == pytest.approx((0.3 + 0.6 + 0.0 + 0.6) / 4)
+    bins = reliability(CALIBRATION_PROBS, CALIBRATION_LABELS)
+    assert bins.counts[14] == 1 and bins.accuracy[14] == 1.0  # 1.0 lands in the last bin
+    assert sum(bins.counts) == 4 and bins.counts.count(0) == 11
+    assert all(math.isnan(a) for a, n in zip(bins.accuracy, bins.counts, strict=True) if n == 0)
+
+
+def test_equal_mass_ece_by_hand():
+    from evalkit.metrics import expected_calibration_error
+
+    # 2 bins of 2: {0.4 right, 0.6 wrong} → |0.5 − 0.5|; {0.7, 1.0 both right} → |1 − 0.85|
+    ece = expected_calibration_error(CALIBRATION_PROBS, CALIBRATION_LABELS, bins=2, scheme="mass")
+    assert ece == pytest.approx(0.5 * 0.0 + 0.5 * 0.15)
+
+
+def test_brier_and_nll_by_hand():
+    from evalkit.metrics import brier_score, negative_log_likelihood
+
+    assert brier_score(CALIBRATION_PROBS, CALIBRATION_LABELS) == pytest.approx(
+        (0.14 + 0.86 + 0.0 + 0.545) / 4
+    )
+    logits = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]])
+    nll = negative_log_likelihood(logits, torch.tensor([1, 0]))
+    assert nll == pytest.approx((-math.log(0.75) - math.log(0.5)) / 2)
+
+
+def test_fitted_temperature_minimises_the_nll():
+    from evalkit.metrics import fit_temperature, negative_log_likelihood
+
+    generator = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(4000, 5, generator=generator, dtype=torch.float64)
+    labels = torch.multinomial(torch.softmax(logits / 2.0, dim=1), 1, generator=generator)[:, 0]
+    fitted = fit_temperature(logits, labels)
+    grid = torch.linspace(1.0, 3.0, 401)
+    best = min(grid.tolist(), key=lambda t: negative_log_likelihood(logits / t, labels))
+    assert fitted == pytest.approx(best, abs=0.01)
+    assert fitted == pytest.approx(2.0, abs=0.15)  # the temperature the labels were drawn at
+
+
+@given(st.lists(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3), min_size=1, max_size=60),
+       st.integers(0, 2))  # fmt: skip
+def test_ece_is_between_zero_and_one(rows, label):
+    from evalkit.metrics import expected_calibration_error
+
+    probs = torch.tensor(rows, dtype=torch.float64) + 1e-9
+    probs = probs / probs.sum(dim=1, keepdim=True)
+    labels = torch.full((len(rows),), label)
+    for scheme in ("width", "mass"):
+        assert 0.0 <= expected_calibration_error(probs, labels, scheme=scheme) <= 1.0 + 1e-12
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+def test_ece_is_zero_for_a_perfectly_calibrated_sample(repeats):
+    from evalkit.metrics import expected_calibration_error
+
+    rows, labels = [], []
+    for right, copies in zip(range(5, 11), repeats, strict=False):  # confidence right / 10
+        for _ in range(copies):
+            rows += [[right / 10, 1 - right / 10]] * 10
+            labels += [0] * right + [1] * (10 - right)
+    probs = torch.tensor(rows, dtype=torch.float64)
+    assert expected_calibration_error(probs, torch.tensor(labels)) == pytest.approx(0.0, abs=1e-12)
