@@ -99,3 +99,14 @@ TASKS.add(
     "evalkit.tasks.stability:QKNormLR",
     "ablation: with QK-norm, LR kept at 1e-3 at every ladder size vs lowered with width (final loss)",
 )
+TASKS.add(
+    "imagenet-ece",
+    "evalkit.tasks.calibration:Calibration",
+    "calibration on ImageNet val: ECE (15 bins), NLL, Brier, with and without temperature scaling",
+)
+TASKS.add(
+    "imagenet-c-ece",
+    "evalkit.tasks.calibration:Calibration",
+    "calibration on ImageNet-C: ECE per corruption and severity, averaged as Plex/UB do",
+    corrupted=True,
+)

@@ -375,14 +375,14 @@ def warn_random_init(backbone, console):
 
 
 def summary_cells(row, *, skipped: bool) -> list[str]:
-    from evalkit.results import own_spread
+    from evalkit.results import number, own_spread
 
-    spread = f" ± {own_spread(row):.2f}" if own_spread(row) is not None else ""
+    spread = f" ± {number(own_spread(row))}" if own_spread(row) is not None else ""
     return [
         row["task"],
         row["backbone"],
         row["metric"],
-        f"{row['value']:.2f}{spread}",
+        f"{number(row['value'])}{spread}",
         str(row.get("n") or ""),
         "skipped: same task, settings, backbone, weights, data and seed on disk (--force reruns)"
         if skipped

@@ -116,6 +116,18 @@ class Reliability:
                    zip(self.counts, self.accuracy, self.confidence, strict=True) if n)  # fmt: skip
 
 
+def pooled(parts: list[Reliability]) -> Reliability:
+    """Equal-width bins of several sets as one: counts added, means weighted by counts."""
+    counts = [sum(p.counts[b] for p in parts) for b in range(len(parts[0].counts))]
+
+    def mean(field: str, b: int) -> float:
+        total = sum(p.counts[b] * getattr(p, field)[b] for p in parts if p.counts[b])
+        return total / counts[b] if counts[b] else math.nan
+
+    return Reliability(parts[0].edges, counts, [mean("confidence", b) for b in range(len(counts))],
+                       [mean("accuracy", b) for b in range(len(counts))])  # fmt: skip
+
+
 def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS,
                 scheme: str = "width") -> Reliability:  # fmt: skip
     """Bin the top-1 confidences: ``width`` — ``bins`` equal-width bins over [0, 1], each

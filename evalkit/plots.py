@@ -102,3 +102,39 @@ def lr_scaling_plot(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def reliability_plot(diagrams: dict, path: Path) -> Path:
+    """Reliability diagrams: accuracy against mean confidence per bin (bars, the diagonal is
+    perfect calibration) with each bin's count written above it; ``diagrams`` maps a label to
+    an ``evalkit.metrics.Reliability``. With more than one corrupted set, the clean one and all
+    corrupted sets pooled are drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from evalkit.metrics import pooled
+
+    panels = {"clean": diagrams["clean"]}
+    corrupted = [d for label, d in diagrams.items() if label != "clean"]
+    if corrupted:
+        panels[f"ImageNet-C, {len(corrupted)} sets pooled"] = pooled(corrupted)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
+    for ax, (label, bins) in zip(axes[0], panels.items(), strict=True):
+        width = 1 / len(bins.counts)
+        centres = [(b + 0.5) * width for b in range(len(bins.counts))]
+        heights = [0 if n == 0 else a for a, n in zip(bins.accuracy, bins.counts, strict=True)]
+        ax.bar(centres, heights, width=width * 0.95, alpha=0.7, label="accuracy")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+        for x, h, n in zip(centres, heights, bins.counts, strict=True):
+            if n:
+                ax.text(x, h + 0.01, str(n), ha="center", fontsize=6, rotation=90)
+        ax.set(xlim=(0, 1), ylim=(0, 1.15), xlabel="confidence", ylabel="accuracy",
+               title=f"{label}: ECE {bins.ece:.3f}")  # fmt: skip
+        ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -129,8 +129,13 @@ def own_spread(row: Row) -> float | None:
 
 def format_value(mean: float, std: float | None) -> str:
     if std is None or math.isnan(std):
-        return f"{mean:.2f}"
-    return f"{mean:.2f} ± {std:.2f}"
+        return number(mean)
+    return f"{number(mean)} ± {number(std)}"
+
+
+def number(value: float) -> str:
+    """Two decimals, three below 1 (calibration errors, depth errors: 0.012 is not 0.01)."""
+    return f"{value:.3f}" if 0 < abs(value) < 1 else f"{value:.2f}"
 
 
 def pivot_table(
@@ -156,7 +161,7 @@ def pivot_table(
         for model, value in (
             (references or {}).get(rec["task"], {}).get(rec["metric"], {})
         ).items():
-            cells[column][f"paper: {model}"] = f"{value:.2f}"
+            cells[column][f"paper: {model}"] = number(value)
     frame = pd.DataFrame(cells).fillna("–")
     ours = sorted(i for i in frame.index if not i.startswith("paper: "))
     paper = sorted(i for i in frame.index if i.startswith("paper: "))

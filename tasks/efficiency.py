@@ -112,12 +112,12 @@ class EfficiencyAblation(Task):
             throughput_plot(rates, losses, self.name, Path(ctx.artifacts) / f"{self.name}.png")
         )
 
-    def config(self, name: str):
+    def model_config(self, name: str):
         return config(self.size, image=self.image, patch=self.patch, **VARIANTS[self.switch][name])
 
     def model(self, name: str, classes: int, seed: int) -> torch.nn.Module:
         torch.manual_seed(seed)
-        return Classifier(build(self.config(name), seed=seed), classes)
+        return Classifier(build(self.model_config(name), seed=seed), classes)
 
     def utilisation(self, name: str, images_per_s: float, ctx) -> dict:
         """Model FLOPs utilisation: training FLOPs done per second (3× the forward pass's, the
@@ -129,7 +129,7 @@ class EfficiencyAblation(Task):
         if not peak:
             why = "no GPU" if not device.startswith("cuda") else "peak unknown: --set peak_tflops"
             return {"mfu": None, "mfu_note": f"not measured ({why})"}
-        achieved = images_per_s * 3 * forward_flops(self.config(name))
+        achieved = images_per_s * 3 * forward_flops(self.model_config(name))
         return {"mfu": achieved / (peak * 1e12), "peak_tflops": peak}
 
     def throughput(

@@ -217,28 +217,44 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
 def finetuned_classification(task: LinearProbe, backbone, ctx):
     """Fine-tuning mode: backbone and a linear classifier trained end to end on augmented
     crops at ``finetune_resolution``, scored at that resolution (tasks/finetuning.py)."""
-    size = resolution(task, backbone)
-    pre = dataclasses.replace(backbone.info.preprocess, size=size)
-    train = task.training_set(build_transform(pre, train=True), ctx)
-    test, space = task.eval_set(
-        train.classes, build_transform(pre, square=task.resize == "square"), ctx
-    )
-    pool = resolve_pool(task.pool, backbone)
-    classes = len(train.classes)
-    run = end_to_end(task, backbone, ctx, lambda dims: torch.nn.Linear(dims[0], classes),
-                     layers=task.layers, pool=pool, dense=False)  # fmt: skip
-    batches = sampled_batches(train, task.finetune_batch_size, ctx.seed)
-    log = run.train(task, batches, torch.nn.functional.cross_entropy, ctx)
-    logits, labels = predict(run.model, test, ctx)
-    extra = {**finetune_extra(task, log, size), "pool": pool, "n_train": len(train),
-             "num_classes": classes}  # fmt: skip
+    tuned = FinetunedClassifier.train(task, backbone, ctx)
+    test, space = task.eval_set(tuned.classes, tuned.eval_transform, ctx)
+    logits, labels = predict(tuned.model, test, ctx)
     for k in (1, 5):
         row_hits = (
             topk_hits(logits, labels, k)
             if space is None
             else label_space_hits(logits, labels, space, k)
         )
-        yield Metric(f"top{k}", percent(row_hits), n=len(labels), seeds=[ctx.seed], extra=extra)
+        yield Metric(f"top{k}", percent(row_hits), n=len(labels), seeds=[ctx.seed],
+                     extra=tuned.extra)  # fmt: skip
+
+
+@dataclass
+class FinetunedClassifier:
+    """A fine-tuned backbone with its linear classifier, and how to score images with it."""
+
+    model: torch.nn.Module
+    classes: list[str]
+    eval_transform: object
+    extra: dict
+
+    @classmethod
+    def train(cls, task: LinearProbe, backbone, ctx, indices=None) -> FinetunedClassifier:
+        """Trained on the training split (only its ``indices`` when given)."""
+        size = resolution(task, backbone)
+        pre = dataclasses.replace(backbone.info.preprocess, size=size)
+        train = task.training_set(build_transform(pre, train=True), ctx)
+        sampled = train if indices is None else torch.utils.data.Subset(train, indices.tolist())
+        pool, classes = resolve_pool(task.pool, backbone), len(train.classes)
+        run = end_to_end(task, backbone, ctx, lambda dims: torch.nn.Linear(dims[0], classes),
+                         layers=task.layers, pool=pool, dense=False)  # fmt: skip
+        batches = sampled_batches(sampled, task.finetune_batch_size, ctx.seed)
+        log = run.train(task, batches, torch.nn.functional.cross_entropy, ctx)
+        extra = {**finetune_extra(task, log, size), "pool": pool, "n_train": len(sampled),
+                 "num_classes": classes}  # fmt: skip
+        eval_transform = build_transform(pre, square=task.resize == "square")
+        return cls(run.model, list(train.classes), eval_transform, extra)
 
 
 @torch.no_grad()
@@ -284,7 +300,7 @@ class ProbeData:
     split in one pass either way."""
 
     train: FeatureSet
-    test: FeatureSet
+    test: FeatureSet | None
     mode: str
     device: str
     scale: Standardizer | None = None
@@ -292,17 +308,29 @@ class ProbeData:
 
     @classmethod
     def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
+        """``test`` may be None when only training rows (and ``rows_of``) are wanted."""
         dim = train.take([0]).shape[-1] if len(train) else 0
         resident = resident_bytes(len(train), dim, classes) <= task.resident_gb * 2**30
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
             x_train = train.pooled.float()
-            scale = Standardizer.fit(x_train)
-            data.resident = {"train": scale(x_train).to(device),
-                             "test": scale(test.pooled.float()).to(device)}  # fmt: skip
+            data.scale = Standardizer.fit(x_train)
+            data.resident = {"train": data.scale(x_train).to(device)}
+            if test is not None:
+                data.resident["test"] = data.scale(test.pooled.float()).to(device)
         else:
             data.scale = Standardizer.fit_chunks(train.chunks())
         return data
+
+    def rows_of(self, feats: FeatureSet) -> Rows:
+        """Any split's rows, standardised with the training statistics, a shard at a time."""
+        labels = feats.labels.to(self.device)
+
+        def chunks():
+            for rows, part in feats.by_shard(torch.arange(len(feats))):
+                yield self.scale(rows.float()).to(self.device), labels[part.to(labels.device)]
+
+        return Rows(chunks, len(feats), len(self.scale.mean))
 
     def train_rows(self, indices: torch.Tensor | None = None) -> Rows:
         return self._rows("train", self.train, indices)

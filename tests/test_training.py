@@ -210,5 +210,5 @@ def test_model_flops_utilisation_by_hand(ctx):
 
     task = EfficiencyAblation(size="test", image=32, peak_tflops=2.0)
     utilisation = task.utilisation("parallel", 1000.0, ctx)
-    flops = 3 * forward_flops(task.config("parallel"))
+    flops = 3 * forward_flops(task.model_config("parallel"))
     assert utilisation["mfu"] == pytest.approx(1000.0 * flops / 2e12)

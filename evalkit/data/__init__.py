@@ -87,6 +87,8 @@ for _name in ("kinetics400", "kinetics600", "kinetics700"):
     DATASETS.add(
         _name, f"evalkit.data.video:{_name.upper()}", f"{_name} clips (class folders or CSV)"
     )
+DATASETS.add("imagenet-c", "evalkit.data.corrupted:IMAGENET_C",
+             "ImageNet-C (<corruption>/<severity>/<class>/<image>)")  # fmt: skip
 DATASETS.add("moments", "evalkit.data.video:MOMENTS", "Moments in Time clips (class folders)")
 for _name in ("waymo", "kitti", "nyu"):
     DATASETS.add(_name, f"evalkit.data.dense:{_name.upper()}", f"{_name} depth, flattened layout")

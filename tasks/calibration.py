@@ -1,0 +1,228 @@
+"""Calibration of a classifier on the backbone, on clean ImageNet and on ImageNet-C
+(effect-table row 11; docs/protocols.md, "Calibration").
+
+The classifier is the linear probe on frozen features by default (its L2 chosen on a 20%
+hold-out of train as ``imagenet-linear`` does, then refitted on the other 80%), or, with
+``--set finetune=true``, the backbone fine-tuned with a linear classifier on those 80%, as the
+paper's numbers were measured. A temperature is fitted on the held-out 20% by NLL; every
+score is given without it (``ece``) and with it (``ece_ts``). Metrics: ECE over 15
+equal-width bins of top-1 confidence (and over equal-mass bins), NLL, Brier score, top-1.
+
+``imagenet-ece`` scores ImageNet val. ``imagenet-c-ece`` also scores every corruption ×
+severity of ImageNet-C: ECE per (corruption, severity) in the rows' ``extra``, averaged over
+the corruptions per severity (``ece/s<k>``) and then over severities (``ece/mean``). Both
+write a reliability diagram (accuracy against confidence per bin, with counts) beside the rows.
+
+Paper: ECE ViT-L/32 0.05 → ViT-22B 0.01, fine-tuned at 384 px (Plex's benchmark; whether clean
+or corrupted data is unconfirmed): set beside fine-tuned runs only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalkit.data import open_dataset
+from evalkit.data.corrupted import split_name
+from evalkit.data.corruptions import NAMES, SEVERITIES
+from evalkit.features import FeatureRequest
+from evalkit.heads.linear import fit_logistic
+from evalkit.metrics import (
+    ECE_BINS,
+    brier_score,
+    expected_calibration_error,
+    fit_temperature,
+    negative_log_likelihood,
+    reliability,
+    topk_hits,
+)
+from evalkit.task import Metric, Rule, resolve_pool, setting
+
+from .linear_probe import (
+    FinetunedClassifier,
+    LinearProbe,
+    ProbeData,
+    percent,
+    predict,
+    stratified_holdout,
+)
+
+PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
+CORRUPTION_NAMES = Rule("ImageNet-C corruption names",
+                        lambda v: bool(v) and all(c in NAMES for c in v))  # fmt: skip
+SEVERITY_LEVELS = Rule("severities from 1 to 5", lambda v: bool(v) and set(v) <= set(SEVERITIES))
+
+
+@dataclass(frozen=True)
+class Calibration(LinearProbe):
+    name: str = "imagenet-ece"
+    corrupted: bool = False  # imagenet-c-ece: score ImageNet-C too
+    bins: int = setting(ECE_BINS, Rule("at least 2 bins", lambda v: v >= 2))
+    corruptions: tuple[str, ...] = setting(NAMES, CORRUPTION_NAMES)
+    severities: tuple[int, ...] = setting(SEVERITIES, SEVERITY_LEVELS)
+
+    version = 1
+
+    @property
+    def reference(self) -> dict:
+        if not self.finetune:
+            return {}  # the paper's ECE is of a fine-tuned classifier
+        return {"ece/mean" if self.corrupted else "ece": PAPER_ECE}
+
+    def metrics(self) -> list[str]:
+        clean = ["ece", "ece_ts", "ece_mass", "nll", "nll_ts", "brier", "top1"]
+        if not self.corrupted:
+            return clean
+        per_severity = [f"{m}/s{s}" for s in self.severities for m in ("ece", "ece_ts", "top1")]
+        return [f"{m}/clean" for m in clean] + [
+            "ece/mean", "ece_ts/mean", "top1/mean", "nll/mean", *per_severity]  # fmt: skip
+
+    def datasets(self) -> tuple[str, ...]:
+        return (self.dataset, "imagenet-c") if self.corrupted else (self.dataset,)
+
+    def reads(self) -> dict[str, dict[str, str]]:
+        reads = {
+            self.dataset: {self.train_split: self.train_split, self.eval_split: self.eval_split}
+        }
+        if self.corrupted:
+            splits = [split_name(c, s) for c in self.corruptions for s in self.severities]
+            reads["imagenet-c"] = {split: split for split in splits}
+        return reads
+
+    def run(self, backbone, ctx):
+        scorer = Scorer.fit(self, backbone, ctx)
+        temperature = fit_temperature(*scorer.held_out)
+        extra = {**scorer.extra, "temperature": temperature, "bins": self.bins}
+        clean_logits, clean_labels = scorer.score(self.dataset, self.eval_split)
+        clean = scores(clean_logits, clean_labels, temperature, self.bins)
+        diagrams = {"clean": reliability(torch.softmax(clean_logits, 1), clean_labels, self.bins)}
+        if not self.corrupted:
+            extra["picture"] = self.plot(diagrams, backbone, ctx)
+            for metric, value in clean.items():
+                yield self.metric(metric, value, len(clean_labels), ctx, extra)
+            return
+        by_set, sizes = {}, {}
+        for corruption in self.corruptions:
+            for severity in self.severities:
+                logits, labels = scorer.score("imagenet-c", split_name(corruption, severity))
+                by_set[(corruption, severity)] = scores(logits, labels, temperature, self.bins)
+                sizes[(corruption, severity)] = len(labels)
+                diagrams[f"{corruption}/{severity}"] = reliability(
+                    torch.softmax(logits, 1), labels, self.bins
+                )
+        extra["ece_by_corruption"] = {f"{c}/{s}": v["ece"] for (c, s), v in by_set.items()}
+        extra["picture"] = self.plot(diagrams, backbone, ctx)
+        counts = {s: sum(n for (_, sev), n in sizes.items() if sev == s) for s in self.severities}
+        for metric, value in corrupted_summary(by_set, self.severities, clean).items():
+            level = metric.rpartition("/s")[2]
+            n = (
+                len(clean_labels)
+                if metric.endswith("/clean")
+                else (counts[int(level)] if level.isdigit() else sum(counts.values()))
+            )
+            yield self.metric(metric, value, n, ctx, extra)
+
+    def metric(self, name: str, value: float, n: int, ctx, extra: dict) -> Metric:
+        lower = not name.startswith("top1")
+        return Metric(name, value, higher_is_better=not lower, n=n, seeds=[ctx.seed], extra=extra)
+
+    def plot(self, diagrams: dict, backbone, ctx) -> str | None:
+        if ctx.artifacts is None:
+            return None
+        from evalkit.plots import reliability_plot
+
+        slug = f"{self.name}--{backbone.info.name}".replace("/", "_")
+        return str(reliability_plot(diagrams, Path(ctx.artifacts) / f"{slug}.png"))
+
+
+def scores(logits: torch.Tensor, labels: torch.Tensor, temperature: float, bins: int) -> dict:
+    probs, scaled = torch.softmax(logits, 1), torch.softmax(logits / temperature, 1)
+    return {
+        "ece": expected_calibration_error(probs, labels, bins),
+        "ece_ts": expected_calibration_error(scaled, labels, bins),
+        "ece_mass": expected_calibration_error(probs, labels, bins, scheme="mass"),
+        "nll": negative_log_likelihood(logits, labels),
+        "nll_ts": negative_log_likelihood(logits / temperature, labels),
+        "brier": brier_score(probs, labels),
+        "top1": percent(topk_hits(logits, labels, 1)),
+    }
+
+
+def corrupted_summary(by_set: dict, severities, clean: dict) -> dict:
+    """Per severity the mean over corruptions; then the mean over severities."""
+    out = {f"{m}/clean": v for m, v in clean.items()}
+    for metric in ("ece", "ece_ts", "top1", "nll"):
+        per = {s: statistics.mean(v[metric] for (_, sev), v in by_set.items() if sev == s)
+               for s in severities}  # fmt: skip
+        if metric != "nll":
+            out |= {f"{metric}/s{s}": value for s, value in per.items()}
+        out[f"{metric}/mean"] = statistics.mean(per.values())
+    return out
+
+
+@dataclass
+class Scorer:
+    """The classifier under test: logits of any split, and of the held-out training images
+    the temperature is fitted on."""
+
+    task: Calibration
+    backbone: object
+    ctx: object
+    classes: list[str]
+    held_out: tuple[torch.Tensor, torch.Tensor]
+    extra: dict
+    probe: tuple | None = None  # frozen: (ProbeData, model, feature request)
+    tuned: FinetunedClassifier | None = None
+
+    @classmethod
+    def fit(cls, task: Calibration, backbone, ctx) -> Scorer:
+        return (cls._finetuned if task.finetune else cls._frozen)(task, backbone, ctx)
+
+    @classmethod
+    def _frozen(cls, task, backbone, ctx) -> Scorer:
+        request = FeatureRequest(layers=task.layers, pool=resolve_pool(task.pool, backbone))
+        train = task.training_set(task.transform(backbone), ctx)
+        feats = ctx.features(backbone, train, split=task.train_split, request=request)
+        classes = len(train.classes)
+        fit_idx, held_idx = stratified_holdout(feats.labels, task.holdout, seed=ctx.seed)
+        data = ProbeData.build(feats, None, task, ctx.extract.device, classes)
+        l2, init, _, _ = task._select_l2(data, fit_idx, held_idx, classes)
+        model = fit_logistic(data.train_rows(fit_idx), None, num_classes=classes, l2=l2,
+                             init=init, max_iter=task.refit_max_iter)  # fmt: skip
+        held = _logits(model, data.train_rows(held_idx))
+        extra = {"classifier": "linear probe on frozen features", "l2": l2,
+                 "fit_images": len(fit_idx), "temperature_images": len(held_idx)}  # fmt: skip
+        return cls(
+            task, backbone, ctx, list(train.classes), held, extra, probe=(data, model, request)
+        )
+
+    @classmethod
+    def _finetuned(cls, task, backbone, ctx) -> Scorer:
+        labels = torch.as_tensor(task.training_set(None, ctx).labels)
+        fit_idx, held_idx = stratified_holdout(labels, task.holdout, seed=ctx.seed)
+        tuned = FinetunedClassifier.train(task, backbone, ctx, indices=fit_idx)
+        train = task.training_set(tuned.eval_transform, ctx)
+        held = predict(tuned.model, torch.utils.data.Subset(train, held_idx.tolist()), ctx)
+        extra = {**tuned.extra, "classifier": "fine-tuned backbone + linear classifier",
+                 "fit_images": len(fit_idx), "temperature_images": len(held_idx)}  # fmt: skip
+        return cls(task, backbone, ctx, tuned.classes, held, extra, tuned=tuned)
+
+    def score(self, dataset: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tuned is not None:
+            data = open_dataset(dataset, split, self.ctx.data, transform=self.tuned.eval_transform,
+                                classes=self.classes)  # fmt: skip
+            return predict(self.tuned.model, data, self.ctx)
+        probe, model, request = self.probe
+        data = open_dataset(dataset, split, self.ctx.data,
+                            transform=self.task.transform(self.backbone), classes=self.classes)  # fmt: skip
+        name = split if dataset == self.task.dataset else f"{dataset}/{split}"
+        feats = self.ctx.features(self.backbone, data, split=name, request=request)
+        return _logits(model, probe.rows_of(feats))
+
+
+def _logits(model, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [(model.logits(x).float().cpu(), y.cpu()) for x, y in rows.chunks()]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
