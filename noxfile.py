@@ -63,6 +63,7 @@ def bench(session):
         "bench_lit",
         "bench_video",
         "bench_trainer",
+        "bench_corruptions",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 
