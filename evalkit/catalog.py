@@ -110,3 +110,8 @@ TASKS.add(
     "calibration on ImageNet-C: ECE per corruption and severity, averaged as Plex/UB do",
     corrupted=True,
 )
+TASKS.add(
+    "distill-imagenet",
+    "evalkit.tasks.distillation:Distillation",
+    "distillation: a student of the built-in family from the backbone + its classifier (consistent|cached)",
+)

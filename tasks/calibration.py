@@ -25,11 +25,8 @@ from pathlib import Path
 
 import torch
 
-from evalkit.data import open_dataset
 from evalkit.data.corrupted import split_name
 from evalkit.data.corruptions import NAMES, SEVERITIES
-from evalkit.features import FeatureRequest
-from evalkit.heads.linear import fit_logistic
 from evalkit.metrics import (
     ECE_BINS,
     brier_score,
@@ -39,16 +36,10 @@ from evalkit.metrics import (
     reliability,
     topk_hits,
 )
-from evalkit.task import Metric, Rule, resolve_pool, setting
+from evalkit.task import Metric, Rule, setting
 
-from .linear_probe import (
-    FinetunedClassifier,
-    LinearProbe,
-    ProbeData,
-    percent,
-    predict,
-    stratified_holdout,
-)
+from .classifier import Scorer
+from .linear_probe import LinearProbe, percent
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
 CORRUPTION_NAMES = Rule("ImageNet-C corruption names",
@@ -161,68 +152,3 @@ def corrupted_summary(by_set: dict, severities, clean: dict) -> dict:
             out |= {f"{metric}/s{s}": value for s, value in per.items()}
         out[f"{metric}/mean"] = statistics.mean(per.values())
     return out
-
-
-@dataclass
-class Scorer:
-    """The classifier under test: logits of any split, and of the held-out training images
-    the temperature is fitted on."""
-
-    task: Calibration
-    backbone: object
-    ctx: object
-    classes: list[str]
-    held_out: tuple[torch.Tensor, torch.Tensor]
-    extra: dict
-    probe: tuple | None = None  # frozen: (ProbeData, model, feature request)
-    tuned: FinetunedClassifier | None = None
-
-    @classmethod
-    def fit(cls, task: Calibration, backbone, ctx) -> Scorer:
-        return (cls._finetuned if task.finetune else cls._frozen)(task, backbone, ctx)
-
-    @classmethod
-    def _frozen(cls, task, backbone, ctx) -> Scorer:
-        request = FeatureRequest(layers=task.layers, pool=resolve_pool(task.pool, backbone))
-        train = task.training_set(task.transform(backbone), ctx)
-        feats = ctx.features(backbone, train, split=task.train_split, request=request)
-        classes = len(train.classes)
-        fit_idx, held_idx = stratified_holdout(feats.labels, task.holdout, seed=ctx.seed)
-        data = ProbeData.build(feats, None, task, ctx.extract.device, classes)
-        l2, init, _, _ = task._select_l2(data, fit_idx, held_idx, classes)
-        model = fit_logistic(data.train_rows(fit_idx), None, num_classes=classes, l2=l2,
-                             init=init, max_iter=task.refit_max_iter)  # fmt: skip
-        held = _logits(model, data.train_rows(held_idx))
-        extra = {"classifier": "linear probe on frozen features", "l2": l2,
-                 "fit_images": len(fit_idx), "temperature_images": len(held_idx)}  # fmt: skip
-        return cls(
-            task, backbone, ctx, list(train.classes), held, extra, probe=(data, model, request)
-        )
-
-    @classmethod
-    def _finetuned(cls, task, backbone, ctx) -> Scorer:
-        labels = torch.as_tensor(task.training_set(None, ctx).labels)
-        fit_idx, held_idx = stratified_holdout(labels, task.holdout, seed=ctx.seed)
-        tuned = FinetunedClassifier.train(task, backbone, ctx, indices=fit_idx)
-        train = task.training_set(tuned.eval_transform, ctx)
-        held = predict(tuned.model, torch.utils.data.Subset(train, held_idx.tolist()), ctx)
-        extra = {**tuned.extra, "classifier": "fine-tuned backbone + linear classifier",
-                 "fit_images": len(fit_idx), "temperature_images": len(held_idx)}  # fmt: skip
-        return cls(task, backbone, ctx, tuned.classes, held, extra, tuned=tuned)
-
-    def score(self, dataset: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.tuned is not None:
-            data = open_dataset(dataset, split, self.ctx.data, transform=self.tuned.eval_transform,
-                                classes=self.classes)  # fmt: skip
-            return predict(self.tuned.model, data, self.ctx)
-        probe, model, request = self.probe
-        data = open_dataset(dataset, split, self.ctx.data,
-                            transform=self.task.transform(self.backbone), classes=self.classes)  # fmt: skip
-        name = split if dataset == self.task.dataset else f"{dataset}/{split}"
-        feats = self.ctx.features(self.backbone, data, split=name, request=request)
-        return _logits(model, probe.rows_of(feats))
-
-
-def _logits(model, rows) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = [(model.logits(x).float().cpu(), y.cpu()) for x, y in rows.chunks()]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -50,7 +50,7 @@ def test_imagenet_ece_temperature_scaling_lowers_the_nll(fake, ctx):
 
     rows = {m.metric: m for m in resolve_task("imagenet-ece").run(fake, ctx)}
     assert rows["nll_ts"].value <= rows["nll"].value + 0.05  # fitted on held-out train images
-    assert rows["ece"].extra["fit_images"] + rows["ece"].extra["temperature_images"] == 960
+    assert rows["ece"].extra["fit_images"] + rows["ece"].extra["held_out_images"] == 960
 
 
 def test_finetuned_calibration_sets_the_paper_number_beside_it(ctx):
