@@ -64,6 +64,7 @@ def bench(session):
         "bench_video",
         "bench_trainer",
         "bench_corruptions",
+        "bench_knn",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

@@ -15,6 +15,11 @@ TASKS.add(
     "evalkit.tasks.linear_probe:LinearProbe",
     "ImageNet-1k linear probe: L-BFGS logistic regression, L2 swept (paper: ViT-22B 89.5)",
 )
+TASKS.add(
+    "imagenet-knn",
+    "evalkit.tasks.knn:KNN",
+    "ImageNet-1k weighted kNN on frozen features (DINO: cosine, exp(sim/0.07) votes; --set ks=10,20)",
+)
 for _shots in (1, 5, 10, 25):
     TASKS.add(
         f"imagenet-{_shots}shot",

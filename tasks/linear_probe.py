@@ -221,11 +221,7 @@ def finetuned_classification(task: LinearProbe, backbone, ctx):
     test, space = task.eval_set(tuned.classes, tuned.eval_transform, ctx)
     logits, labels = predict(tuned.model, test, ctx)
     for k in (1, 5):
-        row_hits = (
-            topk_hits(logits, labels, k)
-            if space is None
-            else label_space_hits(logits, labels, space, k)
-        )
+        row_hits = scored_hits(logits, labels, space, k)
         yield Metric(f"top{k}", percent(row_hits), n=len(labels), seeds=[ctx.seed],
                      extra=tuned.extra)  # fmt: skip
 
@@ -273,12 +269,19 @@ def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
-    """Top-k hits of the eval rows: against their labels, or, for a test set with its own
-    label space, within its candidate classes against its correct sets."""
+    """Top-k hits of the eval rows, chunk by chunk (``scored_hits``)."""
     if space is None:
         return hits(model, rows, k)
-    return torch.cat([label_space_hits(model.logits(x).cpu(), y.cpu(), space, k)
+    return torch.cat([scored_hits(model.logits(x).cpu(), y.cpu(), space, k)
                       for x, y in rows.chunks()])  # fmt: skip
+
+
+def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:
+    """Top-k hits against the labels, or, for a test set with its own label space, within its
+    candidate classes against each image's correct set."""
+    if space is None:
+        return topk_hits(scores, labels, k)
+    return label_space_hits(scores, labels, space, k)
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:

@@ -1,0 +1,64 @@
+"""k-nearest-neighbour classification on frozen features (DINO's protocol; docs/protocols.md,
+"kNN"): the cheapest probe, no training.
+
+Features of the train and eval splits are extracted once (cached) as ``imagenet-linear``
+extracts them; the eval images' k nearest training images by cosine similarity vote with
+weight exp(sim / T), T = 0.07 (``weighting=uniform`` for one vote each). ``ks`` lists the k
+values scored in one pass (default 20; DINO reports 10, 20, 100, 200). The training features
+are read a cache shard at a time (``chunk`` rows at most), so memory is about chunk × eval
+images similarities. Any classification dataset: ``--set dataset=...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from evalkit.heads.knn import TEMPERATURE, nearest, vote
+from evalkit.task import POSITIVE, Metric, Rule, one_of, setting
+
+from .linear_probe import FrozenClassification, percent, scored_hits
+
+POSITIVE_INTS = Rule("a non-empty list of positive whole numbers",
+                     lambda v: bool(v) and all(int(k) == k and k > 0 for k in v))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KNN(FrozenClassification):
+    name: str = "imagenet-knn"
+    ks: tuple[int, ...] = setting((20,), POSITIVE_INTS)
+    temperature: float = setting(TEMPERATURE, POSITIVE)
+    weighting: str = setting("exp", one_of("exp", "uniform"))
+    chunk: int = setting(65536, POSITIVE)  # training rows compared at once (cache shards)
+    query_chunk: int = setting(4096, POSITIVE)  # eval rows at once
+
+    version = 1
+
+    def metrics(self) -> list[str]:
+        return [f"top{t}/k={k}" for k in self.ks for t in (1, 5)]
+
+    def run(self, backbone, ctx):
+        train, test, space = self.split_features(backbone, ctx)
+        classes = int(train.labels.max()) + 1
+        scores = {k: [] for k in self.ks}
+        for start in range(0, len(test), self.query_chunk):
+            queries = test.take(torch.arange(start, min(start + self.query_chunk, len(test))))
+            sims, labels = nearest(self.train_chunks(train), queries.float(), max(self.ks))
+            for k in self.ks:
+                scores[k].append(vote(sims, labels, k, classes, self.weighting, self.temperature))
+        extra = {"n_train": len(train), "weighting": self.weighting,
+                 "temperature": self.temperature, "num_classes": classes}  # fmt: skip
+        for k in self.ks:
+            logits = torch.cat(scores[k])
+            for t in (1, 5):
+                hits = scored_hits(logits, test.labels, space, t)
+                yield Metric(f"top{t}/k={k}", percent(hits), n=len(test), seeds=[ctx.seed],
+                             extra=extra)  # fmt: skip
+
+    def train_chunks(self, train):
+        """(features, labels) of at most ``chunk`` training rows at a time."""
+        for start in range(0, len(train), self.chunk):
+            index = torch.arange(start, min(start + self.chunk, len(train)))
+            for rows, part in train.by_shard(index):
+                yield rows, train.labels[part]
