@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_commands(sub)
     add_cache_command(sub)
     add_pretrain_command(sub)
+    add_errors_command(sub)
     return parser
 
 
@@ -77,6 +78,11 @@ def add_data_arguments(run) -> None:
         "--force",
         action="store_true",
         help="rerun even if the rows exist, and run even when `evalkit plan` says it does not fit",
+    )
+    run.add_argument(
+        "--save-predictions",
+        action="store_true",
+        help="also write each image's predictions as Parquet under <out>/predictions/",
     )
     run.add_argument(
         "--no-cache", action="store_true", help="do not read or write the feature cache"
@@ -151,11 +157,21 @@ def add_results_commands(sub) -> None:
     table.add_argument("--format", choices=("md", "csv"), default="md")
     table.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
 
-    compare = sub.add_parser("compare", help="compare two sets of rows; exit 1 on a regression")
+    compare = sub.add_parser(
+        "compare", help="compare two sets of rows; exit 1 on any change beyond the tolerance"
+    )
     compare.add_argument("base", type=Path)
     compare.add_argument("new", type=Path)
     compare.add_argument(
-        "--tolerance", type=float, default=0.5, help="allowed drop, in metric units"
+        "--tolerance", type=float, default=0.5, help="allowed change, in metric units"
+    )
+    compare.add_argument(
+        "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
+    )
+    compare.add_argument(
+        "--update-baselines",
+        action="store_true",
+        help="replace BASE (a folder of rows) with NEW's rows after showing the comparison",
     )
     compare.add_argument(
         "--fail-on-regression",
@@ -201,6 +217,61 @@ def add_model_commands(sub) -> None:
         help="big_vision source: its norms centre (layer) or not (rms); a tree does not say",
     )
     convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
+
+
+def add_errors_command(sub) -> None:
+    errors = sub.add_parser(
+        "errors", help="a run's most confused classes and worst images (--save-predictions)"
+    )
+    errors.add_argument("run_dir", type=Path, help="the --out folder of the run")
+    errors.add_argument("--task", required=True)
+    errors.add_argument("--backbone", help="only this backbone's predictions")
+    errors.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+
+
+def cmd_errors(args, console) -> int:
+    import pandas as pd
+    from rich.table import Table
+
+    slug = args.task.replace("/", "_")
+    files = sorted((args.run_dir / "predictions").glob(f"{slug}--*.parquet"))
+    if args.backbone:
+        files = [
+            f for f in files if f.name.startswith(f"{slug}--{args.backbone.replace('/', '_')}--")
+        ]
+    if not files:
+        raise EvalkitError(
+            f"no predictions of {args.task} under {args.run_dir}/predictions: rerun it with "
+            "evalkit run ... --save-predictions"
+        )
+    for path in files:
+        frame = pd.read_parquet(path)
+        console.print(f"[bold]{path.name}[/bold]: {len(frame)} images")
+        for title, rows in error_tables(frame, args.top):
+            table = Table(*rows.columns, title=title)
+            for values in rows.itertuples(index=False):
+                table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values))
+            console.print(table)
+    return 0
+
+
+def error_tables(frame, top: int):
+    """(title, DataFrame) pairs: for classification the most confused (label, prediction)
+    pairs and the most confident mistakes; for dense tasks the images of lowest mIoU."""
+    if "miou" in frame:
+        worst = frame.nsmallest(top, "miou")[["image", "miou", "pixel_acc"]]
+        return [("images of lowest mIoU", worst)]
+    names = dict(zip(frame["label"], frame["label_name"], strict=False))
+    wrong = frame[~frame["correct"]].assign(
+        predicted=lambda f: [names.get(p, str(p)) for p in f["prediction"]],
+        confidence=lambda f: [scores[0] for scores in f["top5_scores"]],
+    )
+    pairs = (wrong.groupby(["label_name", "predicted"]).size().rename("images")
+             .nlargest(top).reset_index())  # fmt: skip
+    confident = wrong.nlargest(top, "confidence")[
+        ["image", "label_name", "predicted", "confidence"]
+    ]
+    return [("most confused classes", pairs), ("most confident mistakes", confident)]
 
 
 def add_pretrain_command(sub) -> None:
@@ -536,14 +607,15 @@ def markdown(frame, index_name: str) -> str:
 def cmd_compare(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.results import compare, load_rows
+    from evalkit.results import FAILING, compare, load_rows
 
     for path in (args.base, args.new):
         if not path.exists():
             raise EvalkitError(f"no such rows file or folder: {path}")
-    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=args.tolerance)
+    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=args.tolerance,
+                      one_sided=args.one_sided)  # fmt: skip
     table = Table("task", "backbone", "metric", "base", "new", "delta", "status")
-    colours = {"regression": "red", "missing": "red", "improved": "green"}
+    colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
 
     def fmt(v):
         return "–" if v is None else f"{v:.2f}"
@@ -560,11 +632,32 @@ def cmd_compare(args, console) -> int:
             f"[{colours.get(status, 'white')}]{status}[/]",
         )
     console.print(table)
-    bad = [r for r in records if r["status"] in ("regression", "missing")]
+    if args.update_baselines:
+        update_baselines(args.base, args.new)
+        console.print(f"baselines in {args.base} replaced by the rows of {args.new}")
+        return 0
+    bad = [r for r in records if r["status"] in FAILING]
     console.print(
-        f"{len(bad)} regression(s) beyond tolerance {args.tolerance}" if bad else "no regressions"
+        f"{len(bad)} change(s) beyond tolerance {args.tolerance} (up or down"
+        f"{'; gains tolerated' if args.one_sided else ''})"
+        if bad
+        else "no changes beyond tolerance"
     )
     return 1 if bad and args.fail_on_regression else 0
+
+
+def update_baselines(base: Path, new: Path):
+    """BASE (a folder of rows files) becomes a copy of NEW's rows files: the one way baselines
+    change, asked for by name."""
+    import shutil
+
+    if not base.is_dir():
+        raise EvalkitError(f"--update-baselines needs BASE to be a folder of rows, got {base}")
+    sources = sorted(new.glob("*.jsonl")) if new.is_dir() else [new]
+    for old in base.glob("*.jsonl"):
+        old.unlink()
+    for source in sources:
+        shutil.copyfile(source, base / source.name)
 
 
 def cmd_check_data(args, console) -> int:
@@ -671,6 +764,7 @@ COMMANDS = {
     "check-data": cmd_check_data,
     "plan": cmd_plan,
     "pretrain": cmd_pretrain,
+    "errors": cmd_errors,
 }
 
 

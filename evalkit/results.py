@@ -168,9 +168,13 @@ def pivot_table(
     return frame.loc[ours + paper, sorted(frame.columns)]
 
 
-def compare(base: list[Row], new: list[Row], *, tolerance: float) -> list[dict[str, Any]]:
-    """Per (task, backbone, metric): base, new, delta and a status — ``ok``, ``improved``,
-    ``regression`` (worse by more than ``tolerance``, in the metric's units) or ``missing``."""
+def compare(
+    base: list[Row], new: list[Row], *, tolerance: float, one_sided: bool = False
+) -> list[dict[str, Any]]:
+    """Per (task, backbone, metric): base, new, delta and a status — ``ok``, ``regression``
+    (worse by more than ``tolerance``, in the metric's units), ``changed-up`` (better by more
+    than that: a change the baseline does not explain, which fails the gate too), or with
+    ``one_sided`` ``improved`` (tolerated); ``missing`` and ``new`` for rows on one side only."""
 
     def index(rows):
         return {(r["task"], r["backbone"], r["metric"]): r for r in aggregate(rows)}
@@ -194,8 +198,12 @@ def compare(base: list[Row], new: list[Row], *, tolerance: float) -> list[dict[s
         else:
             rec["delta"] = n["mean"] - b["mean"]
             gain = rec["delta"] if b["higher_is_better"] else -rec["delta"]
+            up = "improved" if one_sided else "changed-up"
             rec["status"] = (
-                "regression" if gain < -tolerance else ("improved" if gain > tolerance else "ok")
+                "regression" if gain < -tolerance else (up if gain > tolerance else "ok")
             )
         out.append(rec)
     return out
+
+
+FAILING = ("regression", "changed-up", "missing")  # statuses that fail the gate

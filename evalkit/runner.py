@@ -69,6 +69,7 @@ class RunSpec:
     progress: bool = True
     tp: int = 1
     fsdp: bool = False
+    save_predictions: bool = False  # per-image outputs as Parquet beside the rows
 
     def __post_init__(self):
         for name in ("tasks", "backbones", "seeds", "overrides"):
@@ -174,9 +175,8 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
             for task in tasks:
                 for seed in spec.seeds:
                     ctx = spec.context(seed, identities)
-                    rows, skipped = run_task(
-                        task, backbone, ctx, out_dir=spec.out, force=spec.force
-                    )
+                    rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
+                                             force=spec.force, predictions=spec.save_predictions)  # fmt: skip
                     yield JobResult(task.name, name, seed, rows, skipped)
             del backbone  # free it before the next one loads
     finally:
@@ -211,15 +211,20 @@ def hash_json(value) -> str:
 
 
 def run_task(
-    task: Task, backbone, ctx: TaskContext, *, out_dir: Path, force: bool = False
-) -> tuple[list[Row], bool]:
+    task: Task, backbone, ctx: TaskContext, *, out_dir: Path, force: bool = False,
+    predictions: bool = False,
+) -> tuple[list[Row], bool]:  # fmt: skip
     """Run ``task`` on ``backbone``; returns (rows, skipped). Rows on disk are reused only
-    when their run key — the whole ``job_spec`` — matches."""
+    when their run key — the whole ``job_spec`` — matches (and, with ``predictions``, when
+    the per-image Parquet file is there too)."""
     key = spec_key(job_spec(task, backbone.info, ctx), length=16)
     path = rows_file(out_dir, task.name)
     done = [r for r in load_rows([path]) if r.get("run_key") == key] if path.exists() else []
+    if predictions and distributed.current().main:
+        ctx.predictions = predictions_file(out_dir, task.name, backbone.info.name, ctx.seed, key)
     distributed.barrier()  # every rank has decided before rank 0 appends anything
-    if not force and {r["metric"] for r in done} >= set(task.metrics()):
+    have_predictions = ctx.predictions is None or ctx.predictions.exists()
+    if not force and {r["metric"] for r in done} >= set(task.metrics()) and have_predictions:
         return done, True
     if not force and (
         problems := unfit(task, backbone.info, ctx, tp=distributed.current().tp_size)
@@ -238,6 +243,12 @@ def run_task(
             append_row(path, row)
         rows.append(row)
     return rows, False
+
+
+def predictions_file(out_dir: Path, task: str, backbone: str, seed: int, key: str) -> Path:
+    """``<out>/predictions/<task>--<backbone>--s<seed>--<run key>.parquet``."""
+    slug = f"{task}--{backbone}--s{seed}--{key}".replace("/", "_")
+    return Path(out_dir) / "predictions" / f"{slug}.parquet"
 
 
 def job_spec(task: Task, info, ctx: TaskContext) -> dict:

@@ -225,6 +225,19 @@ class TaskContext:
     stats: dict[str, Any] = field(default_factory=lambda: {"images": 0, "seconds": 0.0, "data": {}})
     artifacts: Path | None = None  # where tasks write pictures (set by the runner)
     identities: dict[str, str] = field(default_factory=dict)  # shared by the jobs of one run
+    predictions: Path | None = None  # where to write per-image outputs (--save-predictions)
+
+    def save_predictions(self, columns: dict[str, list]):
+        """Write one row per image (``columns``: name → values) as Parquet, when asked for;
+        written to a temporary name and renamed, so a crash leaves no half file."""
+        if self.predictions is None:
+            return
+        import pandas as pd
+
+        self.predictions.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.predictions.with_suffix(".tmp")
+        pd.DataFrame(columns).to_parquet(tmp, index=False)
+        tmp.replace(self.predictions)
 
     def data_identity(self, name: str) -> str:
         """Identity of every file of dataset ``name`` (walked once per run)."""

@@ -51,7 +51,7 @@ class FewShot(FrozenClassification):
                 f"{self.name} scores a split of {self.dataset}; a shifted test set "
                 f"(eval_split={self.eval_split}) is scored by imagenet-linear"
             )
-        train, test, _ = self.split_features(backbone, ctx)
+        train, test, _, _ = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
         seeds = [ctx.seed + s for s in range(self.seeds)]
         x_test, scores = test.pooled, []

@@ -18,7 +18,7 @@ import torch
 from evalkit.heads.knn import TEMPERATURE, nearest, vote
 from evalkit.task import POSITIVE, Metric, Rule, one_of, setting
 
-from .linear_probe import FrozenClassification, percent, scored_hits
+from .linear_probe import FrozenClassification, percent, save_classifications, scored_hits
 
 POSITIVE_INTS = Rule("a non-empty list of positive whole numbers",
                      lambda v: bool(v) and all(int(k) == k and k > 0 for k in v))  # fmt: skip
@@ -39,7 +39,7 @@ class KNN(FrozenClassification):
         return [f"top{t}/k={k}" for k in self.ks for t in (1, 5)]
 
     def run(self, backbone, ctx):
-        train, test, space = self.split_features(backbone, ctx)
+        train, test, space, test_set = self.split_features(backbone, ctx)
         classes = int(train.labels.max()) + 1
         scores = {k: [] for k in self.ks}
         for start in range(0, len(test), self.query_chunk):
@@ -51,6 +51,8 @@ class KNN(FrozenClassification):
                  "temperature": self.temperature, "num_classes": classes}  # fmt: skip
         for k in self.ks:
             logits = torch.cat(scores[k])
+            if k == self.ks[0]:
+                save_classifications(ctx, logits, test.labels, test_set, space)
             for t in (1, 5):
                 hits = scored_hits(logits, test.labels, space, t)
                 yield Metric(f"top{t}/k={k}", percent(hits), n=len(test), seeds=[ctx.seed],

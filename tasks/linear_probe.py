@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -60,6 +61,16 @@ SCORED_SETS = {"imagenet-v2": "test", "imagenet-r": "test", "imagenet-a": "test"
 DEFAULT_L2 = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5)
 
 
+class Splits(NamedTuple):
+    """Cached features of the train and eval splits, the eval set's label space (None for a
+    split of the training dataset) and the eval dataset itself (its images' identities)."""
+
+    train: FeatureSet
+    test: FeatureSet
+    space: object
+    test_set: object
+
+
 @dataclass(frozen=True)
 class FrozenClassification(Task):
     """Settings and feature extraction shared by the classification probes."""
@@ -83,7 +94,7 @@ class FrozenClassification(Task):
             ctx.features(backbone, dataset, split=split, request=request)
             for split, dataset in ((self.train_split, train), (self.eval_split, test))
         ]
-        return (*features, space)
+        return Splits(*features, space, test)
 
     def training_set(self, transform, ctx):
         train = open_dataset(self.dataset, self.train_split, ctx.data, transform=transform)
@@ -149,7 +160,7 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
         if self.finetune:
             yield from finetuned_classification(self, backbone, ctx)
             return
-        train, test, space = self.split_features(backbone, ctx)
+        train, test, space, test_set = self.split_features(backbone, ctx)
         labels = train.labels if space else torch.cat([train.labels, test.labels])
         num_classes = int(labels.max()) + 1
         data = ProbeData.build(train, test, self, ctx.extract.device, num_classes)
@@ -163,6 +174,9 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
             init=best_init,
             max_iter=self.refit_max_iter,
         )
+        if ctx.predictions is not None:
+            logits = torch.cat([model.logits(x).cpu() for x, _ in data.test_rows().chunks()])
+            save_classifications(ctx, logits, test.labels, test_set, space)
         extra = {
             "l2": best_l2,
             "holdout_top1_by_l2": sweep,
@@ -220,6 +234,7 @@ def finetuned_classification(task: LinearProbe, backbone, ctx):
     tuned = FinetunedClassifier.train(task, backbone, ctx)
     test, space = task.eval_set(tuned.classes, tuned.eval_transform, ctx)
     logits, labels = predict(tuned.model, test, ctx)
+    save_classifications(ctx, logits, labels, test, space)
     for k in (1, 5):
         row_hits = scored_hits(logits, labels, space, k)
         yield Metric(f"top{k}", percent(row_hits), n=len(labels), seeds=[ctx.seed],
@@ -274,6 +289,33 @@ def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
         return hits(model, rows, k)
     return torch.cat([scored_hits(model.logits(x).cpu(), y.cpu(), space, k)
                       for x, y in rows.chunks()])  # fmt: skip
+
+
+def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, dataset, space):
+    """One row per eval image (``--save-predictions``): its identity, label, top-5 classes
+    (indices into the training classes) with their scores, and whether top-1 was right."""
+    if ctx.predictions is None:
+        return
+    top = scores.float().topk(min(5, scores.shape[1]), dim=1)
+    names = list(getattr(dataset, "classes", []))
+    ctx.save_predictions({
+        "image": image_ids(dataset),
+        "label": labels.tolist(),
+        "label_name": [names[i] if i < len(names) else str(i) for i in labels.tolist()],
+        "prediction": top.indices[:, 0].tolist(),
+        "top5": top.indices.tolist(),
+        "top5_scores": top.values.tolist(),
+        "correct": scored_hits(scores, labels, space, 1).tolist(),
+    })  # fmt: skip
+
+
+def image_ids(dataset) -> list[str]:
+    """Each item's file path where the dataset has one, else its index."""
+    samples = getattr(dataset, "samples", None)
+    if samples is not None:
+        return [str(sample[0]) for sample in samples]
+    images = getattr(dataset, "images", None)
+    return [str(p) for p in images] if images is not None else [str(i) for i in range(len(dataset))]
 
 
 def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:

@@ -47,6 +47,7 @@ from .dense import (
     tap_layers,
 )
 from .finetuning import FinetuneSettings, end_to_end, finetune_extra
+from .linear_probe import image_ids
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a
 # later paper tabulates ViT-22B at full data as frozen linear 34.6, frozen UperNet 52.7,
@@ -105,8 +106,9 @@ class Segmentation(FinetuneSettings, DenseSettings):
             predict, extra = self.fine_tuned(backbone, ctx, (train_set, val_set), indices)
         else:
             predict, extra = self.frozen(backbone, ctx, train_set, val_set, subset)
-        confusion, pictures = self.evaluate(predict, val_set)
+        confusion, pictures, per_image = self.evaluate(predict, val_set)
         scores = segmentation_scores(confusion)
+        ctx.save_predictions({"image": image_ids(val_set), **per_image})
         extra |= {
             "head": self.head,
             "train_images": len(indices),
@@ -183,18 +185,23 @@ class Segmentation(FinetuneSettings, DenseSettings):
 
     @torch.no_grad()
     def evaluate(self, predict, dataset):
-        """Confusion over the validation images at each annotation's resolution, and the
-        picture grid's first rows; ``predict(i)`` gives image i's logits."""
+        """Confusion over the validation images at each annotation's resolution, the picture
+        grid's first rows, and each image's own mIoU and pixel accuracy; ``predict(i)`` gives
+        image i's logits."""
         confusion = np.zeros((ADE_CLASSES, ADE_CLASSES), dtype=np.int64)
-        pictures = []
+        pictures, per_image = [], {"miou": [], "pixel_acc": []}
         for i in range(len(dataset)):
             target = dataset.target(i)
             logits = predict(i)
             pred = resize_to(logits.float(), target.shape).argmax(1)[0].cpu().numpy()
-            confusion += confusion_matrix(pred, target, ADE_CLASSES)
+            own = confusion_matrix(pred, target, ADE_CLASSES)
+            confusion += own
+            for name, value in segmentation_scores(own).items():
+                if name in per_image:
+                    per_image[name].append(value)
             if i < PICTURES:
                 pictures.append([dataset.original(i), colour_labels(pred), colour_labels(target)])
-        return confusion, pictures
+        return confusion, pictures, per_image
 
 
 def resize_labels(labels: np.ndarray, size) -> torch.Tensor:

@@ -93,6 +93,12 @@ def test_table_and_compare(cli_env, capsys):
     assert "regression" in capsys.readouterr().out
     assert main(["compare", "results/runs", str(worse), "--tolerance", "10"]) == 0
     assert main(["compare", "results/runs", str(worse), "--tolerance", "1", "--no-fail"]) == 0
+    better = cli_env / "better.jsonl"
+    better.write_text("".join(json.dumps({**r, "value": r["value"] + 5}) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["compare", "results/runs", str(better), "--tolerance", "1"]) == 1  # two-sided
+    assert "changed-up" in capsys.readouterr().out
+    assert main(["compare", "results/runs", str(better), "--tolerance", "1", "--one-sided"]) == 0
 
 
 def test_cache_ls_and_clear(cli_env, capsys):
@@ -127,3 +133,54 @@ def test_entry_point_plugins_are_listed(monkeypatch):
     )
     reg = registry.Registry("task", "evalkit.tasks")
     assert reg.names() == ["my-task"] and reg.get("my-task").target == "mypkg.tasks:build"
+
+
+def test_update_baselines_is_explicit(cli_env, capsys):
+    assert _run("--task", "imagenet-1shot") == 0
+    base = cli_env / "baselines"
+    base.mkdir()
+    (base / "stale.jsonl").write_text("")
+    assert main(["compare", str(base), "results/runs", "--update-baselines"]) == 0
+    assert sorted(p.name for p in base.iterdir()) == ["imagenet-1shot.jsonl"]
+    assert main(["compare", str(base), "results/runs"]) == 0
+
+
+@pytest.fixture()
+def unnormalised(monkeypatch):
+    """A preprocessing fault: images reach the backbone without their normalisation."""
+    from torchvision import transforms as T
+
+    import evalkit.backbones.fake as fake_module
+
+    def no_normalise(pre, *, train=False, square=False):
+        return T.Compose([T.Resize(pre.size), T.CenterCrop(pre.size), T.ToTensor()])
+
+    monkeypatch.setattr(fake_module, "build_transform", no_normalise)
+
+
+def test_the_regression_gate_catches_an_injected_preprocessing_fault(cli_env, request):
+    assert _run("--task", "imagenet-linear", "--out", "base") == 0
+    request.getfixturevalue("unnormalised")
+    assert _run("--task", "imagenet-linear", "--out", "faulty") == 0
+    assert main(["compare", "base", "faulty", "--tolerance", "1.0"]) == 1
+
+
+def test_predictions_are_saved_and_errors_reads_them(cli_env, capsys):
+    import pandas as pd
+
+    assert _run("--task", "imagenet-linear", "--save-predictions") == 0
+    files = list(
+        (cli_env / "results/runs/predictions").glob("imagenet-linear--fake--s0--*.parquet")
+    )
+    assert len(files) == 1
+    frame = pd.read_parquet(files[0])
+    assert len(frame) == 384 and set(frame.columns) >= {"image", "label", "top5", "correct"}
+    rows = [json.loads(x) for x in (cli_env / "results/runs/imagenet-linear.jsonl").open()]
+    top1 = next(r["value"] for r in rows if r["metric"] == "top1")
+    assert 100 * frame["correct"].mean() == pytest.approx(top1)
+    assert files[0].name.endswith(f"--{rows[0]['run_key']}.parquet")
+    capsys.readouterr()
+    assert main(["errors", "results/runs", "--task", "imagenet-linear"]) == 0
+    out = capsys.readouterr().out
+    assert "most confused classes" in out and "most confident mistakes" in out
+    assert main(["errors", "results/runs", "--task", "imagenet-5shot"]) == 2
