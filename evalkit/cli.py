@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_command(sub)
     add_pretrain_command(sub)
     add_errors_command(sub)
+    add_sweep_command(sub)
     return parser
 
 
@@ -217,6 +219,89 @@ def add_model_commands(sub) -> None:
         help="big_vision source: its norms centre (layer) or not (rms); a tree does not say",
     )
     convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
+
+
+def add_sweep_command(sub) -> None:
+    sweep = sub.add_parser("sweep", help="run a plan of (task, backbone, settings, seed) jobs")
+    sweep.add_argument(
+        "--plan", type=Path, help="a TOML plan of [[jobs]] (instead of --task/--backbone)"
+    )
+    sweep.add_argument("--task", action="append", default=[])
+    sweep.add_argument("--backbone", action="append", default=[])
+    sweep.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sweep.add_argument("--weights", help="a checkpoint every job's backbone loads")
+    sweep.add_argument("--data", default="auto", help="passed to every job's evalkit run")
+    sweep.add_argument("--data-dir", type=Path)
+    sweep.add_argument("--out", type=Path, default=Path("results/sweep"))
+    sweep.add_argument("--executor", choices=("local", "slurm", "submitit-local"), default="local")
+    sweep.add_argument(
+        "--dry-run", action="store_true", help="print what would run (slurm: the batch script)"
+    )
+    sweep.add_argument("--gpus-per-job", type=int, default=0, help="> 1: torchrun inside the job")
+    sweep.add_argument("--nodes", type=int, default=1)
+    sweep.add_argument("--tp", type=int, default=1, help="tensor-parallel size of each job")
+    sweep.add_argument("--fsdp", action="store_true")
+    sweep.add_argument("--partition")
+    sweep.add_argument("--timeout-min", type=int, default=240)
+    sweep.add_argument("--cpus-per-task", type=int, default=8)
+    sweep.add_argument("--mem-gb", type=int)
+    sweep.add_argument("--array-parallelism", type=int, default=32, help="jobs running at once")
+
+
+def cmd_sweep(args, console) -> int:
+    from evalkit import sweep
+
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s)
+    except ValueError:
+        raise EvalkitError(
+            f"--seeds expects comma-separated integers, got {args.seeds!r}"
+        ) from None
+    resources = sweep.Resources(gpus=args.gpus_per_job, nodes=args.nodes, tp=args.tp, fsdp=args.fsdp,
+                                partition=args.partition, timeout_min=args.timeout_min,
+                                cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
+                                array_parallelism=args.array_parallelism)  # fmt: skip
+    run_args = ("--data", args.data, *(("--data-dir", str(args.data_dir)) if args.data_dir else ()))
+    common = {"out": args.out, "run_args": run_args, "resources": resources}
+    plan = (sweep.plan_from_toml(args.plan, **common) if args.plan else
+            sweep.plan_from_args(args.task, args.backbone, seeds, args.overrides, args.weights, **common))  # fmt: skip
+    sweep.check(plan)
+    jobs = sweep.pending(plan)
+    console.print(
+        f"{len(plan.jobs)} job(s), {len(plan.jobs) - len(jobs)} already done, {len(jobs)} to run"
+    )
+    if not jobs:
+        return 0
+    if args.dry_run:
+        if args.executor == "slurm":
+            print(sweep.batch_script(plan, jobs))
+        else:
+            for job in jobs:
+                print(shlex.join(plan.command(job)))
+        return 0
+    if args.executor == "local":
+        failed = [job for job, code in sweep.run_local(plan, jobs, console.print) if code]
+    else:
+        cluster = "slurm" if args.executor == "slurm" else "local"
+        submitted = sweep.submit(plan, jobs, cluster=cluster)
+        console.print(
+            f"submitted {len(submitted)} job(s): {', '.join(j.job_id for j in submitted)}"
+        )
+        if cluster == "slurm":
+            return 0
+        failed = [job for job, sub in zip(jobs, submitted, strict=True) if not _succeeded(sub)]
+    for job in failed:
+        console.print(f"[red]failed[/red]: {job.label()}")
+    return 1 if failed else 0
+
+
+def _succeeded(submitted) -> bool:
+    try:
+        submitted.result()
+    except Exception:  # noqa: BLE001 - submitit raises its own types for failed jobs
+        return False
+    return True
 
 
 def add_errors_command(sub) -> None:
@@ -765,6 +850,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "pretrain": cmd_pretrain,
     "errors": cmd_errors,
+    "sweep": cmd_sweep,
 }
 
 

@@ -1,0 +1,224 @@
+"""Sweeps: a plan of (task, backbone, settings, seed) jobs, run one after another on this
+machine or submitted to a Slurm cluster through submitit (docs/architecture.md, "Sweeps").
+
+A plan comes from the command line (``--task A --task B --backbone X --seeds 0,1,2``) or a
+TOML file (``[[jobs]]`` tables with ``task``, ``backbone``, ``seeds``, ``set``, ``weights``;
+task and backbone may be lists). Every job is one ``evalkit run`` command: in its own process
+(``torchrun`` when it spans several GPUs), so a job that crashes or runs out of memory leaves
+the others running, and the rows it finished stay on disk. Jobs whose rows are already under
+the output folder (same task, settings, backbone, weights and seed) are not started again; the
+job itself still compares the full run key (data files, library versions) and reruns what
+changed.
+
+Executors: ``local`` (sequential, the default), ``slurm`` (one job array, GPUs and nodes per
+job, torchrun inside a job for sharded backbones; ``--dry-run`` prints the batch script instead
+of submitting it) and ``submitit-local`` (submitit's local executor: the Slurm code path on one
+machine, for tests and debugging).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from evalkit.errors import EvalkitError
+
+EXECUTORS = ("local", "slurm", "submitit-local")
+
+
+@dataclass(frozen=True)
+class Job:
+    task: str
+    backbone: str
+    seed: int = 0
+    overrides: tuple[str, ...] = ()
+    weights: str | None = None
+
+    def label(self) -> str:
+        settings = f" [{', '.join(self.overrides)}]" if self.overrides else ""
+        return f"{self.task} × {self.backbone} seed {self.seed}{settings}"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What each job gets on a cluster, and how it is launched there."""
+
+    gpus: int = 0  # per job: > 1 runs the job under torchrun with that many processes
+    nodes: int = 1
+    tp: int = 1  # tensor-parallel size passed to evalkit run
+    fsdp: bool = False
+    partition: str | None = None
+    timeout_min: int = 240
+    cpus_per_task: int = 8
+    mem_gb: int | None = None
+    array_parallelism: int = 32
+
+
+@dataclass(frozen=True)
+class Plan:
+    jobs: tuple[Job, ...]
+    out: Path = Path("results/sweep")
+    run_args: tuple[str, ...] = ()  # options every job's `evalkit run` gets (--data, ...)
+    resources: Resources = field(default_factory=Resources)
+
+    def command(self, job: Job) -> list[str]:
+        """The job's command line: ``python -m evalkit run ...`` or, across GPUs, torchrun."""
+        args = ["run", "--task", job.task, "--backbone", job.backbone, "--seed", str(job.seed),
+                "--out", str(self.out.absolute()), "--quiet", *self.run_args]  # fmt: skip
+        for override in job.overrides:
+            args += ["--set", override]
+        if job.weights:
+            args += ["--weights", job.weights]
+        r = self.resources
+        if r.tp > 1:
+            args += ["--tp", str(r.tp)]
+        if r.fsdp:
+            args += ["--fsdp"]
+        if r.nodes > 1:  # one torchrun per node, meeting at the job's first node
+            rendezvous = ("--rdzv-id $SLURM_JOB_ID --rdzv-backend c10d --rdzv-endpoint "
+                          "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500")  # fmt: skip
+            line = (f"torchrun --nnodes {r.nodes} --nproc-per-node {max(1, r.gpus)} {rendezvous} "
+                    f"-m evalkit {shlex.join(args)}")  # fmt: skip
+            return ["bash", "-c", line]
+        if r.gpus > 1:
+            return ["torchrun", "--nproc-per-node", str(r.gpus), "-m", "evalkit", *args]
+        return [sys.executable, "-m", "evalkit", *args]
+
+
+def plan_from_args(tasks, backbones, seeds, overrides=(), weights=None, **plan) -> Plan:
+    """Every (task, backbone, seed) of the lists, with the same settings."""
+    if not tasks or not backbones:
+        raise EvalkitError("a sweep needs at least one --task and one --backbone (or --plan FILE)")
+    jobs = tuple(Job(t, b, s, tuple(overrides), weights)
+                 for t, b, s in itertools.product(tasks, backbones, seeds))  # fmt: skip
+    return Plan(jobs=jobs, **plan)
+
+
+def plan_from_toml(path: Path, **plan) -> Plan:
+    """A TOML plan: ``[[jobs]]`` tables; top-level ``out`` and ``run_args`` may be given."""
+    try:
+        spec = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise EvalkitError(f"no plan file {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise EvalkitError(f"plan {path} is not valid TOML: {exc}") from None
+    entries = spec.get("jobs")
+    if not entries:
+        raise EvalkitError(f"plan {path} has no [[jobs]]: each needs task and backbone")
+    jobs = []
+    for number, entry in enumerate(entries, 1):
+        unknown = set(entry) - {"task", "backbone", "seeds", "set", "weights"}
+        if unknown or "task" not in entry or "backbone" not in entry:
+            raise EvalkitError(
+                f"plan {path}, job {number}: expected task, backbone and optionally seeds, set, "
+                f"weights; got {', '.join(sorted(entry))}"
+            )
+        for task, backbone, seed in itertools.product(
+            _listed(entry["task"]), _listed(entry["backbone"]), _listed(entry.get("seeds", 0))
+        ):
+            jobs.append(Job(task, backbone, int(seed), tuple(_listed(entry.get("set", []))),
+                            entry.get("weights")))  # fmt: skip
+    if "out" in spec:
+        plan["out"] = Path(spec["out"])
+    plan["run_args"] = (*tuple(spec.get("run_args", ())), *plan.get("run_args", ()))
+    return Plan(jobs=tuple(jobs), **plan)
+
+
+def _listed(value) -> list:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def check(plan: Plan):
+    """Unknown task names and settings fail before anything starts."""
+    from evalkit.runner import resolve_task
+
+    for job in plan.jobs:
+        resolve_task(job.task, job.overrides)
+
+
+def finished(plan: Plan, job: Job) -> bool:
+    """Rows of every metric of ``job`` (same task, settings, backbone, weights, seed) are
+    already under the plan's output folder."""
+    from evalkit.checkpoints import weights_id
+    from evalkit.results import load_rows, rows_file
+    from evalkit.runner import hash_json, resolve_task
+
+    task = resolve_task(job.task, job.overrides)
+    path = rows_file(plan.out, task.name)
+    if not path.exists():
+        return False
+    wanted = weights_id(job.weights) if job.weights else None
+    config = hash_json(task.config())
+    metrics = {r["metric"] for r in load_rows([path])
+               if r["backbone"] == job.backbone and r["seed"] == job.seed
+               and r.get("config_hash") == config
+               and (wanted is None or r.get("weights_id") == wanted)}  # fmt: skip
+    return metrics >= set(task.metrics())
+
+
+def pending(plan: Plan) -> list[Job]:
+    return [job for job in plan.jobs if not finished(plan, job)]
+
+
+def run_local(plan: Plan, jobs: list[Job], echo=print) -> list[tuple[Job, int]]:
+    """Each job in its own process, one after another; returns (job, exit code) pairs."""
+    results = []
+    for number, job in enumerate(jobs, 1):
+        echo(f"[{number}/{len(jobs)}] {job.label()}")
+        results.append((job, subprocess.run(plan.command(job)).returncode))
+    return results
+
+
+def submit(plan: Plan, jobs: list[Job], *, cluster: str):
+    """One submitit job array (``cluster``: slurm or local); returns submitit's jobs."""
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=plan.out / "submitit" / "%j", cluster=cluster)
+    executor.update_parameters(**_parameters(plan.resources, cluster))
+    with executor.batch():
+        submitted = [executor.submit(submitit.helpers.CommandFunction(plan.command(job)))
+                     for job in jobs]  # fmt: skip
+    return submitted
+
+
+def _parameters(r: Resources, cluster: str) -> dict:
+    params = {"timeout_min": r.timeout_min, "nodes": r.nodes, "tasks_per_node": 1,
+              "name": "evalkit-sweep"}  # fmt: skip
+    if cluster == "slurm":
+        params |= {"gpus_per_node": r.gpus, "cpus_per_task": r.cpus_per_task,
+                   "slurm_array_parallelism": r.array_parallelism}  # fmt: skip
+        if r.partition:
+            params["slurm_partition"] = r.partition
+        if r.mem_gb:
+            params["mem_gb"] = r.mem_gb
+    return params
+
+
+def batch_script(plan: Plan, jobs: list[Job]) -> str:
+    """The Slurm batch script of the job array, as submitit would write it, followed by the
+    command each array task runs (``--dry-run``)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    r = plan.resources
+    script = _make_sbatch_string(
+        command="<each array task runs its command below>",
+        folder=str(plan.out / "submitit" / "%j"),
+        job_name="evalkit-sweep",
+        partition=r.partition,
+        time=r.timeout_min,
+        nodes=r.nodes,
+        ntasks_per_node=1,
+        cpus_per_task=r.cpus_per_task,
+        gpus_per_node=r.gpus or None,
+        mem=f"{r.mem_gb}GB" if r.mem_gb else None,
+        array_parallelism=r.array_parallelism,
+        map_count=len(jobs),
+    )
+    tasks = [f"# task {i}: {shlex.join(plan.command(job))}" for i, job in enumerate(jobs)]
+    return script + "\n" + "\n".join(tasks) + "\n"

@@ -1,0 +1,76 @@
+"""Sweeps: plans from the command line and TOML, jobs skipped when their rows are on disk, the
+local and submitit executors end to end, and the Slurm batch script of a dry run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evalkit.cli import main
+from evalkit.errors import EvalkitError
+from evalkit.sweep import Resources, plan_from_args, plan_from_toml
+
+SMALL = ["--task", "imagenet-1shot", "--backbone", "fake", "--data", "embedded", "--out", "sweep"]
+
+
+def test_plans_from_arguments_and_toml(tmp_path):
+    plan = plan_from_args(["a", "b"], ["x"], (0, 1), ["steps=3"])
+    assert [(j.task, j.seed) for j in plan.jobs] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert all(j.overrides == ("steps=3",) for j in plan.jobs)
+    toml = tmp_path / "plan.toml"
+    toml.write_text('out = "o"\n[[jobs]]\ntask = "imagenet-linear"\nbackbone = ["fake", "timm/x"]\n'
+                    'seeds = [0, 2]\nset = ["holdout=0.1"]\n')  # fmt: skip
+    plan = plan_from_toml(toml)
+    assert len(plan.jobs) == 4 and str(plan.out) == "o"
+    assert plan.jobs[-1].backbone == "timm/x" and plan.jobs[-1].seed == 2
+    toml.write_text('[[jobs]]\ntask = "a"\nbackbones = "x"\n')
+    with pytest.raises(EvalkitError, match="job 1: expected task, backbone"):
+        plan_from_toml(toml)
+    toml.write_text("[[jobs]\n")
+    with pytest.raises(EvalkitError, match="not valid TOML"):
+        plan_from_toml(toml)
+
+
+def test_commands_launch_torchrun_across_gpus_and_nodes():
+    one = plan_from_args(["t"], ["b"], (0,))
+    assert one.command(one.jobs[0])[1:4] == ["-m", "evalkit", "run"]
+    gpus = plan_from_args(["t"], ["b"], (0,), resources=Resources(gpus=8, tp=8))
+    command = gpus.command(gpus.jobs[0])
+    assert command[:3] == ["torchrun", "--nproc-per-node", "8"] and command[-2:] == ["--tp", "8"]
+    nodes = plan_from_args(["t"], ["b"], (0,), resources=Resources(gpus=8, nodes=4))
+    line = nodes.command(nodes.jobs[0])[2]
+    assert "--nnodes 4" in line and "--rdzv-endpoint" in line
+
+
+def test_local_sweep_runs_jobs_and_skips_finished_ones(cli_env, capsys):
+    assert main(["sweep", *SMALL, "--seeds", "0,1"]) == 0
+    rows = [json.loads(x) for x in (cli_env / "sweep/imagenet-1shot.jsonl").open()]
+    assert sorted({r["seed"] for r in rows}) == [0, 1]
+    capsys.readouterr()
+    assert main(["sweep", *SMALL, "--seeds", "0,1"]) == 0
+    assert "2 job(s), 2 already done, 0 to run" in capsys.readouterr().out
+
+
+def test_submitit_local_executor_runs_the_array(cli_env):
+    assert main(["sweep", *SMALL, "--seeds", "3", "--executor", "submitit-local"]) == 0
+    rows = [json.loads(x) for x in (cli_env / "sweep/imagenet-1shot.jsonl").open()]
+    assert {r["seed"] for r in rows} == {3}
+
+
+def test_slurm_dry_run_prints_the_batch_script(cli_env, capsys):
+    args = ["sweep", "--task", "imagenet-linear", "--task", "ade20k-1/16", "--backbone",
+            "vit22b", "--executor", "slurm", "--dry-run", "--gpus-per-job", "8", "--tp", "8",
+            "--partition", "gpu", "--timeout-min", "600"]  # fmt: skip
+    assert main(args) == 0
+    script = capsys.readouterr().out
+    for line in ("#SBATCH --array=0-1", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
+                 "#SBATCH --time=600"):  # fmt: skip
+        assert line in script
+    assert script.count("torchrun --nproc-per-node 8 -m evalkit run") == 2
+
+
+def test_sweep_errors(cli_env):
+    assert main(["sweep", "--backbone", "fake"]) == 2
+    assert main(["sweep", "--task", "imagenet-lineer", "--backbone", "fake"]) == 2
+    assert main(["sweep", *SMALL, "--seeds", "a"]) == 2
