@@ -9,6 +9,8 @@ nox.options.reuse_existing_virtualenvs = True
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 REGRESSION_TASKS = ("imagenet-linear", "imagenet-5shot")
 REGRESSION_BACKBONES = ("fake", "timm/vit_tiny_patch16_224")
+# vit22b/test trained by: evalkit pretrain --model vit22b/test --data embedded --steps 300
+TRAINED = "tests/regression/vit22b-test.safetensors"
 
 
 def install(session, extra: str = "test"):
@@ -69,13 +71,30 @@ def bench(session):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 
 
+def regression_rows(session, out: str):
+    """The regression suite on embedded data: random-init backbones and the trained one."""
+    install(session)
+    session.run("rm", "-rf", out, external=True)
+    tasks = [a for t in REGRESSION_TASKS for a in ("--task", t)]
+    backbones = [a for b in REGRESSION_BACKBONES for a in ("--backbone", b)]
+    common = ["--data", "embedded", "--out", out, "--quiet"]
+    session.run("evalkit", "run", *tasks, *backbones, *common, env=OFFLINE)
+    session.run("evalkit", "run", *tasks, "--backbone", "vit22b/test", "--weights", TRAINED,
+                *common, env=OFFLINE)  # fmt: skip
+
+
 @nox.session
 def regression(session):
-    """Small backbones on embedded data, compared with the committed baselines."""
-    install(session)
-    out = "results/regression"
-    session.run("rm", "-rf", out, external=True)
-    args = [a for t in REGRESSION_TASKS for a in ("--task", t)]
-    args += [a for b in REGRESSION_BACKBONES for a in ("--backbone", b)]
-    session.run("evalkit", "run", *args, "--data", "embedded", "--out", out, "--quiet", env=OFFLINE)
-    session.run("evalkit", "compare", "results/baselines", out, "--tolerance", "1.0", env=OFFLINE)
+    """Small backbones on embedded data, compared with the committed baselines: any change
+    beyond the tolerance, up or down, fails."""
+    regression_rows(session, "results/regression")
+    session.run("evalkit", "compare", "results/baselines", "results/regression", "--tolerance",
+                "1.0", env=OFFLINE)  # fmt: skip
+
+
+@nox.session(name="update-baselines")
+def update_baselines(session):
+    """Regenerate results/baselines from a fresh regression run (review the diff)."""
+    regression_rows(session, "results/regression")
+    session.run("evalkit", "compare", "results/baselines", "results/regression",
+                "--update-baselines", env=OFFLINE)  # fmt: skip

@@ -132,6 +132,19 @@ def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
     assert json.loads((cli_env / "ckpt" / "test" / "run" / "latest.json").read_text())["step"] == 6
     assert main([*args[:2], "test,xl", *args[3:]]) == 2
     assert "unknown ladder size 'xl'" in capsys.readouterr().err
+    again = [*args[:-3], "--out", "again", "--quiet"]
+    assert main(again) == 0  # a fresh run with the same seed: the same weights, bit for bit
+    assert (cli_env / "again/test/model.safetensors").read_bytes() == weights.read_bytes()
+
+
+def test_the_committed_regression_backbone_loads():
+    from evalkit.backbones import load_backbone
+    from evalkit.backbones.options import BackboneOptions
+
+    path = Path(__file__).parent / "regression" / "vit22b-test.safetensors"
+    assert path.stat().st_size < 5 * 2**20
+    backbone = load_backbone("vit22b/test", BackboneOptions(weights=str(path)))
+    assert backbone.info.preprocess.size == 32 and not backbone.info.random_init
 
 
 @pytest.mark.parametrize("switch", ["parallel", "biases"])
