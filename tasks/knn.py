@@ -32,6 +32,7 @@ class KNN(FrozenClassification):
     weighting: str = setting("exp", one_of("exp", "uniform"))
     chunk: int = setting(65536, POSITIVE)  # training rows compared at once (cache shards)
     query_chunk: int = setting(4096, POSITIVE)  # eval rows at once
+    search: str = setting("fp32", one_of("fp32", "bf16"))  # bf16: candidates, fp32 ranking
 
     version = 1
 
@@ -44,7 +45,8 @@ class KNN(FrozenClassification):
         scores = {k: [] for k in self.ks}
         for start in range(0, len(test), self.query_chunk):
             queries = test.take(torch.arange(start, min(start + self.query_chunk, len(test))))
-            sims, labels = nearest(self.train_chunks(train), queries.float(), max(self.ks))
+            sims, labels = nearest(self.train_chunks(train), queries.float(), max(self.ks),
+                                   self.search)  # fmt: skip
             for k in self.ks:
                 scores[k].append(vote(sims, labels, k, classes, self.weighting, self.temperature))
         extra = {"n_train": len(train), "weighting": self.weighting,
