@@ -16,7 +16,9 @@ class EvalkitError(Exception):
 
 def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
     """A short hint naming the closest valid choices, or all of them when few."""
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    starting = [c for c in sorted(choices) if name and c.startswith(name)]
+    close = list(dict.fromkeys(starting + difflib.get_close_matches(name, list(choices), n=3,
+                                                                    cutoff=0.5)))[:3]  # fmt: skip
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
     if len(choices) <= 12:

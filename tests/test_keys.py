@@ -39,6 +39,7 @@ NOT_IN_KEY = {
     "fsdp": "sharding of weights only",
     "random_init": "permits untrained weights; the weights id says they are random",
     "pretrained": "reaches the key as the hub weights id (needs a network to test)",
+    "save_predictions": "writes a Parquet file beside the rows; the numbers do not change",
 }
 BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
 
