@@ -67,6 +67,7 @@ def bench(session):
         "bench_trainer",
         "bench_corruptions",
         "bench_knn",
+        "bench_dense_memory",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

@@ -32,7 +32,7 @@ from evalkit.training.loop import Schedule, fit
 from evalkit.training.pretrain import Classifier
 
 STEPS, BATCH = 20, 32
-RSS_SCRIPT = Path(__file__).with_name("pretrain_rss.py")
+RSS_SCRIPT = Path(__file__).with_name("rss.py")
 
 
 def classifier() -> Classifier:
@@ -75,7 +75,7 @@ def peak_rss(command: list[str], folder: Path) -> float:
 
 
 def memory() -> dict:
-    args = ["--steps", "3", "--batch-size", "8", "--checkpoint-every", "100", "--data",
+    args = ["pretrain", "--steps", "3", "--batch-size", "8", "--checkpoint-every", "100", "--data",
             "embedded", "--quiet"]  # fmt: skip
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     launch = [torchrun, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",

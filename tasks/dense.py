@@ -10,6 +10,7 @@ import hashlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -34,6 +35,8 @@ class DenseSettings(Task):
     weight_decay: float = setting(1e-4, NON_NEGATIVE)
     channels: int = setting(64, POSITIVE)  # UperNet decoder / DPT fusion width
     cache_budget_gb: float = setting(8.0, NON_NEGATIVE)
+
+    trains_in_loop: ClassVar[bool] = False  # over the budget: the backbone in the head's loop
 
     def build_head(self, dims: list[int]) -> torch.nn.Module:
         raise NotImplementedError
@@ -62,8 +65,15 @@ class DenseSettings(Task):
                              * tokens_ratio),
         )  # fmt: skip
         targets = n_train * (4 * grid) ** 2 * 8
+        name = f"train {getattr(self, 'head', '')} head"
+        if not cached and self.trains_in_loop:
+            batch = self.batch_size * (per_image * 4 + (4 * grid) ** 2 * 8)
+            loop = Stage(name, "backbone in the loop", forward_passes=self.steps * self.batch_size
+                         + n_val, host_bytes=2 * batch, device_bytes=3 * batch
+                         + extract.device_bytes)  # fmt: skip
+            return [loop]
         head = Stage(
-            f"train {getattr(self, 'head', '')} head", "grids held in RAM",
+            name, "grids held in RAM",
             host_bytes=(n_train + n_val) * per_image * BYTES[inputs.storage] + targets,
             device_bytes=3 * self.batch_size * per_image * 4,
         )  # fmt: skip
@@ -73,6 +83,14 @@ class DenseSettings(Task):
         """This task's head for these grids, initialised from the seed alone."""
         dims = [g.shape[1] for g in feats.grids]
         return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.extract.device)
+
+    def head_schedule(self, seed: int):
+        """``train_head``'s schedule for the trainer (the backbone-in-the-loop mode)."""
+        from evalkit.training.loop import Schedule
+
+        return Schedule(steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+                        weight_decay=self.weight_decay, warmup=min(50, self.steps // 10) or 1,
+                        b2=0.999, clip=35.0, checkpoint_every=10**9, seed=seed)  # fmt: skip
 
     def train_head(self, head, step_loss, n: int, ctx) -> torch.nn.Module:
         config = TrainConfig(

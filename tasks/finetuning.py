@@ -54,25 +54,34 @@ class FinetuneRun:
     depth: int
     out: Path | None
 
-    def train(self, task: FinetuneSettings, batches, loss_fn, ctx) -> list[dict]:
+    def train(self, task: FinetuneSettings, batches, loss_fn, ctx, schedule=None) -> list[dict]:
+        """Fine-tuning's schedule and layer-wise groups, or, for a frozen backbone, the head
+        alone under ``schedule``."""
+        if self.model.frozen:
+            return fit(self.model, batches, loss_fn, schedule, device=ctx.extract.device,
+                       progress=ctx.extract.progress)  # fmt: skip
         groups = decayed_groups(self.model.tower, self.model.head, depth=self.depth,
                                 decay=task.layer_decay)  # fmt: skip
         return fit(self.model, batches, loss_fn, task.schedule(ctx.seed), out=self.out,
                    device=ctx.extract.device, progress=ctx.extract.progress, groups=groups)  # fmt: skip
 
 
-def end_to_end(task, backbone, ctx, head_factory, *, layers, pool: str, dense: bool):
+def end_to_end(task, backbone, ctx, head_factory, *, layers, pool: str, dense: bool,
+               frozen: bool = False):  # fmt: skip
     """A trainable copy of ``backbone`` with the head ``head_factory(feature dims)`` on it,
-    its head seeded by the run's seed; checkpointed under the cache when there is one."""
+    its head seeded by the run's seed; checkpointed under the cache when there is one. With
+    ``frozen`` the backbone itself is used, frozen, and only the head trains (no checkpoints:
+    they would hold the whole backbone)."""
     from evalkit.train import seeded_build
 
     for name in task.datasets():  # the rows' data provenance; no features are extracted
         ctx.stats["data"][name] = ctx.data_identity(name)
-    copy = trainable_copy(backbone)
-    dims = probe_dims(copy, task, layers=layers, pool=pool, dense=dense)
+    tower = backbone if frozen else trainable_copy(backbone)
+    dims = probe_dims(tower, task, layers=layers, pool=pool, dense=dense)
     head = seeded_build(lambda: head_factory(dims), ctx.seed)
-    model = EndToEnd(copy, head, layers=layers, pool=pool, dense=dense).to(ctx.extract.device)
-    return FinetuneRun(model, backbone.info.depth, checkpoint_dir(task, backbone, ctx))
+    model = EndToEnd(tower, head, layers=layers, pool=pool, dense=dense, frozen=frozen)
+    out = None if frozen else checkpoint_dir(task, backbone, ctx)
+    return FinetuneRun(model.to(ctx.extract.device), backbone.info.depth, out)
 
 
 def probe_dims(backbone, task, *, layers, pool: str, dense: bool) -> list[int]:

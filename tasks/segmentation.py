@@ -76,6 +76,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
     finetune_batch_size: int = setting(8, POSITIVE)  # the paper's: 16
 
     version = 1
+    trains_in_loop = True
 
     @property
     def reference(self) -> dict:
@@ -122,7 +123,14 @@ class Segmentation(FinetuneSettings, DenseSettings):
             yield Metric(metric, scores[metric], n=len(val_set), seeds=[ctx.seed], extra=extra)
 
     def frozen(self, backbone, ctx, train_set, val_set, subset):
-        """A head trained on the cached grids of the frozen backbone."""
+        """A head on the frozen backbone: trained on cached grids when they fit
+        ``cache_budget_gb``, else with the backbone in the training loop (one batch of grids
+        at a time; nothing held for the whole split)."""
+        indices = subset if subset is not None else list(range(len(train_set)))
+        info = backbone.info
+        if not self.fits_cache(len(indices) + len(val_set), info.embed_dim, info.patch_size):
+            predict, extra = self.trained_in_loop(backbone, ctx, (train_set, val_set), indices)
+            return predict, {**extra, "dense_mode": "backbone in the loop"}
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train", subset=subset)
         val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
         indices = subset if subset is not None else list(range(len(train_set)))
@@ -132,17 +140,27 @@ class Segmentation(FinetuneSettings, DenseSettings):
         def predict(i: int) -> torch.Tensor:
             return head([g[i : i + 1].to(device).float() for g in val_feats.grids])
 
-        return predict, {"features_cached": cached}
+        return predict, {"features_cached": cached, "dense_mode": "cached grids"}
 
     def fine_tuned(self, backbone, ctx, sets, indices):
         """Backbone and head trained end to end on randomly flipped training images, labels at
         stride 4 of the input (tasks/finetuning.py)."""
+        log, predict = self.train_end_to_end(backbone, ctx, sets, indices, frozen=False)
+        return predict, finetune_extra(self, log, self.image_size)
+
+    def trained_in_loop(self, backbone, ctx, sets, indices):
+        """The head's schedule (``steps``, ``batch_size``, ``lr``) on grids computed per batch
+        by the frozen backbone, from flipped training images."""
+        log, predict = self.train_end_to_end(backbone, ctx, sets, indices, frozen=True)
+        return predict, {"features_cached": False, "final_loss": log[-1]["loss"]}
+
+    def train_end_to_end(self, backbone, ctx, sets, indices, *, frozen: bool):
         train_set, val_set = sets
         run = end_to_end(self, backbone, ctx, self.build_head, dense=True, pool="mean",
-                         layers=tap_layers(backbone.info.depth))  # fmt: skip
+                         layers=tap_layers(backbone.info.depth), frozen=frozen)  # fmt: skip
         side = 4 * (self.image_size // backbone.info.patch_size)
 
-        def collate(items):
+        def collate(items):  # label maps read and resized per batch, never held for the split
             flips = torch.rand(len(items)) < 0.5
             images = torch.stack(
                 [x.flip(-1) if f else x for (x, _), f in zip(items, flips, strict=True)]
@@ -156,15 +174,16 @@ class Segmentation(FinetuneSettings, DenseSettings):
             return F.cross_entropy(resize_to(logits, labels.shape[-2:]), labels,
                                    ignore_index=IGNORE)  # fmt: skip
 
+        batch = self.batch_size if frozen else self.finetune_batch_size
         subset = torch.utils.data.Subset(train_set, indices)
-        batches = sampled_batches(subset, self.finetune_batch_size, ctx.seed, collate)
-        log = run.train(self, batches, loss, ctx)
+        batches = sampled_batches(subset, batch, ctx.seed, collate)
+        log = run.train(self, batches, loss, ctx, schedule=self.head_schedule(ctx.seed))
         device = ctx.extract.device
 
         def predict(i: int) -> torch.Tensor:
             return run.model(val_set[i][0][None].to(device))
 
-        return predict, finetune_extra(self, log, self.image_size)
+        return log, predict
 
     def build_head(self, dims: list[int]):
         if self.head == "linear":

@@ -222,3 +222,16 @@ def test_depth_end_to_end_is_deterministic(cli_env, small_scenes):
 
 def test_unknown_head_is_a_clear_error(cli_env, small_scenes):
     assert run_cli("--task", "nyu-depth-dpt", "--set", "head=upernet") == 2
+
+
+def test_segmentation_over_the_cache_budget_trains_with_the_backbone_in_the_loop(
+    cli_env, small_scenes
+):
+    common = ("--task", "ade20k-1/4", "--set", "steps=4", "--set", "image_size=64")
+    assert run_cli(*common, "--set", "cache_budget_gb=0") == 0
+    assert run_cli(*common) == 0
+    rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_4.jsonl").open()]
+    modes = {r["config"]["cache_budget_gb"]: r["extra"]["dense_mode"] for r in rows}
+    assert modes == {0.0: "backbone in the loop", 8.0: "cached grids"}
+    in_loop = next(r for r in rows if r["config"]["cache_budget_gb"] == 0.0)
+    assert in_loop["extra"]["features_cached"] is False and 0 <= in_loop["value"] <= 100

@@ -71,15 +71,28 @@ def decayed_groups(tower: torch.nn.Module, head: torch.nn.Module, *, depth: int,
 
 class EndToEnd(torch.nn.Module):
     """A backbone adapter and a head: images → the head applied to what ``extract`` returns
-    (pooled vectors, or the patch grids with ``dense=True``)."""
+    (pooled vectors, or the patch grids with ``dense=True``). With ``frozen`` the backbone
+    stays in eval mode and runs without autograd: only the head trains (a frozen-feature head
+    whose features are computed in the loop instead of read from a cache)."""
 
-    def __init__(self, backbone, head: torch.nn.Module, *, layers, pool: str, dense: bool):
+    def __init__(self, backbone, head: torch.nn.Module, *, layers, pool: str, dense: bool,
+                 frozen: bool = False):  # fmt: skip
         super().__init__()
         self.tower = backbone_module(backbone)
         self.head = head
+        self.frozen = frozen
         self._extract = backbone.extract
         self.request = {"layers": tuple(layers), "pool": pool, "dense": dense}
 
     def forward(self, images: torch.Tensor):
-        features = self._extract(images, **self.request)
-        return self.head(features.grids if self.request["dense"] else features.pooled)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
+            features = self._extract(images, **self.request)
+        if self.request["dense"]:
+            return self.head([g.float() for g in features.grids])
+        return self.head(features.pooled.float())
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen:
+            self.tower.eval()
+        return self

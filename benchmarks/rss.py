@@ -1,5 +1,5 @@
-"""``evalkit pretrain`` with its arguments, then this process's peak RSS written as
-``$EVALKIT_RSS_DIR/rss-<rank>.json`` (bench_trainer.py runs it alone and under torchrun)."""
+"""``evalkit <argv>`` (any command), then this process's peak RSS written as
+``$EVALKIT_RSS_DIR/rss-<rank>.json`` (the memory benchmarks run it alone and under torchrun)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from evalkit.cli import main
 
 if __name__ == "__main__":
-    code = main(["pretrain", *sys.argv[1:]])
+    code = main(sys.argv[1:])
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rank = os.environ.get("RANK", "0")
     folder = Path(os.environ["EVALKIT_RSS_DIR"])

@@ -1,0 +1,43 @@
+"""Dense-head training memory against the number of training images: peak RSS of
+``evalkit run --task ade20k-1/1 --backbone vit22b/test`` on 128 and on 1024 embedded scenes,
+with the backbone in the training loop (``cache_budget_gb=0``: one batch of grids at a time,
+label maps read per batch) and, as the baseline, with cached grids held in memory. Target: the
+in-the-loop peak grows by less than 10% from 128 to 1024 images."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.bench_trainer import RSS_SCRIPT, peak_rss
+from benchmarks.common import report
+
+SETTINGS = ["--set", "steps=30", "--set", "image_size=112", "--set", "batch_size=8"]
+
+
+def run_peak(train_images: int, budget: str, tmp: Path) -> float:
+    folder = tmp / f"{train_images}-{budget}"
+    folder.mkdir()
+    os.environ["EVALKIT_EMBEDDED_SCENES"] = f"{train_images},16"
+    command = [sys.executable, str(RSS_SCRIPT), "run", "--task", "ade20k-1/1", "--backbone",
+               "vit22b/test", "--data", "embedded", "--quiet", "--no-cache", "--out",
+               str(folder / "rows"), *SETTINGS, "--set", f"cache_budget_gb={budget}"]  # fmt: skip
+    return peak_rss(command, folder)
+
+
+def main():
+    record = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for mode, budget in (("in_loop", "0"), ("cached_grids", "8")):
+            small, large = run_peak(128, budget, tmp), run_peak(1024, budget, tmp)
+            record[mode] = {"rss_128_mb": round(small), "rss_1024_mb": round(large),
+                            "growth": round(large / small - 1, 3)}  # fmt: skip
+    record["target"] = "in_loop growth < 0.10"
+    report("dense_memory", record)
+
+
+if __name__ == "__main__":
+    main()
