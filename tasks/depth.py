@@ -30,6 +30,7 @@ from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
 from evalkit.task import Metric, one_of, setting
+from evalkit.training.loop import sampled_batches
 
 from .dense import (
     DenseSettings,
@@ -39,7 +40,10 @@ from .dense import (
     picture_path,
     resize_to,
     save_picture_grid,
+    tap_layers,
 )
+from .finetuning import end_to_end
+from .linear_probe import image_ids
 
 # The paper's MSE, of units it does not state: labelled so wherever it is shown.
 PAPER = {
@@ -62,6 +66,7 @@ class Depth(DenseSettings):
     dataset: str = setting("waymo", one_of(*DEPTH))
     head: str = setting("dpt", one_of(*DEPTH_HEADS))
 
+    trains_in_loop = True
     version = 2  # 2: mse_log and delta1.1 added
 
     @property
@@ -79,10 +84,15 @@ class Depth(DenseSettings):
             )
             for s in ("train", "val")
         )
-        feats, cached = dense_features(self, backbone, ctx, train_set, split="train")
-        val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
-        head = self.fit(feats, train_set, ctx)
-        per_image, pictures = self.evaluate(head, val_feats, val_set, ctx)
+        info = backbone.info
+        if self.fits_cache(len(train_set) + len(val_set), info.embed_dim, info.patch_size):
+            predict, mode = self.frozen(backbone, ctx, train_set, val_set), "cached grids"
+        else:
+            predict, mode = self.trained_in_loop(backbone, ctx, train_set, val_set)
+        scored, pictures = self.evaluate(predict, val_set)
+        per_image = [errors for _, errors in scored]
+        ctx.save_predictions({"image": [image_ids(val_set)[i] for i, _ in scored],
+                              **{m: [e[m] for e in per_image] for m in DEPTH_METRICS}})  # fmt: skip
         extra = {
             "head": self.head,
             "train_images": len(train_set),
@@ -92,7 +102,8 @@ class Depth(DenseSettings):
             "valid": f"{spec.min_depth} < depth < {spec.max_depth} m, LiDAR returns only",
             "crop": spec.crop or "none",
             "aggregation": "per image, then mean over images",
-            "features_cached": cached,
+            "features_cached": mode == "cached grids",
+            "dense_mode": mode,
         }
         if not per_image:
             raise EvalkitError(f"no validation image of {self.dataset} has a valid depth pixel")
@@ -125,20 +136,48 @@ class Depth(DenseSettings):
 
         return self.train_head(head, step_loss, len(dataset), ctx)
 
+    def frozen(self, backbone, ctx, train_set, val_set):
+        """A head trained on the cached grids of the frozen backbone; returns ``predict``."""
+        feats, _ = dense_features(self, backbone, ctx, train_set, split="train")
+        val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
+        head, device = self.fit(feats, train_set, ctx), ctx.extract.device
+        return lambda i: head([g[i : i + 1].to(device).float() for g in val_feats.grids])
+
+    def trained_in_loop(self, backbone, ctx, train_set, val_set):
+        """Over the cache budget: the head trained with the frozen backbone in the loop, one
+        batch of grids and sparse depth targets at a time."""
+        run = end_to_end(self, backbone, ctx, self.build_head, dense=True, pool="mean",
+                         layers=tap_layers(backbone.info.depth), frozen=True)  # fmt: skip
+        side = 4 * (self.image_size // backbone.info.patch_size)
+
+        def collate(items):
+            targets = [torch.stack(sparse_resize(*train_set.target(i), (side, side))).float()
+                       for _, i in items]  # fmt: skip
+            return torch.stack([x for x, _ in items]), torch.stack(targets)
+
+        def loss(pred, targets):
+            pred = resize_to(pred.float(), targets.shape[-2:])[:, 0]
+            return silog_loss(pred, targets[:, 0], targets[:, 1].bool())
+
+        batches = sampled_batches(train_set, self.batch_size, ctx.seed, collate)
+        run.train(self, batches, loss, ctx, schedule=self.head_schedule(ctx.seed))
+        device = ctx.extract.device
+        return (lambda i: run.model(val_set[i][0][None].to(device))), "backbone in the loop"
+
     @torch.no_grad()
-    def evaluate(self, head, feats, dataset, ctx):
+    def evaluate(self, predict, dataset):
+        """Per validation image with valid pixels: (index, errors); and the picture rows."""
         spec = DEPTH[self.dataset]
         per_image, pictures = [], []
         for i in range(len(dataset)):
             gt, valid = dataset.target(i)
-            grids = [g[i : i + 1].to(ctx.extract.device).float() for g in feats.grids]
-            pred = head(grids).float()
+            pred = predict(i).float()
             pred = (
                 resize_to(pred, gt.shape)[0, 0].clamp(spec.min_depth, spec.max_depth).cpu().numpy()
             )
             errors = depth_errors(pred, gt, valid & eval_crop(gt.shape, spec.crop))
             if errors is not None:
-                per_image.append(errors)
+                per_image.append((i, errors))
             if i < PICTURES:
                 full = np.ones_like(valid)
                 pictures.append(

@@ -235,3 +235,17 @@ def test_segmentation_over_the_cache_budget_trains_with_the_backbone_in_the_loop
     assert modes == {0.0: "backbone in the loop", 8.0: "cached grids"}
     in_loop = next(r for r in rows if r["config"]["cache_budget_gb"] == 0.0)
     assert in_loop["extra"]["features_cached"] is False and 0 <= in_loop["value"] <= 100
+
+
+def test_depth_over_the_cache_budget_and_its_per_image_predictions(cli_env, small_scenes):
+    import pandas as pd
+
+    args = ("--task", "waymo-depth-linear", "--set", "steps=4", "--set", "image_size=64",
+            "--set", "cache_budget_gb=0", "--save-predictions")  # fmt: skip
+    assert run_cli(*args) == 0
+    rows = [json.loads(line) for line in (cli_env / "results/runs/waymo-depth-linear.jsonl").open()]
+    assert rows[0]["extra"]["dense_mode"] == "backbone in the loop"
+    files = list((cli_env / "results/runs/predictions").glob("waymo-depth-linear--*.parquet"))
+    frame = pd.read_parquet(files[0])
+    mse = next(r["value"] for r in rows if r["metric"] == "mse")
+    assert len(frame) == rows[0]["n"] and frame["mse"].mean() == pytest.approx(mse)
