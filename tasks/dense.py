@@ -1,8 +1,8 @@
 """What the dense tasks share (segmentation.py, depth.py): frozen multi-layer patch grids from
 the feature cache (4 evenly spaced layers, e.g. [2, 5, 8, 11] of 12 — DPT's taps — extracted
-once and shared by every head), seeded hashed training subsets, a head trained by
-``evalkit.train``, and a PNG picture grid (input / prediction / ground truth) of a few
-validation images written next to the rows."""
+once and shared by every head, read a batch at a time), seeded hashed training subsets, a
+head trained by ``evalkit.train``, and a PNG picture grid (input / prediction / ground truth)
+of a few validation images written next to the rows."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest
+from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
 from evalkit.train import TrainConfig, seeded_build, train
 
@@ -50,8 +50,8 @@ class DenseSettings(Task):
         return images * 4 * embed_dim * grid * grid * 4 / 1e9 <= self.cache_budget_gb
 
     def plan(self, inputs) -> list[Stage]:
-        """Grids of 4 layers per image; today the heads hold every grid of the split in RAM
-        with the targets at stride 4, and a batch of float32 grids on the device."""
+        """Grids of 4 layers per image: cached and read a batch at a time when they fit
+        ``cache_budget_gb``, else computed per batch with the backbone in the head's loop."""
         grid = self.image_size // inputs.shape.patch
         per_image = 4 * inputs.shape.embed_dim * grid * grid
         n_train, n_val = self.train_images(inputs.sizes["train"]), inputs.sizes["val"]
@@ -72,6 +72,10 @@ class DenseSettings(Task):
                          + n_val, host_bytes=2 * batch, device_bytes=3 * batch
                          + extract.device_bytes)  # fmt: skip
             return [loop]
+        if cached:  # read a batch at a time, one shard of at most SHARD_BYTES held
+            head = Stage(name, "grids read per batch", host_bytes=SHARD_BYTES + 2 * self.batch_size
+                         * per_image * 4, device_bytes=3 * self.batch_size * per_image * 4)  # fmt: skip
+            return [extract, head]
         head = Stage(
             name, "grids held in RAM",
             host_bytes=(n_train + n_val) * per_image * BYTES[inputs.storage] + targets,
@@ -79,9 +83,9 @@ class DenseSettings(Task):
         )  # fmt: skip
         return [extract, head]
 
-    def new_head(self, feats: HeldGrids, ctx) -> torch.nn.Module:
+    def new_head(self, feats: CachedGrids, ctx) -> torch.nn.Module:
         """This task's head for these grids, initialised from the seed alone."""
-        dims = [g.shape[1] for g in feats.grids]
+        dims = [g.shape[1] for g in feats.take([0])]
         return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.extract.device)
 
     def head_schedule(self, seed: int):
@@ -117,17 +121,32 @@ def hashed_subset(names: list[str], fraction: float, seed: int) -> list[int] | N
     return sorted(order[: max(1, math.ceil(len(names) * fraction))])
 
 
-@dataclass
-class HeldGrids:
-    """A split's patch grids held in memory, one (N, D, h, w) tensor per tapped layer: the heads
-    train on random batches of them (streaming them from the cache is still to come)."""
+SHARD_BYTES = 64 * 2**20
 
-    grids: list[torch.Tensor]
+
+@dataclass
+class CachedGrids:
+    """A split's patch grids, one (D, h, w) map per tapped layer and image, read a batch at a
+    time from the feature cache's shards (the cache holds one shard in memory), never
+    concatenated for the whole split."""
+
+    feats: FeatureSet
+
+    def layers(self) -> list[str]:
+        names = self.feats.keys()
+        return sorted((k for k in names if k.startswith("grid.")), key=lambda k: int(k[5:]))
+
+    def take(self, indices, device: str = "cpu") -> list[torch.Tensor]:
+        """The grids of images ``indices``, one (B, D, h, w) float tensor per tapped layer."""
+        return [self.feats.take(indices, key).to(device).float() for key in self.layers()]
+
+    def __len__(self) -> int:
+        return len(self.feats)
 
 
 def dense_features(
     task, backbone, ctx, dataset, *, split: str, subset=None
-) -> tuple[HeldGrids, bool]:
+) -> tuple[CachedGrids, bool]:
     """Grids of the tapped layers, cached when they fit ``task.cache_budget_gb``."""
     if task.image_size < backbone.info.patch_size:
         raise EvalkitError(
@@ -140,12 +159,13 @@ def dense_features(
     cached = task.fits_cache(n, backbone.info.embed_dim, backbone.info.patch_size)
     if not cached:  # too big for the disk budget: extract into memory only
         ctx = replace(ctx, extract=replace(ctx.extract, cache_dir=None))
+    # Shards of at most SHARD_BYTES: a batch read holds one shard, whatever the split's size.
+    grid = task.image_size // backbone.info.patch_size
+    per_image = len(layers) * backbone.info.embed_dim * grid * grid * 4
+    rows = max(1, min(ctx.extract.shard_size, SHARD_BYTES // per_image))
+    ctx = replace(ctx, extract=replace(ctx.extract, shard_size=rows))
     feats = ctx.features(backbone, dataset, split=split, request=request, subset=subset)
-    return HeldGrids(feats.grids), cached
-
-
-def batch_grids(feats: HeldGrids, indices: torch.Tensor, device: str) -> list[torch.Tensor]:
-    return [g[indices].to(device).float() for g in feats.grids]
+    return CachedGrids(feats), cached
 
 
 def resize_to(x: torch.Tensor, size) -> torch.Tensor:

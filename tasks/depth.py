@@ -34,7 +34,6 @@ from evalkit.training.loop import sampled_batches
 
 from .dense import (
     DenseSettings,
-    batch_grids,
     colour_depth,
     dense_features,
     picture_path,
@@ -125,14 +124,14 @@ class Depth(DenseSettings):
     def fit(self, feats, dataset, ctx):
         device = ctx.extract.device
         head = self.new_head(feats, ctx)
-        size = [4 * s for s in feats.grids[0].shape[-2:]]
-        targets = [sparse_resize(*dataset.target(i), size) for i in range(len(dataset))]
-        depth = torch.stack([d for d, _ in targets])
-        valid = torch.stack([v for _, v in targets])
+        size = [4 * s for s in feats.take([0])[0].shape[-2:]]
 
-        def step_loss(indices):
-            pred = resize_to(head(batch_grids(feats, indices, device)).float(), size)[:, 0]
-            return silog_loss(pred, depth[indices].to(device), valid[indices].to(device))
+        def step_loss(indices):  # depth maps read and resized per batch
+            indices = indices.sort().values
+            pred = resize_to(head(feats.take(indices, device)).float(), size)[:, 0]
+            targets = [sparse_resize(*dataset.target(int(i)), size) for i in indices]
+            depth = torch.stack([d for d, _ in targets]).to(device)
+            return silog_loss(pred, depth, torch.stack([v for _, v in targets]).to(device))
 
         return self.train_head(head, step_loss, len(dataset), ctx)
 
@@ -141,7 +140,7 @@ class Depth(DenseSettings):
         feats, _ = dense_features(self, backbone, ctx, train_set, split="train")
         val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
         head, device = self.fit(feats, train_set, ctx), ctx.extract.device
-        return lambda i: head([g[i : i + 1].to(device).float() for g in val_feats.grids])
+        return lambda i: head(val_feats.take([i], device))
 
     def trained_in_loop(self, backbone, ctx, train_set, val_set):
         """Over the cache budget: the head trained with the frozen backbone in the loop, one

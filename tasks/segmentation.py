@@ -37,7 +37,6 @@ from evalkit.training.loop import sampled_batches
 
 from .dense import (
     DenseSettings,
-    batch_grids,
     colour_labels,
     dense_features,
     hashed_subset,
@@ -133,12 +132,11 @@ class Segmentation(FinetuneSettings, DenseSettings):
             return predict, {**extra, "dense_mode": "backbone in the loop"}
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train", subset=subset)
         val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
-        indices = subset if subset is not None else list(range(len(train_set)))
-        head = self.fit(feats, [train_set.target(i) for i in indices], ctx)
+        head = self.fit(feats, lambda j: train_set.target(indices[j]), ctx)
         device = ctx.extract.device
 
         def predict(i: int) -> torch.Tensor:
-            return head([g[i : i + 1].to(device).float() for g in val_feats.grids])
+            return head(val_feats.take([i], device))
 
         return predict, {"features_cached": cached, "dense_mode": "cached grids"}
 
@@ -190,17 +188,19 @@ class Segmentation(FinetuneSettings, DenseSettings):
             return LinearSegmentation(dims, ADE_CLASSES)
         return UperNetSegmentation(dims, ADE_CLASSES, self.channels)
 
-    def fit(self, feats, targets: list[np.ndarray], ctx):
+    def fit(self, feats, target, ctx):
+        """A head on cached grids; ``target(j)`` reads the label map of the j-th grid, resized
+        per batch (label maps are never held for the whole split)."""
         device = ctx.extract.device
         head = self.new_head(feats, ctx)
-        size = [4 * s for s in feats.grids[0].shape[-2:]]
-        labels = torch.stack([resize_labels(t, size) for t in targets])
+        size = [4 * s for s in feats.take([0])[0].shape[-2:]]
 
         def step_loss(indices):
-            logits = resize_to(head(batch_grids(feats, indices, device)), size)
-            return F.cross_entropy(logits.float(), labels[indices].to(device), ignore_index=IGNORE)
+            logits = resize_to(head(feats.take(indices.sort().values, device)), size)
+            labels = torch.stack([resize_labels(target(j), size) for j in indices.sort().values])
+            return F.cross_entropy(logits.float(), labels.to(device), ignore_index=IGNORE)
 
-        return self.train_head(head, step_loss, len(targets), ctx)
+        return self.train_head(head, step_loss, len(feats), ctx)
 
     @torch.no_grad()
     def evaluate(self, predict, dataset):

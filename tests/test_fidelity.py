@@ -209,7 +209,7 @@ def test_plan_prints_the_paper_scale_figures_without_running(capsys, monkeypatch
         main(["plan", "--task", "ade20k-1/16", "--backbone", "vit22b/ti", "--device", "cpu"]) == 0
     )
     out = " ".join(capsys.readouterr().out.split())
-    assert "3,264" in out and "grids held in RAM" in out  # ⌈20,210 / 16⌉ + 2,000, cached
+    assert "3,264" in out and "grids read per batch" in out  # ⌈20,210 / 16⌉ + 2,000, cached
     assert main(["plan", "--task", "imagenet-linear", "--backbone", "vit22b", "--device", "cpu",
                  "--dtype", "bf16"]) == 0  # fmt: skip
     out = " ".join(capsys.readouterr().out.split())
