@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.data import open_dataset
-from evalkit.data.dense import ADE_CLASSES, IGNORE
+from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
-from evalkit.task import POSITIVE, SHARE, Metric, one_of, setting
+from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, one_of, setting
 from evalkit.training.loop import sampled_batches
 
 from .dense import (
@@ -73,6 +73,8 @@ class Segmentation(FinetuneSettings, DenseSettings):
     fraction: float = setting(1.0, SHARE)
     head: str = setting("linear", one_of(*SEGMENTATION_HEADS))
     finetune_batch_size: int = setting(8, POSITIVE)  # the paper's: 16
+    eval_mode: str = setting("resize", one_of("resize", "slide"))  # slide: mmseg's windows
+    eval_stride: int = setting(0, NON_NEGATIVE)  # slide: 0 = 2/3 of image_size (341 of 512)
 
     version = 1
     trains_in_loop = True
@@ -115,7 +117,11 @@ class Segmentation(FinetuneSettings, DenseSettings):
             "val_images": len(val_set),
             "classes_scored": scores["classes"],
             "eval_resolution": "annotation",
+            "eval_mode": self.eval_mode,
         }
+        if self.eval_mode == "slide":
+            extra |= {"eval_crop": self.image_size,
+                      "eval_stride": self.eval_stride or self.image_size * 2 // 3}  # fmt: skip
         if path := picture_path(ctx, self.name, backbone.info.name, self.head):
             extra["picture"] = str(save_picture_grid(pictures, path))
         for metric in self.metrics():
@@ -131,20 +137,30 @@ class Segmentation(FinetuneSettings, DenseSettings):
             predict, extra = self.trained_in_loop(backbone, ctx, (train_set, val_set), indices)
             return predict, {**extra, "dense_mode": "backbone in the loop"}
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train", subset=subset)
-        val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
         head = self.fit(feats, lambda j: train_set.target(indices[j]), ctx)
         device = ctx.extract.device
+        if self.eval_mode == "slide":
+            windows = self.windows(val_set)
+            grids, _ = dense_features(self, backbone, ctx, windows, split="val-windows")
+            predict = windowed(windows, lambda ids: head(grids.take(ids, device)))
+        else:
+            val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
 
-        def predict(i: int) -> torch.Tensor:
-            return head(val_feats.take([i], device))
+            def predict(i: int) -> torch.Tensor:
+                return head(val_feats.take([i], device))
 
         return predict, {"features_cached": cached, "dense_mode": "cached grids"}
+
+    def windows(self, val_set) -> SlidingWindows:
+        return SlidingWindows(
+            val_set, self.image_size, self.eval_stride or self.image_size * 2 // 3
+        )
 
     def fine_tuned(self, backbone, ctx, sets, indices):
         """Backbone and head trained end to end on randomly flipped training images, labels at
         stride 4 of the input (tasks/finetuning.py)."""
         log, predict = self.train_end_to_end(backbone, ctx, sets, indices, frozen=False)
-        return predict, finetune_extra(self, log, self.image_size)
+        return predict, {**finetune_extra(self, log, self.image_size), "dense_mode": "fine-tuned"}
 
     def trained_in_loop(self, backbone, ctx, sets, indices):
         """The head's schedule (``steps``, ``batch_size``, ``lr``) on grids computed per batch
@@ -177,6 +193,13 @@ class Segmentation(FinetuneSettings, DenseSettings):
         batches = sampled_batches(subset, batch, ctx.seed, collate)
         log = run.train(self, batches, loss, ctx, schedule=self.head_schedule(ctx.seed))
         device = ctx.extract.device
+        if self.eval_mode == "slide":
+            windows = self.windows(val_set)
+
+            def window_logits(ids):
+                return run.model(torch.stack([windows[k][0] for k in ids]).to(device))
+
+            return log, windowed(windows, window_logits)
 
         def predict(i: int) -> torch.Tensor:
             return run.model(val_set[i][0][None].to(device))
@@ -221,6 +244,26 @@ class Segmentation(FinetuneSettings, DenseSettings):
             if i < PICTURES:
                 pictures.append([dataset.original(i), colour_labels(pred), colour_labels(target)])
         return confusion, pictures, per_image
+
+
+def windowed(windows: SlidingWindows, logits_of):
+    """``predict(i)`` for sliding-window evaluation: the logits of image i's windows
+    (``logits_of(window indices)``), each upsampled to the crop, averaged where windows
+    overlap, over the short-side-resized image."""
+
+    @torch.no_grad()
+    def predict(i: int) -> torch.Tensor:
+        placed = windows.of_image(i)
+        logits = logits_of([k for k, _, _ in placed]).float()
+        crop, (height, width) = windows.crop, windows.shapes[i]
+        canvas = torch.zeros(logits.shape[1], height, width, device=logits.device)
+        count = torch.zeros(1, height, width, device=logits.device)
+        for window, (_, top, left) in zip(resize_to(logits, (crop, crop)), placed, strict=True):
+            canvas[:, top : top + crop, left : left + crop] += window
+            count[:, top : top + crop, left : left + crop] += 1
+        return (canvas / count)[None]
+
+    return predict
 
 
 def resize_labels(labels: np.ndarray, size) -> torch.Tensor:

@@ -249,3 +249,44 @@ def test_depth_over_the_cache_budget_and_its_per_image_predictions(cli_env, smal
     frame = pd.read_parquet(files[0])
     mse = next(r["value"] for r in rows if r["metric"] == "mse")
     assert len(frame) == rows[0]["n"] and frame["mse"].mean() == pytest.approx(mse)
+
+
+def test_window_starts_cover_the_image_with_the_last_flush():
+    from evalkit.data.dense import window_starts
+
+    assert window_starts(512, 512, 341) == [0]
+    assert window_starts(683, 512, 341) == [0, 171]
+    assert window_starts(1200, 512, 341) == [0, 341, 682, 688]
+
+
+def test_sliding_windows_keep_the_aspect_and_stitch_by_averaging(tmp_path):
+    from evalkit.data.dense import SlidingWindows
+    from evalkit.tasks.segmentation import windowed
+
+    Image.new("RGB", (150, 100), (200, 10, 10)).save(tmp_path / "wide.png")
+    dataset = type("Images", (), {"images": [tmp_path / "wide.png"], "mean": (0.5,) * 3,
+                                  "std": (0.5,) * 3, "identity": lambda self: "x"})()  # fmt: skip
+    windows = SlidingWindows(dataset, crop=64, stride=40)
+    assert windows.shapes == [(64, 96)] and [w[1:] for w in windows.of_image(0)] == [
+        (0, 0),
+        (0, 32),
+    ]
+    assert windows[1][0].shape == (3, 64, 64)
+    logits = {0: torch.ones(1, 2, 16, 16), 1: 3 * torch.ones(1, 2, 16, 16)}
+    stitched = windowed(windows, lambda ids: torch.cat([logits[k] for k in ids]))(0)
+    assert stitched.shape == (1, 2, 64, 96)
+    assert stitched[0, 0, 0, 0] == 1 and stitched[0, 0, 0, 95] == 3
+    assert stitched[0, 0, 0, 40] == 2  # columns 32-63 are covered by both windows
+
+
+def test_sliding_window_evaluation_in_every_mode(cli_env, small_scenes):
+    common = ("--task", "ade20k-1/4", "--set", "steps=2", "--set", "image_size=64",
+              "--set", "eval_mode=slide")  # fmt: skip
+    assert run_cli(*common) == 0
+    assert run_cli(*common, "--set", "cache_budget_gb=0") == 0
+    assert run_cli(*common, "--set", "finetune=true", "--set", "finetune_steps=2") == 0
+    rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_4.jsonl").open()]
+    miou = [r for r in rows if r["metric"] == "miou"]
+    assert {r["extra"]["dense_mode"] for r in miou} == {"cached grids", "backbone in the loop",
+                                                        "fine-tuned"}  # fmt: skip
+    assert all(r["extra"]["eval_mode"] == "slide" and r["extra"]["eval_stride"] == 42 for r in miou)

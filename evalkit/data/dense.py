@@ -107,6 +107,54 @@ class DenseDataset(torch.utils.data.Dataset):
                               extra=f"size={self.size}")  # fmt: skip
 
 
+def window_starts(length: int, crop: int, stride: int) -> list[int]:
+    """Offsets of ``crop``-long windows covering [0, length): every ``stride``, the last one
+    flush with the end (mmseg's sliding-window inference)."""
+    if length <= crop:
+        return [0]
+    return sorted({*range(0, length - crop, stride), length - crop})
+
+
+class SlidingWindows(torch.utils.data.Dataset):
+    """Windows of ``dataset``'s images for sliding-window evaluation: each image resized so
+    its short side is ``crop`` (aspect kept), then ``crop`` × ``crop`` windows every ``stride``
+    pixels. Items are (window tensor, window index); ``of_image(i)`` lists image i's windows
+    as (window index, top, left) and ``shapes[i]`` is its resized (height, width)."""
+
+    def __init__(self, dataset: DenseDataset, crop: int, stride: int):
+        self.dataset, self.crop, self.stride = dataset, crop, stride
+        self.windows, self.shapes, self.by_image = [], [], []
+        for index, path in enumerate(dataset.images):
+            with Image.open(path) as image:
+                width, height = image.size
+            scale = crop / min(width, height)
+            shape = (max(crop, round(height * scale)), max(crop, round(width * scale)))
+            self.shapes.append(shape)
+            mine = [(top, left) for top in window_starts(shape[0], crop, stride)
+                    for left in window_starts(shape[1], crop, stride)]  # fmt: skip
+            first = len(self.windows)
+            self.by_image.append([(first + j, *at) for j, at in enumerate(mine)])
+            self.windows += [(index, top, left) for top, left in mine]
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, k: int):
+        index, top, left = self.windows[k]
+        height, width = self.shapes[index]
+        image = load_rgb(self.dataset.images[index]).resize((width, height), Image.BICUBIC)
+        window = image.crop((left, top, left + self.crop, top + self.crop))
+        array = torch.from_numpy(np.asarray(window, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        mean, std = (torch.tensor(v)[:, None, None] for v in (self.dataset.mean, self.dataset.std))
+        return (array - mean) / std, k
+
+    def of_image(self, index: int) -> list[tuple[int, int, int]]:
+        return self.by_image[index]
+
+    def identity(self) -> str:
+        return f"{self.dataset.identity()}|windows crop={self.crop} stride={self.stride}"
+
+
 class ADE20k(DenseDataset):
     def __init__(self, root: Path, split: str, size: int, preprocess):
         folder = ADE_SPLITS[split]
