@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.data import open_dataset
-from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows
+from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
 from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, one_of, setting
@@ -74,6 +74,9 @@ class Segmentation(FinetuneSettings, DenseSettings):
     head: str = setting("linear", one_of(*SEGMENTATION_HEADS))
     finetune_batch_size: int = setting(8, POSITIVE)  # the paper's: 16
     eval_mode: str = setting("resize", one_of("resize", "slide"))  # slide: mmseg's windows
+    # Training views when images pass through the backbone each step (in the loop, fine-tuned):
+    # flip, or mmseg's scale jitter + crop + flip + photometric jitter.
+    augment: str = setting("flip", one_of("flip", "mmseg"))
     eval_stride: int = setting(0, NON_NEGATIVE)  # slide: 0 = 2/3 of image_size (341 of 512)
 
     version = 1
@@ -118,6 +121,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
             "classes_scored": scores["classes"],
             "eval_resolution": "annotation",
             "eval_mode": self.eval_mode,
+            "augment": "none (cached features)" if extra.get("features_cached") else self.augment,
         }
         if self.eval_mode == "slide":
             extra |= {"eval_crop": self.image_size,
@@ -175,6 +179,11 @@ class Segmentation(FinetuneSettings, DenseSettings):
         side = 4 * (self.image_size // backbone.info.patch_size)
 
         def collate(items):  # label maps read and resized per batch, never held for the split
+            if self.augment == "mmseg":
+                views = [scale_crop_flip(train_set, i, self.image_size, train_set.target(i))
+                         for _, i in items]  # fmt: skip
+                return torch.stack([x for x, _ in views]), torch.stack(
+                    [resize_labels(y, (side, side)) for _, y in views])  # fmt: skip
             flips = torch.rand(len(items)) < 0.5
             images = torch.stack(
                 [x.flip(-1) if f else x for (x, _), f in zip(items, flips, strict=True)]

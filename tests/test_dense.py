@@ -290,3 +290,34 @@ def test_sliding_window_evaluation_in_every_mode(cli_env, small_scenes):
     assert {r["extra"]["dense_mode"] for r in miou} == {"cached grids", "backbone in the loop",
                                                         "fine-tuned"}  # fmt: skip
     assert all(r["extra"]["eval_mode"] == "slide" and r["extra"]["eval_stride"] == 42 for r in miou)
+
+
+def test_mmseg_training_views_are_seeded_crops_with_labels_alike(tmp_path):
+    from evalkit.data.dense import scale_crop_flip
+
+    Image.new("RGB", (90, 60), (120, 130, 140)).save(tmp_path / "a.png")
+    dataset = type("Images", (), {"images": [tmp_path / "a.png"], "mean": (0.5,) * 3,
+                                  "std": (0.5,) * 3})()  # fmt: skip
+    labels = np.zeros((60, 90), np.uint8)
+    labels[:, 45:] = 7
+    views = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        views.append(scale_crop_flip(dataset, 0, 64, labels))
+    (image, crop), (again, crop_again) = views
+    assert image.shape == (3, 64, 64) and crop.shape == (64, 64)
+    assert torch.equal(image, again) and np.array_equal(crop, crop_again)  # seeded
+    assert set(np.unique(crop)) <= {0, 7, 255}  # nearest resize; padding is ignored
+    seen = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        seen |= set(np.unique(scale_crop_flip(dataset, 0, 64, labels)[1]).tolist())
+    assert 255 in seen  # a short side scaled below the crop is padded with the ignore label
+
+
+def test_mmseg_augmentation_in_the_loop_is_recorded(cli_env, small_scenes):
+    args = ("--task", "ade20k-1/4", "--set", "steps=2", "--set", "image_size=64",
+            "--set", "cache_budget_gb=0", "--set", "augment=mmseg")  # fmt: skip
+    assert run_cli(*args) == 0
+    rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_4.jsonl").open()]
+    assert rows[0]["extra"]["augment"] == "mmseg"

@@ -107,6 +107,36 @@ class DenseDataset(torch.utils.data.Dataset):
                               extra=f"size={self.size}")  # fmt: skip
 
 
+def scale_crop_flip(dataset, index: int, crop: int, labels: np.ndarray):
+    """mmseg's ADE20k training view of image ``index`` and its label map: resized so the
+    short side is ``crop`` × U(0.5, 2.0) (aspect kept), padded to the crop (labels with 255,
+    ignored), a random ``crop`` × ``crop`` window, a flip with p 0.5, and photometric jitter
+    (brightness, contrast, saturation, hue: torchvision's ColorJitter standing in for
+    PhotoMetricDistortion). Random draws come from torch's generator, which the trainer seeds
+    per item. Returns (normalised image tensor, label map uint8 array)."""
+    from torchvision import transforms as T
+
+    image = load_rgb(dataset.images[index])
+    scale = crop * (0.5 + 1.5 * torch.rand(()).item()) / min(image.size)
+    size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
+    image = image.resize(size, Image.BICUBIC)
+    label_map = Image.fromarray(labels.astype(np.uint8)).resize(size, Image.NEAREST)
+    width, height = max(crop, size[0]), max(crop, size[1])
+    canvas, canvas_labels = Image.new("RGB", (width, height)), Image.new("L", (width, height), 255)
+    canvas.paste(image)
+    canvas_labels.paste(label_map)
+    left = int(torch.randint(0, width - crop + 1, ()))
+    top = int(torch.randint(0, height - crop + 1, ()))
+    box = (left, top, left + crop, top + crop)
+    image, label_map = canvas.crop(box), canvas_labels.crop(box)
+    if torch.rand(()) < 0.5:
+        image, label_map = (x.transpose(Image.FLIP_LEFT_RIGHT) for x in (image, label_map))
+    image = T.ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.05)(image)
+    array = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+    mean, std = (torch.tensor(v)[:, None, None] for v in (dataset.mean, dataset.std))
+    return (array - mean) / std, np.asarray(label_map)
+
+
 def window_starts(length: int, crop: int, stride: int) -> list[int]:
     """Offsets of ``crop``-long windows covering [0, length): every ``stride``, the last one
     flush with the end (mmseg's sliding-window inference)."""
