@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from evalkit.data import open_dataset
-from evalkit.data.dense import DEPTH
+from evalkit.data.dense import DEPTH, frame_size
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
@@ -64,6 +64,8 @@ class Depth(DenseSettings):
     name: str = "waymo-depth-dpt"
     dataset: str = setting("waymo", one_of(*DEPTH))
     head: str = setting("dpt", one_of(*DEPTH_HEADS))
+    # keep: the short side is image_size and the frame keeps its aspect (Waymo's 3:2)
+    aspect: str = setting("keep", one_of("keep", "square"))
 
     trains_in_loop = True
     version = 2  # 2: mse_log and delta1.1 added
@@ -80,9 +82,13 @@ class Depth(DenseSettings):
         train_set, val_set = (
             open_dataset(
                 self.dataset, s, ctx.data, size=self.image_size, preprocess=backbone.info.preprocess
-            )
+            )  # fmt: skip
             for s in ("train", "val")
         )
+        if self.aspect == "keep":
+            # an even number of patches along the long side: DPT halves the grid once
+            size = frame_size(train_set.images, self.image_size, 2 * backbone.info.patch_size)
+            train_set.size = val_set.size = size
         info = backbone.info
         if self.fits_cache(len(train_set) + len(val_set), info.embed_dim, info.patch_size):
             predict, mode = self.frozen(backbone, ctx, train_set, val_set), "cached grids"
@@ -101,6 +107,7 @@ class Depth(DenseSettings):
             "valid": f"{spec.min_depth} < depth < {spec.max_depth} m, LiDAR returns only",
             "crop": spec.crop or "none",
             "aggregation": "per image, then mean over images",
+            "input_size": list(train_set.size) if self.aspect == "keep" else [self.image_size] * 2,
             "features_cached": mode == "cached grids",
             "dense_mode": mode,
         }
@@ -147,10 +154,11 @@ class Depth(DenseSettings):
         batch of grids and sparse depth targets at a time."""
         run = end_to_end(self, backbone, ctx, self.build_head, dense=True, pool="mean",
                          layers=tap_layers(backbone.info.depth), frozen=True)  # fmt: skip
-        side = 4 * (self.image_size // backbone.info.patch_size)
+        height, width = (train_set.size,) * 2 if isinstance(train_set.size, int) else train_set.size
+        side = (4 * (height // backbone.info.patch_size), 4 * (width // backbone.info.patch_size))
 
         def collate(items):
-            targets = [torch.stack(sparse_resize(*train_set.target(i), (side, side))).float()
+            targets = [torch.stack(sparse_resize(*train_set.target(i), side)).float()
                        for _, i in items]  # fmt: skip
             return torch.stack([x for x, _ in items]), torch.stack(targets)
 

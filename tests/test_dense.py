@@ -321,3 +321,21 @@ def test_mmseg_augmentation_in_the_loop_is_recorded(cli_env, small_scenes):
     assert run_cli(*args) == 0
     rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_4.jsonl").open()]
     assert rows[0]["extra"]["augment"] == "mmseg"
+
+
+def test_frames_keep_their_aspect(tmp_path):
+    from evalkit.data.dense import frame_size
+
+    Image.new("RGB", (1920, 1280)).save(tmp_path / "waymo.png")
+    Image.new("RGB", (480, 640)).save(tmp_path / "portrait.png")
+    assert frame_size([tmp_path / "waymo.png"], 504, 28) == (504, 756)  # 3:2, 27 × 28
+    assert frame_size([tmp_path / "portrait.png"], 224, 32) == (288, 224)
+
+
+def test_depth_rows_record_the_unsquashed_input(cli_env, small_scenes):
+    assert (
+        run_cli("--task", "waymo-depth-linear", "--set", "steps=2", "--set", "image_size=56") == 0
+    )
+    row = json.loads((cli_env / "results/runs/waymo-depth-linear.jsonl").open().readline())
+    height, width = row["extra"]["input_size"]
+    assert height == 56 and width > height and width % 28 == 0

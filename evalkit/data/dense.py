@@ -76,16 +76,31 @@ DEPTH = {
 }
 
 
-def image_tensor(path: Path, size: int, mean, std) -> torch.Tensor:
-    image = load_rgb(path).resize((size, size), Image.BICUBIC)
+def image_tensor(path: Path, size, mean, std) -> torch.Tensor:
+    """The image resized to ``size``: a side (squared) or (height, width)."""
+    height, width = (size, size) if isinstance(size, int) else size
+    image = load_rgb(path).resize((width, height), Image.BICUBIC)
     array = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
     return (array - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+
+
+def frame_size(images: list[Path], short: int, multiple: int) -> tuple[int, int]:
+    """(height, width) with the short side ``short`` and the first image's aspect, the long
+    side rounded to a multiple of ``multiple`` (the patch): frames are not squashed."""
+    if not images:
+        return (short, short)
+    with Image.open(images[0]) as image:
+        width, height = image.size
+    long = max(
+        multiple, round(short * max(width, height) / min(width, height) / multiple) * multiple
+    )
+    return (short, long) if width >= height else (long, short)
 
 
 class DenseDataset(torch.utils.data.Dataset):
     """Items are (image tensor, index); ``target(index)`` reads the ground truth."""
 
-    def __init__(self, images: list[Path], size: int, preprocess):
+    def __init__(self, images: list[Path], size, preprocess):
         self.images = images
         self.size = size
         self.mean, self.std = preprocess.mean, preprocess.std
@@ -229,7 +244,7 @@ class ADE20k(DenseDataset):
 
 
 class DepthFolder(DenseDataset):
-    def __init__(self, root: Path, split: str, size: int, preprocess, spec: DepthSpec):
+    def __init__(self, root: Path, split: str, size, preprocess, spec: DepthSpec):
         folder = spec.splits[0 if split == "train" else 1]
         base = root / folder
         if not (base / "image").is_dir() or not (base / "depth").is_dir():
@@ -355,9 +370,7 @@ def _open_ade20k(root: Path, split: str, *, source: str, size: int, preprocess) 
     return ADE20k(root, split, size, preprocess)
 
 
-def _open_depth(
-    name: str, root: Path, split: str, *, source: str, size: int, preprocess
-) -> DepthFolder:
+def _open_depth(name: str, root: Path, split: str, *, source: str, size, preprocess) -> DepthFolder:
     _folders_only(f"{name} depth", source)
     return DepthFolder(root, split, size, preprocess, DEPTH[name])
 
