@@ -298,8 +298,9 @@ def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, datase
         return
     top = scores.float().topk(min(5, scores.shape[1]), dim=1)
     names = list(getattr(dataset, "classes", []))
+    ids = image_ids(dataset)
     ctx.save_predictions({
-        "image": image_ids(dataset),
+        "image": ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))],
         "label": labels.tolist(),
         "label_name": [names[i] if i < len(names) else str(i) for i in labels.tolist()],
         "prediction": top.indices[:, 0].tolist(),

@@ -42,6 +42,8 @@ from evalkit.task import (
 )
 from evalkit.train import TrainConfig, seeded_build, train
 
+from .linear_probe import save_classifications
+
 PAPER = {"kinetics400": {"top1": {"ViT-22B": 88.0}}}
 CROPS = Rule("1 or 3 spatial crops", lambda v: v in (1, 3))
 DEPTH = Rule("1 to 4 blocks", lambda v: 1 <= v <= 4)
@@ -120,6 +122,7 @@ class VideoClassification(Task):
                  "padded": {"train": int(padded.sum()), "eval": test_status["padded"]},
                  "unreadable": {"train": _listed(train_set, unreadable, 1), "eval": test_status["unreadable"]},
                  "skipped": {"train": train_set.skipped, "eval": test_set.skipped}}  # fmt: skip
+        save_classifications(ctx, probabilities, clip_labels, test_set, None)
         for k in (1, 5):
             top = probabilities.topk(min(k, probabilities.shape[1]), dim=1).indices
             right = (top == clip_labels[:, None]).any(dim=1)

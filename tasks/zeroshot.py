@@ -64,6 +64,8 @@ from evalkit.zeroshot import (
     templates,
 )
 
+from .linear_probe import save_classifications
+
 PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
                  "objectnet": 87.6}  # fmt: skip
 PAPER_LIT_E = {"objectnet": 84.9}
@@ -106,11 +108,15 @@ class ZeroShot(Task):
         feats = ctx.features(backbone, test, split=self.eval_split, request=request)
         space = test.label_space
         classes = self.classifier(text, space.names, ctx, self.tower_id(backbone, tower))
-        hits = {1: [], 5: []}
+        hits, kept = {1: [], 5: []}, []
         for rows, index in feats.by_shard(torch.arange(len(feats))):  # one shard at a time
             scores = _image_embeddings(rows, tower) @ classes.T
             for k, found in hits.items():
                 found.append(label_space_hits(scores, feats.labels[index], space, k))
+            if ctx.predictions is not None:
+                kept.append(scores.cpu())
+        if kept:
+            save_classifications(ctx, torch.cat(kept), feats.labels, test, space)
         extra = {**extra, "templates": self.templates, "classes": len(space.names),
                  "class_names_id": names_id(space.names), "pool": request.pool,
                  "candidates": len(space.candidates or space.names)}  # fmt: skip

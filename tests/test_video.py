@@ -186,8 +186,13 @@ def test_task_end_to_end_lists_bad_clips_and_reuses_cached_frames(fake, ctx, tmp
     assert extra["unreadable"]["eval"] == {"count": 1, "clips": ["val/grow/broken.mp4"]}
     assert extra["views"] == "2 segments x 1 crops" and extra["frames"] == 4
     images = ctx.stats["images"]
+    ctx.predictions = tmp_path / "predictions.parquet"
     again = {m.metric: m.value for m in task.run(fake, ctx)}
     assert again["top1"] == rows["top1"].value and ctx.stats["images"] == images
+    import pandas as pd
+
+    frame = pd.read_parquet(ctx.predictions)
+    assert len(frame) == 4 and 100 * frame["correct"].mean() == pytest.approx(again["top1"])
 
 
 def test_video_settings_are_validated():

@@ -349,7 +349,12 @@ def test_cli_lit_then_zero_shot_with_its_tower(cli_env, capsys):
     assert row["extra"]["candidates"] == 16 and row["n"] == 256
     tower = row["extra"]["text_tower"]
     assert main(["run", "--task", "zeroshot-imagenet-r", *args, "--set", f"text_tower={tower}",
-                 "--set", "pool=mean", "--set", "templates=clip_paper"]) == 0  # fmt: skip
+                 "--set", "pool=mean", "--set", "templates=clip_paper", "--save-predictions"]) == 0  # fmt: skip
+    import pandas as pd
+
+    (saved,) = (cli_env / "rows" / "predictions").glob("zeroshot-imagenet-r--*.parquet")
+    frame = pd.read_parquet(saved)
+    assert len(frame) == 256 and frame["image"].str.endswith(".png").all()
     (again,) = [
         r
         for r in load_rows([cli_env / "rows" / "zeroshot-imagenet-r.jsonl"])
