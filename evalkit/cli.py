@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pretrain_command(sub)
     add_errors_command(sub)
     add_sweep_command(sub)
+    add_reproduce_command(sub)
     return parser
 
 
@@ -219,6 +220,38 @@ def add_model_commands(sub) -> None:
         help="big_vision source: its norms centre (layer) or not (rms); a tree does not say",
     )
     convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
+
+
+def add_reproduce_command(sub) -> None:
+    rep = sub.add_parser("reproduce", help="measure the paper's effect table on stand-in data")
+    rep.add_argument("--scale", default="tiny", help="tiny (CPU-sized) or smoke (a few steps)")
+    rep.add_argument("--rows", help="comma-separated row numbers (default: all 12)")
+    rep.add_argument("--out", type=Path, default=Path("results/paper"))
+    rep.add_argument("--cache-dir", type=Path, help="features, stand-in data and the ladder")
+    rep.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def cmd_reproduce(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.reproduce import reproduce
+
+    try:
+        only = {int(r) for r in args.rows.split(",")} if args.rows else None
+    except ValueError:
+        raise EvalkitError(
+            f"--rows expects comma-separated row numbers, got {args.rows!r}"
+        ) from None
+    records = reproduce(args.scale, only=only, out=args.out, cache=args.cache_dir,
+                        progress=not args.quiet and sys.stderr.isatty(), echo=console.print)  # fmt: skip
+    table = Table("#", "where", "paper effect", "ours", "effect", "agrees?")
+    for r in records:
+        effect = "–" if r["our_effect"] is None else f"{r['our_effect']:+.3g}"
+        table.add_row(str(r["row"]), r["where"], r["paper_effect"], r["ours"], effect,
+                      {True: "yes", False: "no", None: "n/a"}[r["agrees"]])  # fmt: skip
+    console.print(table)
+    console.print(f"table: {args.out}/effects-{args.scale}.md")
+    return 0
 
 
 def add_sweep_command(sub) -> None:
@@ -851,6 +884,7 @@ COMMANDS = {
     "pretrain": cmd_pretrain,
     "errors": cmd_errors,
     "sweep": cmd_sweep,
+    "reproduce": cmd_reproduce,
 }
 
 
