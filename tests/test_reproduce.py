@@ -18,14 +18,15 @@ def test_the_table_has_the_papers_twelve_rows():
 def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
     args = ["reproduce", "--scale", "smoke", "--rows", "3,5", "--out", "paper", "--quiet"]
     assert main(args) == 0
-    summary = json.loads((cli_env / "paper/effects-smoke.json").read_text())
+    paper, name = cli_env / "paper", "effects-smoke"
+    summary = json.loads((paper / f"{name}.json").read_text())
     assert [r["row"] for r in summary["rows"]] == [3, 5]
     linear = summary["rows"][1]
     assert linear["setup"] == "ladder test → test" and "→" in linear["ours"]
     assert linear["agrees"] in (True, False) and linear["seconds"] >= 0
-    table = (cli_env / "paper/effects-smoke.md").read_text()
+    table = (paper / f"{name}.md").read_text()
     assert "| 5 | scale ViT-e → ViT-22B | ImageNet linear probe |" in table
-    rows_file = cli_env / "paper/runs-smoke/imagenet-linear.jsonl"
+    rows_file = paper / "runs-smoke" / "imagenet-linear.jsonl"
     before = rows_file.read_text()
     assert main(args) == 0  # everything reused: no new rows
     assert rows_file.read_text() == before
