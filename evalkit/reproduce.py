@@ -24,6 +24,8 @@ from pathlib import Path
 from evalkit.errors import EvalkitError
 
 LARGE, SMALL = "large", "small"
+# Parameters of the paper's models (Table 1 and the models compared), for the scaling plot.
+PAPER_PARAMS = {"ViT-L/32": 0.31e9, "ViT-G": 1.84e9, "ViT-e": 3.9e9, "ViT-22B": 21.74e9}
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,9 @@ class EffectRow:
     measures: dict[str, Measure]
     judge: Callable[[Values], Outcome]
     setup: str = ""
+    # (paper model, value) of the two models compared, and our metric, for the scaling plot
+    paper_points: tuple = ()
+    plotted: str = ""
 
 
 def scaling(task: str, metric: str, *, lower_is_better: bool = False):
@@ -196,20 +201,26 @@ def rows() -> list[EffectRow]:
                   "faster, same quality", {"ablation": Measure("parallel-efficiency")},
                   _speedup("parallel", "sequential"), "vit22b/test, interleaved timing"),
         EffectRow(5, "scale ViT-e → ViT-22B", "ImageNet linear probe", "top-1",
-                  "89.26 → 89.51", "+0.25", lin, lin_judge),
+                  "89.26 → 89.51", "+0.25", lin, lin_judge,
+                  paper_points=(("ViT-e", 89.26), ("ViT-22B", 89.51)), plotted="top1"),
         EffectRow(6, "scale LiT-e → LiT-22B", "ObjectNet zero-shot", "top-1", "84.9 → 87.6",
-                  "+2.7", lit, lit_judge),
+                  "+2.7", lit, lit_judge, paper_points=(("ViT-e", 84.9), ("ViT-22B", 87.6)),
+                  plotted="top1"),
         EffectRow(7, "scale ViT-G → ViT-22B", "ADE20k 1/16, fine-tuned", "mIoU", "42.4 → 44.7",
-                  "+2.3", ade, ade_judge),
+                  "+2.3", ade, ade_judge, paper_points=(("ViT-G", 42.4), ("ViT-22B", 44.7)),
+                  plotted="miou"),
         EffectRow(8, "scale ViT-G → ViT-22B", "ADE20k 1/1, fine-tuned", "mIoU", "55.6 → 54.9",
-                  "−0.7 (ViT-22B behind)", scaling("ade20k-1/1", "miou")[0], _ade_full),
+                  "−0.7 (ViT-22B behind)", scaling("ade20k-1/1", "miou")[0], _ade_full,
+                  paper_points=(("ViT-G", 55.6), ("ViT-22B", 54.9)), plotted="miou"),
         EffectRow(9, "scale ViT-e → ViT-22B", "Waymo depth (DPT, linear)", "MSE",
                   "DPT 0.024 → 0.021, linear 0.053 → 0.039", "lower", depth, _depth),
         EffectRow(10, "scale ViT-e → ViT-22B", "Kinetics-400, frozen", "top-1", "86.5 → 88.0",
-                  "+1.5", video, video_judge),
+                  "+1.5", video, video_judge, paper_points=(("ViT-e", 86.5), ("ViT-22B", 88.0)),
+                  plotted="top1"),
         EffectRow(11, "scale ViT-L/32 → ViT-22B", "ImageNet-C calibration", "ECE",
                   "0.05 → 0.01 (fine-tuned, 384 px)", "lower", ece, ece_judge,
-                  "frozen probe, temperature not applied"),
+                  "frozen probe, temperature not applied",
+                  paper_points=(("ViT-L/32", 0.05), ("ViT-22B", 0.01)), plotted="ece/mean"),
         EffectRow(12, "distil from ViT-22B", "ImageNet, ViT-B/16 student", "top-1",
                   "86.7 → 88.6", "+1.9", {"distill": Measure("distill-imagenet", LARGE)},
                   _distill, "ladder teacher, tiny student, consistent teaching"),
@@ -223,6 +234,7 @@ class Reproduction:
     cache: Path | None = None
     progress: bool = False
     ladder: dict[str, str] = field(default_factory=dict)  # size → weights path
+    params: dict[str, int] = field(default_factory=dict)  # size → parameters
 
     @property
     def runs(self) -> Path:
@@ -244,6 +256,7 @@ class Reproduction:
                             progress=self.progress)  # fmt: skip
         summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
         self.ladder = {s["size"]: s["weights"] for s in summaries}
+        self.params = {s["size"]: s["params"] for s in summaries}
         return sum(s["seconds"] for s in summaries)
 
     def measure(self, measure: Measure) -> tuple[dict[str, float], float]:
@@ -266,7 +279,13 @@ class Reproduction:
             values[name], spent = self.measure(measure)
             seconds += spent
         ours, value, agrees, note = effect.judge(values)
-        return {"row": effect.number, "changed": effect.changed, "where": effect.where,
+        plot = {}
+        if effect.paper_points:
+            plot = {"paper": [[PAPER_PARAMS[m], v] for m, v in effect.paper_points],
+                    "ours": [[self.params[self.scale.ladder[i]], values[which][effect.plotted]]
+                             for i, which in enumerate((SMALL, LARGE))],
+                    "metric": effect.plotted}  # fmt: skip
+        return {"row": effect.number, "plot": plot, "changed": effect.changed, "where": effect.where,
                 "metric": effect.metric, "paper": effect.paper, "paper_effect": effect.paper_effect,
                 "setup": effect.setup or f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}",
                 "ours": ours, "our_effect": value, "agrees": agrees, "note": note,
@@ -289,7 +308,9 @@ def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
     for effect in effects:
         echo(f"row {effect.number}: {effect.changed} ({effect.where})")
         records.append(job.row(effect))
+    rows_s = round(sum(r["seconds"] for r in records), 1)
     summary = {"scale": scale, "ladder": list(SCALES[scale].ladder), "ladder_seconds": ladder_s,
+               "rows_seconds": rows_s, "compute_seconds": round(ladder_s + rows_s, 1),
                "wall_seconds": round(time.perf_counter() - start, 1), "rows": records}  # fmt: skip
     write(summary, Path(out))
     return records
@@ -303,9 +324,11 @@ def write(summary: dict, out: Path):
     header = ("| # | what changed | where | metric | paper values | paper effect | our setup | "
               "our values | our effect | agrees? | s |")  # fmt: skip
     lines = [f"# The effect table at scale `{summary['scale']}`", "",
-             f"Ladder {' → '.join(summary['ladder'])} (pretrained in {summary['ladder_seconds']:.0f} s); "
-             f"wall time {summary['wall_seconds']:.0f} s. Produced by `evalkit reproduce --scale "
-             f"{summary['scale']}`.", "", header, "|" + "---|" * 11]  # fmt: skip
+             f"Ladder {' → '.join(summary['ladder'])}. Compute: ladder {summary['ladder_seconds']:.0f} s "
+             f"+ rows {summary['rows_seconds']:.0f} s = {summary['compute_seconds']:.0f} s (each "
+             f"counted when it ran; this invocation took {summary['wall_seconds']:.0f} s, reusing "
+             f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.", "",
+             header, "|" + "---|" * 11]  # fmt: skip
     for r in summary["rows"]:
         agrees = {True: "yes", False: "no", None: "n/a"}[r["agrees"]]
         effect = "–" if r["our_effect"] is None else f"{r['our_effect']:+.3g}"
@@ -313,4 +336,41 @@ def write(summary: dict, out: Path):
         lines.append(f"| {r['row']} | {r['changed']} | {r['where']} | {r['metric']} | {r['paper']} | "
                      f"{r['paper_effect']} | {r['setup']} | {r['ours']} | {effect} | {agrees}{note} | "
                      f"{r['seconds']:.0f} |")  # fmt: skip
+    picture = scaling_plot(summary["rows"], out / f"{name}.png")
+    if picture:
+        lines += [
+            "",
+            f"![Scaling rows: the paper's two models and our two ladder sizes]({picture.name})",
+        ]
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def scaling_plot(records: list[dict], path: Path) -> Path | None:
+    """One panel per scaling row: the metric against parameters, the paper's two models
+    (left axis) and our two ladder sizes (right axis), both on a log scale of parameters."""
+    plotted = [r for r in records if r.get("plot")]
+    if not plotted:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(plotted), figsize=(3.6 * len(plotted), 3.4), squeeze=False)
+    for ax, record in zip(axes[0], plotted, strict=True):
+        paper, ours = (list(zip(*record["plot"][k], strict=True)) for k in ("paper", "ours"))
+        ax.plot(*paper, "o-", color="tab:blue", label="paper")
+        ax.set_xscale("log")
+        ax.set_ylabel("paper", color="tab:blue")
+        top = ax.twiny()  # our ladder's parameters along the top
+        top.set_xscale("log")
+        top.set_xlabel("parameters (ours)", fontsize=7)
+        twin = top.twinx()
+        twin.plot(*ours, "s--", color="tab:orange", label="ours")
+        twin.set_ylabel("ours", color="tab:orange")
+        ax.set_title(f"{record['row']}. {record['where']}\n{record['plot']['metric']}", fontsize=8)
+        ax.set_xlabel("parameters (paper)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

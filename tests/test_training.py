@@ -128,7 +128,9 @@ def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
     assert summary["loss"] == "sigmoid" and summary["steps"] == 6
     backbone = load_backbone("vit22b/test", BackboneOptions(weights=str(weights)))
     assert backbone.info.preprocess.size == 32 and backbone.info.patch_size == 8
-    assert main(args) == 0  # a finished size resumes at its end
+    provenance = (cli_env / "ckpt" / "test" / "provenance.json").read_text()
+    assert main(args) == 0  # a finished size is not trained again; its provenance stays
+    assert (cli_env / "ckpt" / "test" / "provenance.json").read_text() == provenance
     assert json.loads((cli_env / "ckpt" / "test" / "run" / "latest.json").read_text())["step"] == 6
     assert main([*args[:2], "test,xl", *args[3:]]) == 2
     assert "unknown ladder size 'xl'" in capsys.readouterr().err

@@ -92,6 +92,9 @@ def _augment(image: int):
 
 def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataConfig) -> dict:
     schedule = spec.schedule
+    done = _finished(Path(spec.out) / size, schedule)
+    if done is not None:  # trained before: keep its provenance (and its training time)
+        return done
     cfg = config(size, image=spec.image, patch=spec.patch)
     torch.manual_seed(schedule.seed)
     model = Classifier(build(cfg, seed=schedule.seed), len(dataset.classes)).to(spec.device)
@@ -159,3 +162,14 @@ def shard(model: Classifier, *, fsdp: bool) -> Classifier:
         apply_fsdp(model.vit, layout.mesh["dp"])
         fully_shard(model, mesh=layout.mesh["dp"])
     return model
+
+
+def _finished(folder: Path, schedule: Schedule) -> dict | None:
+    """The provenance of a size already trained with this schedule, or None."""
+    from evalkit.identity import read_json
+
+    record = folder / "provenance.json"
+    if not (record.exists() and (folder / "model.safetensors").exists()):
+        return None
+    summary = read_json(record)
+    return summary if summary.get("schedule") == asdict(schedule) else None
