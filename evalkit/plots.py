@@ -6,15 +6,33 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from evalkit.metrics import pooled
+
+
+def pyplot():
+    """matplotlib's pyplot on the non-interactive backend (imported when a plot is drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 100) -> Path:
+    """Lay ``fig`` out, write it as ``path`` (folders made) and release it."""
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return Path(path)
+
 
 def stability_plot(runs: dict[str, dict[float, dict]], path: Path) -> Path:
     """Three panels: the loss and the max attention logit over steps (one line per variant and
     LR), and the final loss against the LR per variant. ``runs[variant][lr]`` holds ``steps``,
     ``loss``, ``max_logit`` (curves) and ``final`` (a number)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (loss_ax, logit_ax, lr_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
     for variant, by_lr in runs.items():
@@ -36,11 +54,7 @@ def stability_plot(runs: dict[str, dict[float, dict]], path: Path) -> Path:
         ax.grid(alpha=0.3)
     loss_ax.legend(fontsize=7)
     lr_ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def throughput_plot(
@@ -48,10 +62,7 @@ def throughput_plot(
 ) -> Path:
     """Two panels: images/s of each variant (median bar, every timed round as a dot) and the
     loss each reached after the same budget."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(rates)
     fig, (speed_ax, loss_ax) = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -66,11 +77,7 @@ def throughput_plot(
     loss_ax.set_title("loss after the same steps")
     for ax in (speed_ax, loss_ax):
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def lr_scaling_plot(
@@ -78,10 +85,7 @@ def lr_scaling_plot(
 ) -> Path:
     """Final loss against model width, one line per learning-rate policy (``finals[size]
     [policy]``: "kept" at the base LR, "lowered" with width)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     sizes = sorted(finals, key=widths.get)
     fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -97,11 +101,7 @@ def lr_scaling_plot(
     ax.set_title("QK-norm: keep the learning rate vs lower it with size")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def reliability_plot(diagrams: dict, path: Path) -> Path:
@@ -109,13 +109,7 @@ def reliability_plot(diagrams: dict, path: Path) -> Path:
     perfect calibration) with each bin's count written above it; ``diagrams`` maps a label to
     an ``evalkit.metrics.Reliability``. With more than one corrupted set, the clean one and all
     corrupted sets pooled are drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from evalkit.metrics import pooled
-
+    plt = pyplot()
     panels = {"clean": diagrams["clean"]}
     corrupted = [d for label, d in diagrams.items() if label != "clean"]
     if corrupted:
@@ -133,8 +127,4 @@ def reliability_plot(diagrams: dict, path: Path) -> Path:
         ax.set(xlim=(0, 1), ylim=(0, 1.15), xlabel="confidence", ylabel="accuracy",
                title=f"{label}: ECE {bins.ece:.3f}")  # fmt: skip
         ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

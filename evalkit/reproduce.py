@@ -351,12 +351,9 @@ def scaling_plot(records: list[dict], path: Path) -> Path | None:
     plotted = [r for r in records if r.get("plot")]
     if not plotted:
         return None
-    import matplotlib
+    from evalkit.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(plotted), figsize=(3.6 * len(plotted), 3.4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(plotted), figsize=(3.6 * len(plotted), 3.4), squeeze=False)
     for ax, record in zip(axes[0], plotted, strict=True):
         paper, ours = (list(zip(*record["plot"][k], strict=True)) for k in ("paper", "ours"))
         ax.plot(*paper, "o-", color="tab:blue", label="paper")
@@ -370,7 +367,4 @@ def scaling_plot(records: list[dict], path: Path) -> Path | None:
         twin.set_ylabel("ours", color="tab:orange")
         ax.set_title(f"{record['row']}. {record['where']}\n{record['plot']['metric']}", fontsize=8)
         ax.set_xlabel("parameters (paper)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=90)

@@ -142,9 +142,9 @@ def check(plan: Plan):
         resolve_task(job.task, job.overrides)
 
 
-def finished(plan: Plan, job: Job) -> bool:
+def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
     """Rows of every metric of ``job`` (same task, settings, backbone, weights, seed) are
-    already under the plan's output folder."""
+    already under the plan's output folder. ``read`` keeps each rows file read once."""
     from evalkit.checkpoints import weights_id
     from evalkit.results import load_rows, rows_file
     from evalkit.runner import hash_json, resolve_task
@@ -153,9 +153,12 @@ def finished(plan: Plan, job: Job) -> bool:
     path = rows_file(plan.out, task.name)
     if not path.exists():
         return False
+    read = {} if read is None else read
+    if path not in read:
+        read[path] = load_rows([path])
     wanted = weights_id(job.weights) if job.weights else None
     config = hash_json(task.config())
-    metrics = {r["metric"] for r in load_rows([path])
+    metrics = {r["metric"] for r in read[path]
                if r["backbone"] == job.backbone and r["seed"] == job.seed
                and r.get("config_hash") == config
                and (wanted is None or r.get("weights_id") == wanted)}  # fmt: skip
@@ -163,7 +166,8 @@ def finished(plan: Plan, job: Job) -> bool:
 
 
 def pending(plan: Plan) -> list[Job]:
-    return [job for job in plan.jobs if not finished(plan, job)]
+    read = {}
+    return [job for job in plan.jobs if not finished(plan, job, read)]
 
 
 def run_local(plan: Plan, jobs: list[Job], echo=print) -> list[tuple[Job, int]]:

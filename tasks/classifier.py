@@ -62,11 +62,12 @@ class Scorer:
 
     @classmethod
     def _finetuned(cls, task, backbone, ctx, refit_all: bool) -> Scorer:
-        labels = torch.as_tensor(task.training_set(None, ctx).labels)
+        train = task.training_set(None, ctx)  # scanned once: labels now, held-out images later
+        labels = torch.as_tensor(train.labels)
         fit_idx, held_idx = stratified_holdout(labels, task.holdout, seed=ctx.seed)
         tuned = FinetunedClassifier.train(task, backbone, ctx,
                                           indices=None if refit_all else fit_idx)  # fmt: skip
-        train = task.training_set(tuned.eval_transform, ctx)
+        train.transform = tuned.eval_transform
         held = predict(tuned.model, torch.utils.data.Subset(train, held_idx.tolist()), ctx)
         extra = {**tuned.extra, "classifier": "fine-tuned backbone + linear classifier",
                  "fit_images": len(labels) if refit_all else len(fit_idx),

@@ -228,8 +228,9 @@ class Segmentation(FinetuneSettings, DenseSettings):
         size = [4 * s for s in feats.take([0])[0].shape[-2:]]
 
         def step_loss(indices):
-            logits = resize_to(head(feats.take(indices.sort().values, device)), size)
-            labels = torch.stack([resize_labels(target(j), size) for j in indices.sort().values])
+            indices = indices.sort().values  # shard order: each shard read once per batch
+            logits = resize_to(head(feats.take(indices, device)), size)
+            labels = torch.stack([resize_labels(target(j), size) for j in indices])
             return F.cross_entropy(logits.float(), labels.to(device), ignore_index=IGNORE)
 
         return self.train_head(head, step_loss, len(feats), ctx)
