@@ -28,6 +28,11 @@ DATASET_CARDS = {
     "imagenet-a": {"test": 7_500, "classes": 200},
     "imagenet-real": {"val": 50_000, "classes": 1000},  # an upper bound: unlabelled ones dropped
     "objectnet": {"test": 18_514, "classes": 113},
+    "imagenet-c": {"val": 50_000, "classes": 1000},  # per corruption and severity
+    # Waymo Open v1 front-camera frames (798 training, 202 validation segments)
+    "waymo": {"train": 158_081, "val": 39_987},
+    # LiT's image-text pairs: the paper's set is not public; sized as CC12M
+    "captions": {"train": 12_423_374},
     # Video: about these sizes; downloaded copies differ as clips leave YouTube.
     "kinetics400": {"train": 240_000, "val": 20_000, "classes": 400},
     "kinetics600": {"train": 390_000, "val": 30_000, "classes": 600},
@@ -99,7 +104,9 @@ def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
         cfg = vit22b.config(size)
         p = plan(cfg, tp=tp, dtype=dtype)
         return Shape(spec, cfg.width, cfg.depth, cfg.patch, cfg.image, p.bytes_per_rank,
-                     p.activation_bytes_per_image)  # fmt: skip
+                     p.activation_bytes_per_image, p.flops_per_image)  # fmt: skip
+    if spec == "none":  # tasks that train their own models
+        return Shape("none", 0, 0, 1, 0, 0, 0)
     from evalkit.backbones import BackboneOptions, load_backbone
 
     return shape_of(load_backbone(spec, BackboneOptions(random_init=True)).info, dtype=dtype)
@@ -126,10 +133,24 @@ def split_sizes(
     return {split: len(ds) for split, ds in opened.items()}, classes, "data on disk"
 
 
-def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], Budget, str]:
-    """The stages of ``task`` on ``backbone`` and this machine's budget, checked."""
+def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], Budget, str, Shape]:
+    """The stages of ``task`` on ``backbone``, this machine's budget (checked), where the
+    split sizes came from, and the backbone's shape."""
     device = options.get("device") or env_device()
     dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
+    inputs, sources = plan_inputs(task, backbone, config, options | {"dtype": dtype})
+    stages = task.plan(inputs)
+    budget = Budget.here(device, config.cache)
+    budget.check(stages, inputs.shape)
+    weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
+                    device_bytes=inputs.shape.weight_bytes_per_rank)  # fmt: skip
+    return [weights, *stages], budget, sources, inputs.shape
+
+
+def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs, str]:
+    """What ``task.plan`` sees for ``backbone``: split sizes from the data under ``config``
+    or the dataset cards, and where they came from."""
+    dtype = options.get("dtype") or "bf16"
     shape = backbone_shape(backbone, tp=options.get("tp", 1), dtype=dtype)
     sizes, classes, sources = {}, 0, []
     for name, splits in task.reads().items():
@@ -139,20 +160,25 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
         sources.append(f"{name}: {', '.join(f'{s} {n:,}' for s, n in found.items())} ({source})")
     inputs = PlanInputs(shape, sizes, classes, options.get("cache_dtype") or dtype,
                         options.get("batch_size", 64))  # fmt: skip
-    stages = task.plan(inputs)
-    budget = Budget.here(device, config.cache)
-    budget.check(stages, shape)
-    weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
-                    device_bytes=shape.weight_bytes_per_rank)  # fmt: skip
-    return [weights, *stages], budget, "; ".join(sources)
+    return inputs, "; ".join(sources)
 
 
 def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:
     """The shape of a loaded backbone (its weights split over ``tp`` ranks)."""
     tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
     activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
+    # Two FLOPs per weight per token: attention scores are left out, a few percent at ViT sizes
     return Shape(info.name, info.embed_dim, info.depth, info.patch_size, info.preprocess.size,
-                 info.params * BYTES[dtype] // tp, activation)  # fmt: skip
+                 info.params * BYTES[dtype] // tp, activation, 2 * info.params * tokens)  # fmt: skip
+
+
+def stage_flops(stage: Stage, shape: Shape) -> float:
+    """FLOPs of a stage: its passes through the backbone at the stage's image size (cost taken
+    as proportional to the tokens), three times over when they train it, plus the work of
+    models the task trains itself."""
+    ratio = (stage.image / shape.image) ** 2 if stage.image and shape.image else 1.0
+    per_pass = shape.flops_per_image * ratio * (3 if stage.backward else 1)
+    return stage.forward_passes * per_pass + stage.flops
 
 
 def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:

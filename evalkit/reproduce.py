@@ -9,13 +9,19 @@ from a result row written by ``evalkit run``; a row whose effect does not point 
 says so, and a row that cannot be compared says why. Runs go to ``<out>/runs-<scale>/`` and the
 ladder to the cache, so a rerun (also after a crash) reuses everything already finished.
 
-Scales: ``tiny`` (CPU-sized settings, embedded data) and ``smoke`` (the same rows with a few
-steps each: it checks the machinery, its numbers mean nothing).
+Scales: ``tiny`` (CPU-sized settings, embedded data), ``smoke`` (the same rows with a few
+steps each: it checks the machinery, its numbers mean nothing) and ``paper``: the paper's models
+(built-in ViT-e, ViT-G and ViT-22B, timm's ViT-L/32, each loading the weights the user gives) on
+the real data sets with the paper's settings where they are known (``PAPER_SETTINGS``), run as a
+sweep (``evalkit.sweep``: locally or as a Slurm job array); each row's compute is estimated
+beforehand from the tasks' plans and the planner's FLOPs (``estimate``). A rerun after the jobs
+finished writes the table from their rows.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +32,44 @@ from evalkit.errors import EvalkitError
 LARGE, SMALL = "large", "small"
 # Parameters of the paper's models (Table 1 and the models compared), for the scaling plot.
 PAPER_PARAMS = {"ViT-L/32": 0.31e9, "ViT-G": 1.84e9, "ViT-e": 3.9e9, "ViT-22B": 21.74e9}
+# The backbones that are the paper's models at scale ``paper`` (``--backbone ROLE=SPEC`` changes one)
+PAPER_BACKBONES = {"ViT-L/32": "timm/vit_large_patch32_384", "ViT-G": "vit22b/g",
+                   "ViT-e": "vit22b/e", "ViT-22B": "vit22b"}  # fmt: skip
+# The paper's settings where they are known (docs/protocols.md); the others are the usual
+# published recipes for the protocol, named in the comments.
+PAPER_SETTINGS = {
+    # ~8B diverged without QK-norm after a few thousand steps; ViT-e is the family's nearest size
+    "qk-norm-stability": ("size=e", "image=224", "patch=14", "steps=5000", "batch_size=1024",
+                          "warmup=500", "lrs=1e-3,3e-3"),
+    "qk-norm-lr": ("sizes=s,b,l", "image=224", "patch=16", "steps=10000", "batch_size=1024",
+                   "warmup=1000"),
+    # ViT-G-sized variants: one GPU trains them without sharding
+    "bias-efficiency": ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000",
+                        "timed_steps=20"),
+    "parallel-efficiency": ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000",
+                            "timed_steps=20"),
+    "imagenet-linear": (),
+    # LiT: 5,000 steps at batch 4,096 (the public lit_coco recipe), a ViT-B-sized text tower
+    "lit-objectnet": ("steps=5000", "batch_size=4096", "width=768", "text_layers=12", "heads=12",
+                      "warmup=500"),
+    # ADE20k fine-tuned at the paper's 504 px, UperNet, 40k iterations at batch 16, sliding windows
+    "ade20k-1/16": ("finetune=true", "image_size=504", "head=upernet", "finetune_steps=40000",
+                    "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg"),
+    "ade20k-1/1": ("finetune=true", "image_size=504", "head=upernet", "finetune_steps=40000",
+                   "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg"),
+    # depth: the DPT/DINOv2 head schedule, 38,400 iterations at batch 16
+    "waymo-depth-dpt": ("steps=38400", "batch_size=16", "image_size=448"),
+    "waymo-depth-linear": ("steps=38400", "batch_size=16", "image_size=448"),
+    # video: 16 frames at stride 4, 8 segments × 3 crops at test, ~20 epochs at batch 256
+    "kinetics400": ("frames=16", "stride=4", "segments=8", "crops=3", "steps=20000",
+                    "batch_size=256"),
+    # calibration of the classifier fine-tuned at 384 px
+    "imagenet-c-ece": ("finetune=true", "finetune_resolution=384", "finetune_steps=20000",
+                       "finetune_batch_size=512"),
+    # a ViT-B/16 student, consistent teaching: 90 ImageNet epochs at batch 1,024
+    "distill-imagenet": ("student=b", "student_image=224", "student_patch=16", "steps=112000",
+                         "batch_size=1024", "warmup=5000"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,9 +83,12 @@ class Scale:
     finetune_steps: int = 100
     image_size: int = 64  # dense tasks (a multiple of the ladder's patch, 8)
     student: str = "test"
+    paper: bool = False  # the paper's models, real data, a sweep
 
     def settings(self) -> dict[str, tuple[str, ...]]:
         """Settings per task at this scale."""
+        if self.paper:
+            return PAPER_SETTINGS
         steps, dense = f"steps={self.ablation_steps}", f"image_size={self.image_size}"
         return {
             "qk-norm-stability": (f"lrs={self.lrs}", steps),
@@ -69,8 +116,9 @@ SCALES = {
         head_steps=4,
         finetune_steps=2,
         image_size=32,
-    ),  # fmt: skip
-}
+    ),
+    "paper": Scale("paper", ladder=("", ""), paper=True),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,6 +147,12 @@ class EffectRow:
     # (paper model, value) of the two models compared, and our metric, for the scaling plot
     paper_points: tuple = ()
     plotted: str = ""
+    pictures: bool = False  # copy the runs' curves / diagrams beside the table
+
+    @property
+    def models(self) -> tuple[str, str]:
+        """The paper's two models this row compares (ViT-e and ViT-22B unless it names others)."""
+        return tuple(m for m, _ in self.paper_points) or ("ViT-e", "ViT-22B")
 
 
 def scaling(task: str, metric: str, *, lower_is_better: bool = False):
@@ -190,16 +244,17 @@ def rows() -> list[EffectRow]:
     return [
         EffectRow(1, "add QK-LayerNorm", "~8B ViT", "max attention logit",
                   "without: diverged after a few thousand steps", "stable with it", ablation,
-                  _stability, "small ViT, LR sweep, with/without QK-norm"),
+                  _stability, "small ViT, LR sweep, with/without QK-norm", pictures=True),
         EffectRow(2, "keep LR 1e-3 with QK-norm", "up to ViT-L", "final loss",
                   "(not public)", "quality holds with scale", {"ablation": Measure("qk-norm-lr")},
-                  _keep_lr, "ladder test, ti: LR kept vs lowered with width"),
+                  _keep_lr, "ladder test, ti: LR kept vs lowered with width", pictures=True),
         EffectRow(3, "no QKV / LayerNorm biases", "ViT-22B", "images/s",
                   "+3% utilisation", "faster, same quality", {"ablation": Measure("bias-efficiency")},
-                  _speedup("without", "with"), "vit22b/test, interleaved timing"),
+                  _speedup("without", "with"), "vit22b/test, interleaved timing", pictures=True),
         EffectRow(4, "parallel attention + MLP", "ViT-22B", "images/s", "~15% faster",
                   "faster, same quality", {"ablation": Measure("parallel-efficiency")},
-                  _speedup("parallel", "sequential"), "vit22b/test, interleaved timing"),
+                  _speedup("parallel", "sequential"), "vit22b/test, interleaved timing",
+                  pictures=True),
         EffectRow(5, "scale ViT-e → ViT-22B", "ImageNet linear probe", "top-1",
                   "89.26 → 89.51", "+0.25", lin, lin_judge,
                   paper_points=(("ViT-e", 89.26), ("ViT-22B", 89.51)), plotted="top1"),
@@ -220,7 +275,8 @@ def rows() -> list[EffectRow]:
         EffectRow(11, "scale ViT-L/32 → ViT-22B", "ImageNet-C calibration", "ECE",
                   "0.05 → 0.01 (fine-tuned, 384 px)", "lower", ece, ece_judge,
                   "frozen probe, temperature not applied",
-                  paper_points=(("ViT-L/32", 0.05), ("ViT-22B", 0.01)), plotted="ece/mean"),
+                  paper_points=(("ViT-L/32", 0.05), ("ViT-22B", 0.01)), plotted="ece/mean",
+                  pictures=True),
         EffectRow(12, "distil from ViT-22B", "ImageNet, ViT-B/16 student", "top-1",
                   "86.7 → 88.6", "+1.9", {"distill": Measure("distill-imagenet", LARGE)},
                   _distill, "ladder teacher, tiny student, consistent teaching"),
@@ -235,6 +291,10 @@ class Reproduction:
     progress: bool = False
     ladder: dict[str, str] = field(default_factory=dict)  # size → weights path
     params: dict[str, int] = field(default_factory=dict)  # size → parameters
+    # scale paper: the paper's model → backbone spec, and → weights
+    backbones: dict[str, str] = field(default_factory=lambda: dict(PAPER_BACKBONES))
+    weights: dict[str, str] = field(default_factory=dict)
+    plan: object = None  # scale paper: the sweep whose rows the table is written from
 
     @property
     def runs(self) -> Path:
@@ -259,60 +319,120 @@ class Reproduction:
         self.params = {s["size"]: s["params"] for s in summaries}
         return sum(s["seconds"] for s in summaries)
 
-    def measure(self, measure: Measure) -> tuple[dict[str, float], float]:
-        """The metrics of one run (rows reused when on disk) and its seconds of compute."""
-        import evalkit
+    def job(self, effect: EffectRow, measure: Measure):
+        """The ``evalkit run`` job of a measure: the ablations' own models, a ladder size, or
+        (scale paper) the backbone standing for one of the row's paper models."""
+        from evalkit.sweep import Job
 
-        options = {"overrides": self.scale.settings().get(measure.task, ()), "data": "embedded",
-                   "out": self.runs, "progress": self.progress, "cache_dir": self.cache}  # fmt: skip
+        overrides = tuple(self.scale.settings().get(measure.task, ()))
         if measure.on == "none":
-            rows = evalkit.run(measure.task, (), **options)
+            return Job(measure.task, "none", overrides=overrides)
+        which = 0 if measure.on == SMALL else 1
+        if self.scale.paper:
+            model = effect.models[which]
+            return Job(measure.task, self.backbones[model], overrides=overrides,
+                       weights=self.weights.get(model))  # fmt: skip
+        size = self.scale.ladder[which]
+        return Job(measure.task, f"vit22b/{size}", overrides=overrides, weights=self.ladder[size])
+
+    def measure(self, job) -> tuple[dict[str, float], float, list[str]]:
+        """The metrics of one job (rows reused when on disk), its seconds of compute and the
+        pictures it drew."""
+        import evalkit
+        from evalkit.sweep import job_rows
+
+        if self.plan is not None:  # the sweep ran it
+            rows = job_rows(self.plan, job)
         else:
-            size = self.scale.ladder[0 if measure.on == SMALL else 1]
-            rows = evalkit.run(measure.task, f"vit22b/{size}", weights=self.ladder[size], **options)
+            rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
+                               weights=job.weights, overrides=job.overrides, data="embedded",
+                               out=self.runs, progress=self.progress, cache_dir=self.cache)  # fmt: skip
         seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
-        return {r["metric"]: r["value"] for r in rows}, seconds
+        pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
+        return {r["metric"]: r["value"] for r in rows}, seconds, list(pictures)
 
     def row(self, effect: EffectRow) -> dict:
-        values, seconds = {}, 0.0
+        values, seconds, drawn = {}, 0.0, []
         for name, measure in effect.measures.items():
-            values[name], spent = self.measure(measure)
+            values[name], spent, pictures = self.measure(self.job(effect, measure))
             seconds += spent
+            drawn += pictures
         ours, value, agrees, note = effect.judge(values)
-        plot = {}
-        if effect.paper_points:
-            plot = {"paper": [[PAPER_PARAMS[m], v] for m, v in effect.paper_points],
-                    "ours": [[self.params[self.scale.ladder[i]], values[which][effect.plotted]]
-                             for i, which in enumerate((SMALL, LARGE))],
-                    "metric": effect.plotted}  # fmt: skip
-        return {"row": effect.number, "plot": plot, "changed": effect.changed, "where": effect.where,
-                "metric": effect.metric, "paper": effect.paper, "paper_effect": effect.paper_effect,
-                "setup": effect.setup or f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}",
-                "ours": ours, "our_effect": value, "agrees": agrees, "note": note,
-                "seconds": round(seconds, 1)}  # fmt: skip
+        return {"row": effect.number, "plot": self.plot(effect, values), "changed": effect.changed,
+                "where": effect.where, "metric": effect.metric, "paper": effect.paper,
+                "paper_effect": effect.paper_effect, "setup": self.setup(effect), "ours": ours,
+                "our_effect": value, "agrees": agrees, "note": note, "seconds": round(seconds, 1),
+                "pictures": self.copy_pictures(effect, drawn) if effect.pictures else []}  # fmt: skip
+
+    def setup(self, effect: EffectRow) -> str:
+        if self.scale.paper:
+            scaling = any(m.on != "none" for m in effect.measures.values())
+            return (
+                " → ".join(self.backbones[m] for m in effect.models)
+                if scaling
+                else "paper settings"
+            )
+        return effect.setup or f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}"
+
+    def plot(self, effect: EffectRow, values: Values) -> dict:
+        """The scaling plot's points: the paper's two models, and ours at their parameters."""
+        if not effect.paper_points:
+            return {}
+        if self.scale.paper:
+            params = [PAPER_PARAMS[m] for m in effect.models]
+        else:
+            params = [self.params[size] for size in self.scale.ladder]
+        return {"paper": [[PAPER_PARAMS[m], v] for m, v in effect.paper_points],
+                "ours": [[params[i], values[which][effect.plotted]]
+                         for i, which in enumerate((SMALL, LARGE))],
+                "metric": effect.plotted}  # fmt: skip
+
+    def copy_pictures(self, effect: EffectRow, drawn: list[str]) -> list[str]:
+        """The row's pictures copied beside the table (the runs folder is not committed)."""
+        names = []
+        self.out.mkdir(parents=True, exist_ok=True)
+        for drawing in drawn:
+            # rows store the path as the run saw it; the file is under this run folder
+            path = self.runs / "pictures" / Path(drawing).name
+            if path.is_file():
+                name = f"effects-{self.scale.name}-row{effect.number}-{path.name}"
+                shutil.copyfile(path, self.out / name)
+                names.append(name)
+        return names
+
+
+def selected(only) -> list[EffectRow]:
+    effects = [r for r in rows() if not only or r.number in only]
+    if not effects:
+        raise EvalkitError(f"no effect-table rows {sorted(only)}: rows are 1 to 12")
+    return effects
 
 
 def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
               progress=False, echo=print) -> list[dict]:  # fmt: skip
     """Measure every row (or the numbers in ``only``), write the table, return its records."""
-    if scale not in SCALES:
-        raise EvalkitError(f"unknown scale {scale!r}: choose from {', '.join(SCALES)}")
-    effects = [r for r in rows() if not only or r.number in only]
-    if not effects:
-        raise EvalkitError(f"no effect-table rows {sorted(only)}: rows are 1 to 12")
+    if scale not in SCALES or SCALES[scale].paper:
+        raise EvalkitError(f"unknown scale {scale!r}: choose from tiny, smoke (paper: see --help)")
+    effects = selected(only)
     job = Reproduction(SCALES[scale], Path(out), cache, progress)
     start = time.perf_counter()
     ladder_s = job.pretrain_ladder() if any(m.on != "none" for r in effects
                                            for m in r.measures.values()) else 0.0  # fmt: skip
+    return tabulate(job, effects, ladder_s, start, echo)
+
+
+def tabulate(job: Reproduction, effects: list[EffectRow], ladder_s: float, start: float,
+             echo=print) -> list[dict]:  # fmt: skip
+    """Every row measured (or read) and judged, the table written; the records."""
     records = []
     for effect in effects:
         echo(f"row {effect.number}: {effect.changed} ({effect.where})")
         records.append(job.row(effect))
     rows_s = round(sum(r["seconds"] for r in records), 1)
-    summary = {"scale": scale, "ladder": list(SCALES[scale].ladder), "ladder_seconds": ladder_s,
+    summary = {"scale": job.scale.name, "ladder": list(job.scale.ladder), "ladder_seconds": ladder_s,
                "rows_seconds": rows_s, "compute_seconds": round(ladder_s + rows_s, 1),
                "wall_seconds": round(time.perf_counter() - start, 1), "rows": records}  # fmt: skip
-    write(summary, Path(out))
+    write(summary, job.out)
     return records
 
 
@@ -323,8 +443,10 @@ def write(summary: dict, out: Path):
     (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     header = ("| # | what changed | where | metric | paper values | paper effect | our setup | "
               "our values | our effect | agrees? | s |")  # fmt: skip
+    models = (f"Ladder {' → '.join(summary['ladder'])}" if any(summary["ladder"])
+              else "The paper's models (our setup column names the backbones)")  # fmt: skip
     lines = [f"# The effect table at scale `{summary['scale']}`", "",
-             f"Ladder {' → '.join(summary['ladder'])}. Compute: ladder {summary['ladder_seconds']:.0f} s "
+             f"{models}. Compute: ladder {summary['ladder_seconds']:.0f} s "
              f"+ rows {summary['rows_seconds']:.0f} s = {summary['compute_seconds']:.0f} s (each "
              f"counted when it ran; this invocation took {summary['wall_seconds']:.0f} s, reusing "
              f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.", "",
@@ -342,7 +464,18 @@ def write(summary: dict, out: Path):
             "",
             f"![Scaling rows: the paper's two models and our two ladder sizes]({picture.name})",
         ]
+    lines += pictures_section(summary["rows"])
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def pictures_section(records: list[dict]) -> list[str]:
+    """Markdown embedding each row's copied curves and diagrams under the row's heading."""
+    lines = []
+    for r in records:
+        if r.get("pictures"):
+            lines += ["", f"### Row {r['row']}: {r['changed']} ({r['where']})", ""]
+            lines += [f"![row {r['row']}]({name})" for name in r["pictures"]]
+    return ["", "## Curves and diagrams", *lines] if lines else []
 
 
 def scaling_plot(records: list[dict], path: Path) -> Path | None:

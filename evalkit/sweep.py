@@ -143,26 +143,34 @@ def check(plan: Plan):
 
 
 def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
-    """Rows of every metric of ``job`` (same task, settings, backbone, weights, seed) are
-    already under the plan's output folder. ``read`` keeps each rows file read once."""
-    from evalkit.checkpoints import weights_id
+    """Rows of every metric of ``job`` are already under the plan's output folder."""
+    from evalkit.runner import resolve_task
+
+    metrics = {r["metric"] for r in job_rows(plan, job, read)}
+    return metrics >= set(resolve_task(job.task, job.overrides).metrics())
+
+
+def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
+    """The newest row of each metric of ``job`` (same task, settings, backbone, weights, seed)
+    under the plan's output folder. ``read`` keeps each rows file read once."""
+    from evalkit.checkpoints import backbone_weights_id
     from evalkit.results import load_rows, rows_file
     from evalkit.runner import hash_json, resolve_task
 
     task = resolve_task(job.task, job.overrides)
     path = rows_file(plan.out, task.name)
     if not path.exists():
-        return False
+        return []
     read = {} if read is None else read
     if path not in read:
         read[path] = load_rows([path])
-    wanted = weights_id(job.weights) if job.weights else None
+    wanted = backbone_weights_id(job.backbone, job.weights) if job.weights else None
     config = hash_json(task.config())
-    metrics = {r["metric"] for r in read[path]
-               if r["backbone"] == job.backbone and r["seed"] == job.seed
-               and r.get("config_hash") == config
-               and (wanted is None or r.get("weights_id") == wanted)}  # fmt: skip
-    return metrics >= set(task.metrics())
+    newest = {r["metric"]: r for r in read[path]
+              if r["backbone"] == job.backbone and r["seed"] == job.seed
+              and r.get("config_hash") == config
+              and (wanted is None or r.get("weights_id") == wanted)}  # fmt: skip
+    return list(newest.values())
 
 
 def pending(plan: Plan) -> list[Job]:

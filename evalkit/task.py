@@ -70,6 +70,7 @@ class Shape:
     image: int
     weight_bytes_per_rank: int
     activation_bytes_per_image: int
+    flops_per_image: int = 0  # one forward pass at ``image`` px
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Stage:
     cache_bytes: int = 0
     host_bytes: int = 0
     device_bytes: int = 0
+    backward: bool = False  # the passes also train the backbone (≈ 3 forward passes each)
+    image: int = 0  # side of the passes' images, when not the backbone's own
+    flops: int = 0  # work the passes do not describe: models the task trains itself
 
 
 def extraction_stage(inputs: PlanInputs, rows: int, *, layers: int = 1) -> Stage:

@@ -36,7 +36,7 @@ from evalkit.metrics import (
     reliability,
     topk_hits,
 )
-from evalkit.task import Metric, Rule, setting
+from evalkit.task import Metric, Rule, Stage, extraction_stage, setting
 
 from .classifier import Scorer
 from .linear_probe import LinearProbe, percent
@@ -82,6 +82,26 @@ class Calibration(LinearProbe):
             splits = [split_name(c, s) for c in self.corruptions for s in self.severities]
             reads["imagenet-c"] = {split: split for split in splits}
         return reads
+
+    def plan(self, inputs) -> list[Stage]:
+        """The classifier's stages, and every corrupted set scored by it."""
+        stages = super().plan(inputs)
+        corrupted = sum(n for split, n in inputs.sizes.items()
+                        if split not in (self.train_split, self.eval_split))  # fmt: skip
+        if self.finetune:
+            stages[-1].forward_passes += corrupted
+            return stages
+        extract = extraction_stage(inputs, corrupted)
+        return [
+            *stages,
+            Stage(
+                "extract corrupted sets",
+                "cached",
+                forward_passes=corrupted,
+                cache_bytes=extract.cache_bytes,
+                device_bytes=extract.device_bytes,
+            ),
+        ]
 
     def run(self, backbone, ctx):
         scorer = Scorer.fit(self, backbone, ctx)

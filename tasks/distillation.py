@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from evalkit.backbones.base import build_transform
 from evalkit.data import open_dataset
 from evalkit.models.vit22b import build, config
-from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Rule, one_of, setting
+from evalkit.parallel.planner import forward_flops, training_flops
+from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Rule, Stage, one_of, setting
 from evalkit.training.loop import Schedule, fit, sampled_batches
 from evalkit.training.pretrain import Classifier
 
@@ -64,6 +65,19 @@ class Distillation(LinearProbe):
     def metrics(self) -> list[str]:
         return ["top1/teacher", "top1/distilled", "top1/label_only", "gain",
                 "agreement/distilled", "agreement/label_only"]  # fmt: skip
+
+    def plan(self, inputs) -> list[Stage]:
+        """The teacher's classifier, its logits for every student step (consistent) or once per
+        training image (cached), and both students trained from scratch."""
+        images = self.steps * self.batch_size
+        passes = images if self.mode == "consistent" else inputs.sizes[self.train_split]
+        student = config(self.student, image=self.student_image, patch=self.student_patch)
+        students = 2 * (training_flops(student, images)
+                        + inputs.sizes[self.eval_split] * forward_flops(student))  # fmt: skip
+        return [*super().plan(inputs),
+                Stage("teacher logits", self.mode, forward_passes=passes,
+                      image=self.finetune_resolution if self.finetune else 0),
+                Stage("train students", "distilled and label-only", flops=students)]  # fmt: skip
 
     def run(self, backbone, ctx):
         teacher = Scorer.fit(self, backbone, ctx, refit_all=True)

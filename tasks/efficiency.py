@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from evalkit.models.vit22b import build, config
-from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Task, one_of, setting
+from evalkit.parallel.planner import training_flops
+from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Stage, Task, one_of, setting
 from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
 
@@ -62,6 +63,13 @@ class EfficiencyAblation(Task):
 
     def splits(self) -> tuple[str, ...]:
         return (self.split,)
+
+    def plan(self, inputs) -> list[Stage]:
+        """Both variants trained for the quality budget and timed for ``rounds``; the backbone
+        is not used."""
+        images = (self.steps + self.rounds * self.timed_steps) * self.batch_size
+        flops = sum(training_flops(self.model_config(n), images) for n in VARIANTS[self.switch])
+        return [Stage("train and time both variants", "from scratch", flops=flops)]
 
     def metrics(self) -> list[str]:
         names = list(VARIANTS[self.switch])

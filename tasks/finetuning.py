@@ -23,7 +23,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.identity import spec_key
-from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, setting
+from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, setting
 from evalkit.training.finetune import EndToEnd, backbone_module, decayed_groups, trainable_copy
 from evalkit.training.loop import Schedule, fit
 
@@ -38,6 +38,20 @@ class FinetuneSettings:
     finetune_lr: float = setting(3e-4, POSITIVE)  # the head's; blocks below decay from it
     finetune_weight_decay: float = setting(0.05, NON_NEGATIVE)
     layer_decay: float = setting(0.75, SHARE)
+
+    def finetune_stages(self, inputs, image: int, eval_passes: int) -> list[Stage]:
+        """Training end to end (a backward pass per image, the gradient and two AdamW moments per
+        weight, each block's activations kept for the backward) and scoring at ``image`` px."""
+        shape = inputs.shape
+        tokens = (image / shape.image) ** 2 if shape.image else 1.0
+        kept = int(
+            self.finetune_batch_size * shape.activation_bytes_per_image * shape.depth * tokens
+        )
+        train = Stage("fine-tune backbone and head", "end to end",
+                      forward_passes=self.finetune_steps * self.finetune_batch_size, backward=True,
+                      image=image, device_bytes=3 * shape.weight_bytes_per_rank + kept)  # fmt: skip
+        score = Stage("score", "fine-tuned", forward_passes=eval_passes, image=image)
+        return [train, score]
 
     def schedule(self, seed: int) -> Schedule:
         steps = self.finetune_steps

@@ -198,7 +198,11 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
 
     def plan(self, inputs) -> list[Stage]:
         """Resident: the raw, standardised and sliced training features plus the eval split
-        in float32. Streamed: one shard of features and its logits, twice (train and eval)."""
+        in float32. Streamed: one shard of features and its logits, twice (train and eval).
+        Fine-tuned: the backbone trained end to end at ``finetune_resolution``."""
+        if self.finetune:
+            image = self.finetune_resolution or inputs.shape.image
+            return self.finetune_stages(inputs, image, inputs.sizes[self.eval_split])
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4

@@ -32,7 +32,7 @@ from evalkit.data import open_dataset
 from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, segmentation_scores
-from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, one_of, setting
+from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, Stage, one_of, setting
 from evalkit.training.loop import sampled_batches
 
 from .dense import (
@@ -88,6 +88,11 @@ class Segmentation(FinetuneSettings, DenseSettings):
             return {"miou": PAPER_FROZEN.get((self.fraction, self.head), {})}
         table = PAPER_FINETUNED if self.head == "linear" else PAPER_FINETUNED_UPERNET
         return {"miou": table.get(self.fraction, {})}
+
+    def plan(self, inputs) -> list[Stage]:
+        if self.finetune:
+            return self.finetune_stages(inputs, self.image_size, inputs.sizes["val"])
+        return super().plan(inputs)
 
     def metrics(self) -> list[str]:
         return ["miou", "pixel_acc"]

@@ -21,7 +21,8 @@ import torch
 
 from evalkit.data import open_dataset
 from evalkit.models.vit22b import SIZES, build, config
-from evalkit.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Task, setting
+from evalkit.parallel.planner import training_flops
+from evalkit.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Stage, Task, setting
 from evalkit.train import seeded_build
 from evalkit.training.loop import Diverged, Schedule, fit
 from evalkit.training.pretrain import Classifier
@@ -54,6 +55,20 @@ class SmallTraining(Task):
     def splits(self) -> tuple[str, ...]:
         return (self.split,)
 
+    def plan(self, inputs) -> list[Stage]:
+        """The task's own models trained from scratch; the backbone is not used."""
+        runs = self.runs()
+        flops = sum(training_flops(self.model_config(size, qk_norm), self.steps * self.batch_size)
+                    for size, qk_norm in runs)  # fmt: skip
+        return [Stage("train ablation models", f"{len(runs)} runs from scratch", flops=flops)]
+
+    def runs(self) -> list[tuple[str, bool]]:
+        """(size, QK-norm) of every training run."""
+        raise NotImplementedError
+
+    def model_config(self, size: str, qk_norm: bool):
+        return config(size, qk_norm=qk_norm, image=self.image, patch=self.patch, pool="gap")
+
 
 @dataclass(frozen=True)
 class QKNormStability(SmallTraining):
@@ -65,6 +80,9 @@ class QKNormStability(SmallTraining):
         per_run = [f"{m}/{v}/lr={lr:g}" for v in VARIANTS for lr in self.lrs
                    for m in ("final_loss", "max_attention_logit")]  # fmt: skip
         return per_run + [f"lr_sensitivity/{v}" for v in VARIANTS]
+
+    def runs(self) -> list[tuple[str, bool]]:
+        return [(self.size, qk_norm) for qk_norm in VARIANTS.values() for _ in self.lrs]
 
     def run(self, backbone, ctx):
         """``backbone`` is not used: the task trains its own models."""
@@ -113,7 +131,7 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
     """One training run of ``size`` with ``task``'s image, patch and schedule settings: its log,
     whether (and how) it diverged, and the loss at chance, ln(classes)."""
     x, y, classes = data
-    cfg = config(size, qk_norm=qk_norm, image=task.image, patch=task.patch, pool="gap")
+    cfg = task.model_config(size, qk_norm)
     vit = build(cfg, seed=ctx.seed)
     model = seeded_build(lambda: Classifier(vit, classes), ctx.seed)
     stats = AttentionStats(model.vit)
@@ -184,6 +202,9 @@ class QKNormLR(SmallTraining):
             for size in self.sizes
             for m in ("final_loss/kept", "final_loss/lowered", "gain")
         ]
+
+    def runs(self) -> list[tuple[str, bool]]:
+        return [(size, True) for size in self.sizes for _ in ("kept", "lowered")]
 
     def run(self, backbone, ctx):
         """``backbone`` is not used: the task trains its own models."""

@@ -217,6 +217,23 @@ def test_plan_prints_the_paper_scale_figures_without_running(capsys, monkeypatch
     assert "does not fit this machine" in out  # 41 GiB of bf16 weights in a CPU's RAM
 
 
+def test_plan_counts_the_flops_of_each_stage(capsys, monkeypatch):
+    from evalkit.models.vit22b import config
+    from evalkit.parallel.planner import forward_flops, human
+
+    monkeypatch.setenv("COLUMNS", "200")
+    per_image = forward_flops(config("b"))  # at its own 224 px
+    args = ["plan", "--task", "imagenet-linear", "--backbone", "vit22b/b", "--device", "cpu"]
+    assert main(args) == 0  # frozen: every train and val image through the backbone once
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"compute: {human(1_331_167 * per_image, 'FLOP')} in all" in out
+    # fine-tuned at 448 px: 4× the tokens; 300 steps × 32 images, forward and backward (3×)
+    assert main([*args, "--set", "finetune=true", "--set", "finetune_resolution=448"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    total = (3 * 300 * 32 + 50_000) * 4 * per_image
+    assert "fine-tune backbone and head" in out and f"compute: {human(total, 'FLOP')} in all" in out
+
+
 def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     write_split(tmp_path, "train", ["cat", "dog"])

@@ -4,6 +4,7 @@ written as Markdown and JSON, and reused on a rerun."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from evalkit.cli import main
 from evalkit.reproduce import rows
@@ -26,9 +27,58 @@ def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
     assert linear["agrees"] in (True, False) and linear["seconds"] >= 0
     table = (paper / f"{name}.md").read_text()
     assert "| 5 | scale ViT-e → ViT-22B | ImageNet linear probe |" in table
+    # row 3's throughput plot is copied beside the table and embedded
+    (picture,) = summary["rows"][0]["pictures"]
+    assert (paper / picture).is_file() and f"![row 3]({picture})" in table
     rows_file = paper / "runs-smoke" / "imagenet-linear.jsonl"
     before = rows_file.read_text()
     assert main(args) == 0  # everything reused: no new rows
     assert rows_file.read_text() == before
     assert main(["reproduce", "--scale", "huge"]) == 2
     assert main(["reproduce", "--scale", "smoke", "--rows", "13"]) == 2
+
+
+def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_env, capsys):
+    from evalkit.models.vit22b import config
+    from evalkit.parallel.planner import forward_flops
+
+    args = ["reproduce", "--scale", "paper", "--dry-run", "--executor", "slurm", "--out", "p",
+            "--gpus-per-job", "8", "--partition", "gpu", "--weights", "ViT-22B=/ckpt/22b"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "#SBATCH --gpus-per-node=8" in printed and "#SBATCH --partition=gpu" in printed
+    tasks = [line for line in printed.splitlines() if line.startswith("# task ")]
+    assert len(tasks) == 21 and all("--data auto" in t for t in tasks)
+    assert sum("--weights /ckpt/22b" in t for t in tasks) == 9  # every ViT-22B job
+    compute = (cli_env / "p" / "compute-paper.md").read_text()
+    # row 5: every ImageNet train and val image through ViT-e and ViT-22B once (dataset card)
+    images = 1_281_167 + 50_000
+    flops = images * (forward_flops(config("e")) + forward_flops(config("22b")))
+    assert (
+        f"| 5 | ImageNet linear probe | imagenet-linear × vit22b/e; imagenet-linear × vit22b | {flops / 1e18:.2f} EFLOP |"
+        in compute
+    )
+    assert compute.count("\n| ") == 14  # header, 12 rows, total
+
+
+def test_paper_scale_needs_weights_and_writes_the_table_from_its_jobs(cli_env, data_cache):
+    from evalkit.data import DATASETS
+
+    # the embedded ImageNet stand-in, laid out as real data under --data-dir
+    (cli_env / "data").mkdir()
+    stand_in = DATASETS.get("imagenet").load().write_embedded(data_cache / "embedded")
+    (cli_env / "data" / "imagenet").symlink_to(stand_in)
+    base = ["reproduce", "--scale", "paper", "--rows", "5", "--out", "p", "--quiet",
+            "--data-dir", str(cli_env / "data")]  # fmt: skip
+    assert main(base) == 2  # no --weights for ViT-e and ViT-22B
+    repo_weights = str(
+        Path(__file__).parents[1] / "tests" / "regression" / "vit22b-test.safetensors"
+    )
+    small = ["--backbone", "ViT-e=vit22b/test", "--backbone", "ViT-22B=vit22b/test",
+             "--weights", f"ViT-e={repo_weights}", "--weights", f"ViT-22B={repo_weights}"]  # fmt: skip
+    assert main(base + small) == 0  # one job (both models are the same here), run locally
+    table = (cli_env / "p" / "effects-paper.md").read_text()
+    assert "| 5 | scale ViT-e → ViT-22B |" in table and "vit22b/test → vit22b/test" in table
+    rows_file = cli_env / "p" / "runs-paper" / "imagenet-linear.jsonl"
+    assert len(rows_file.read_text().splitlines()) == 2  # top-1 and top-5, run once
+    assert main(base + small) == 0 and len(rows_file.read_text().splitlines()) == 2

@@ -74,8 +74,20 @@ def forward_flops(cfg) -> int:
     return cfg.depth * per_block + patch
 
 
+def training_flops(cfg, images: int) -> int:
+    """FLOPs of training on ``images`` images: forward and backward, about 3 forward passes."""
+    return 3 * images * forward_flops(cfg)
+
+
 def human(value: float, unit: str = "") -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for scale, suffix in (
+        (1e18, "E"),
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+    ):
         if abs(value) >= scale:
             return f"{value / scale:.2f} {suffix}{unit}"
     return f"{value:.0f} {unit}".rstrip()

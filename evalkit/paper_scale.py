@@ -1,0 +1,107 @@
+"""``evalkit reproduce --scale paper``: the effect table's runs at the paper's scale, as one
+sweep (docs/protocols.md, "Effect table"; ``evalkit.reproduce`` holds the rows).
+
+The scaling rows compare the backbones standing for the paper's two models of each row
+(``reproduce.PAPER_BACKBONES``, weights from ``--weights MODEL=PATH``), the ablation rows train
+their own models at ``reproduce.PAPER_SETTINGS``. Every (task, backbone, settings) run is one
+job of an ``evalkit.sweep`` plan on the real data (``--data-dir``), run here one after another or
+submitted to Slurm as a job array. Before anything runs, each row's compute is estimated from
+the tasks' plans (the forward passes of each stage, the planner's FLOPs per image) and written
+to ``compute-paper.md``: FLOPs, and GPU-hours at an assumed share of a GPU's peak. Once every
+job's rows are on disk, the same command writes ``effects-paper.md`` from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+from evalkit.reproduce import PAPER_BACKBONES, SCALES, EffectRow, Reproduction, selected
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """What a GPU-hour is worth: dense bf16 peak and the share of it a run achieves."""
+
+    name: str = "A100"
+    peak_tflops: float = 312.0
+    utilisation: float = 0.4  # model FLOPs utilisation assumed for every run
+
+    def hours(self, flops: float) -> float:
+        return flops / (self.peak_tflops * 1e12 * self.utilisation * 3600)
+
+
+@dataclass
+class PaperRun:
+    """The paper-scale table's inputs: where the data and weights are, and the sweep's shape."""
+
+    data_dir: Path | None = None
+    out: Path = Path("results/paper")
+    weights: dict[str, str] = field(default_factory=dict)  # paper model → checkpoint
+    backbones: dict[str, str] = field(default_factory=dict)  # paper model → spec, to override
+    only: set[int] | None = None
+
+    def reproduction(self, resources) -> tuple[Reproduction, list[EffectRow]]:
+        """The reproduction with its sweep plan set, and the rows it covers."""
+        from evalkit.sweep import Plan
+
+        for model in {**self.weights, **self.backbones}:
+            if model not in PAPER_BACKBONES:
+                raise EvalkitError(
+                    f"unknown paper model {model!r}: expected one of {', '.join(PAPER_BACKBONES)}"
+                )
+        job = Reproduction(SCALES["paper"], self.out, weights=dict(self.weights),
+                           backbones={**PAPER_BACKBONES, **self.backbones})  # fmt: skip
+        effects = selected(self.only)
+        jobs = tuple(dict.fromkeys(job.job(e, m) for e in effects for m in e.measures.values()))
+        data = ("--data", "auto", *(("--data-dir", str(self.data_dir)) if self.data_dir else ()))
+        job.plan = Plan(jobs=jobs, out=job.runs, run_args=data, resources=resources)
+        return job, effects
+
+    def missing_weights(self, job: Reproduction, effects: list[EffectRow]) -> list[str]:
+        """The paper models the rows use that have no ``--weights``."""
+        used = {m for e in effects for m in e.models
+                if any(x.on != "none" for x in e.measures.values())}  # fmt: skip
+        return sorted(m for m in used if m not in job.weights)
+
+
+def estimate(job: Reproduction, effects: list[EffectRow], data_dir: Path | None) -> list[dict]:
+    """Per row: its jobs' FLOPs from the tasks' plans (split sizes from ``data_dir`` when the
+    data is there, else the dataset cards)."""
+    from evalkit.data import DataConfig
+    from evalkit.plan import plan_inputs, stage_flops
+    from evalkit.runner import resolve_task
+
+    config = DataConfig(source="auto", root=data_dir)
+    flops: dict = {}
+    for run in job.plan.jobs:
+        task = resolve_task(run.task, run.overrides)
+        inputs, _ = plan_inputs(task, run.backbone, config, {"dtype": "bf16"})
+        flops[run] = sum(stage_flops(stage, inputs.shape) for stage in task.plan(inputs))
+    estimates = []
+    for effect in effects:
+        runs = list(dict.fromkeys(job.job(effect, m) for m in effect.measures.values()))
+        estimates.append({"row": effect.number, "where": effect.where,
+                          "runs": [f"{r.task} × {r.backbone}" for r in runs],
+                          "flops": sum(flops[r] for r in runs)})  # fmt: skip
+    return estimates
+
+
+def compute_table(estimates: list[dict], gpu: Accelerator) -> str:
+    """Markdown: each row's runs, FLOPs and GPU-hours, and the total."""
+    from evalkit.parallel.planner import human
+
+    head = f"GPU-hours at {gpu.utilisation:.0%} of an {gpu.name}'s {gpu.peak_tflops:g} TFLOP/s"
+    lines = ["# Compute of the effect table at scale `paper` (estimated)", "",
+             "Each row's runs, their FLOPs from the tasks' plans (forward passes per stage × the "
+             "planner's FLOPs per image; training counted as three passes) and what that is in "
+             "GPU-hours. Written by `evalkit reproduce --scale paper --dry-run`; estimates, "
+             "not measurements.", "",
+             f"| # | where | runs | FLOPs | {head} |", "|---|---|---|---|---|"]  # fmt: skip
+    for e in estimates:
+        lines.append(f"| {e['row']} | {e['where']} | {'; '.join(e['runs'])} | "
+                     f"{human(e['flops'], 'FLOP')} | {gpu.hours(e['flops']):,.0f} |")  # fmt: skip
+    total = sum(e["flops"] for e in estimates)
+    lines.append(f"| | all rows | | {human(total, 'FLOP')} | {gpu.hours(total):,.0f} |")
+    return "\n".join(lines) + "\n"
