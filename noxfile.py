@@ -11,6 +11,9 @@ REGRESSION_TASKS = ("imagenet-linear", "imagenet-5shot")
 REGRESSION_BACKBONES = ("fake", "timm/vit_tiny_patch16_224")
 # vit22b/test trained by: evalkit pretrain --model vit22b/test --data embedded --steps 300
 TRAINED = "tests/regression/vit22b-test.safetensors"
+# Rows of the tiny effect table in the suite: the two training ablations that need no ladder,
+# and the linear probe on the ladder (pretrained afresh, so its training is checked too)
+EFFECT_ROWS = "1,2,5"
 
 
 def install(session, extra: str = "test"):
@@ -82,12 +85,17 @@ def regression_rows(session, out: str):
     session.run("evalkit", "run", *tasks, *backbones, *common, env=OFFLINE)
     session.run("evalkit", "run", *tasks, "--backbone", "vit22b/test", "--weights", TRAINED,
                 *common, env=OFFLINE)  # fmt: skip
+    ladder = ".cache/regression-ladder"
+    session.run("rm", "-rf", ladder, external=True)
+    session.run("evalkit", "reproduce", "--scale", "tiny", "--rows", EFFECT_ROWS, "--out",
+                f"{out}/paper", "--cache-dir", ladder, "--quiet", env=OFFLINE)  # fmt: skip
 
 
 @nox.session
 def regression(session):
-    """Small backbones on embedded data, compared with the committed baselines: any change
-    beyond the tolerance, up or down, fails."""
+    """Small backbones and rows of the tiny effect table on embedded data, compared with the
+    committed baselines: any change beyond the metric's tolerance (results/baselines/
+    tolerances.toml, else 1 point), up or down, fails."""
     regression_rows(session, "results/regression")
     session.run("evalkit", "compare", "results/baselines", "results/regression", "--tolerance",
                 "1.0", env=OFFLINE)  # fmt: skip

@@ -169,6 +169,10 @@ def add_results_commands(sub) -> None:
         "--tolerance", type=float, default=0.5, help="allowed change, in metric units"
     )
     compare.add_argument(
+        "--tolerances", type=Path,
+        help="per-metric tolerances (TOML; default: BASE/tolerances.toml when BASE has one)",
+    )  # fmt: skip
+    compare.add_argument(
         "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
     )
     compare.add_argument(
@@ -820,12 +824,16 @@ def markdown(frame, index_name: str) -> str:
 def cmd_compare(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.results import FAILING, compare, load_rows
+    from evalkit.results import FAILING, Tolerances, compare, load_rows
 
     for path in (args.base, args.new):
         if not path.exists():
             raise EvalkitError(f"no such rows file or folder: {path}")
-    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=args.tolerance,
+    given = args.tolerances or args.base / "tolerances.toml"
+    if args.tolerances and not given.is_file():
+        raise EvalkitError(f"no tolerances file {given}")
+    tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
+    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=tolerance,
                       one_sided=args.one_sided)  # fmt: skip
     table = Table("task", "backbone", "metric", "base", "new", "delta", "status")
     colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
@@ -866,11 +874,15 @@ def update_baselines(base: Path, new: Path):
 
     if not base.is_dir():
         raise EvalkitError(f"--update-baselines needs BASE to be a folder of rows, got {base}")
-    sources = sorted(new.glob("*.jsonl")) if new.is_dir() else [new]
-    for old in base.glob("*.jsonl"):
+    for old in base.rglob("*.jsonl"):  # rows only: BASE/tolerances.toml stays
         old.unlink()
-    for source in sources:
-        shutil.copyfile(source, base / source.name)
+    if not new.is_dir():
+        shutil.copyfile(new, base / new.name)
+        return
+    for source in sorted(new.rglob("*.jsonl")):
+        target = base / source.relative_to(new)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
 
 
 def cmd_check_data(args, console) -> int:

@@ -9,6 +9,7 @@ shows value ± its own std over seeds (or ± its standard error).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -16,6 +17,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, TypedDict
+
+from evalkit.errors import EvalkitError
 
 
 class Row(TypedDict, total=False):
@@ -168,13 +171,55 @@ def pivot_table(
     return frame.loc[ours + paper, sorted(frame.columns)]
 
 
+class Tolerances:
+    """Allowed change per metric: ``"task:metric"`` glob patterns (the first match wins) to an
+    absolute tolerance in the metric's units or a share of the baseline (``"10%"``); metrics
+    no pattern matches get ``default``. Read from TOML (``BASE/tolerances.toml``)."""
+
+    def __init__(self, default: float, patterns: dict[str, float | str] | None = None):
+        self.default = default
+        self.patterns = dict(patterns or {})
+        for pattern, value in self.patterns.items():
+            self._parse(pattern, value)  # refuse a bad entry before comparing anything
+
+    @classmethod
+    def read(cls, path: Path, default: float) -> Tolerances:
+        import tomllib
+
+        try:
+            return cls(default, tomllib.loads(Path(path).read_text()))
+        except tomllib.TOMLDecodeError as exc:
+            raise EvalkitError(f"tolerances {path} are not valid TOML: {exc}") from None
+
+    def allowed(self, task: str, metric: str, base: float) -> float:
+        for pattern, value in self.patterns.items():
+            if fnmatch.fnmatchcase(f"{task}:{metric}", pattern):
+                amount, relative = self._parse(pattern, value)
+                return amount * abs(base) if relative else amount
+        return self.default
+
+    @staticmethod
+    def _parse(pattern: str, value) -> tuple[float, bool]:
+        """(amount, relative) of one entry: a number ≥ 0, or a percentage ``"N%"``."""
+        text = str(value).strip()
+        try:
+            amount = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            amount = -1.0
+        if amount < 0 or isinstance(value, bool):
+            raise EvalkitError(f"tolerance {pattern!r} = {value!r}: expected a number ≥ 0 or 'N%'")
+        return amount, text.endswith("%")
+
+
 def compare(
-    base: list[Row], new: list[Row], *, tolerance: float, one_sided: bool = False
+    base: list[Row], new: list[Row], *, tolerance: float | Tolerances, one_sided: bool = False
 ) -> list[dict[str, Any]]:
     """Per (task, backbone, metric): base, new, delta and a status — ``ok``, ``regression``
-    (worse by more than ``tolerance``, in the metric's units), ``changed-up`` (better by more
+    (worse by more than the metric's tolerance, in its units), ``changed-up`` (better by more
     than that: a change the baseline does not explain, which fails the gate too), or with
     ``one_sided`` ``improved`` (tolerated); ``missing`` and ``new`` for rows on one side only."""
+    if not isinstance(tolerance, Tolerances):
+        tolerance = Tolerances(tolerance)
 
     def index(rows):
         return {(r["task"], r["backbone"], r["metric"]): r for r in aggregate(rows)}
@@ -199,9 +244,8 @@ def compare(
             rec["delta"] = n["mean"] - b["mean"]
             gain = rec["delta"] if b["higher_is_better"] else -rec["delta"]
             up = "improved" if one_sided else "changed-up"
-            rec["status"] = (
-                "regression" if gain < -tolerance else (up if gain > tolerance else "ok")
-            )
+            allowed = tolerance.allowed(key[0], key[2], b["mean"])
+            rec["status"] = "regression" if gain < -allowed else (up if gain > allowed else "ok")
         out.append(rec)
     return out
 

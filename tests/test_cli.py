@@ -3,6 +3,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from evalkit.cli import main
 
@@ -99,6 +101,26 @@ def test_table_and_compare(cli_env, capsys):
     assert main(["compare", "results/runs", str(better), "--tolerance", "1"]) == 1  # two-sided
     assert "changed-up" in capsys.readouterr().out
     assert main(["compare", "results/runs", str(better), "--tolerance", "1", "--one-sided"]) == 0
+    # per-metric tolerances: top-1 may move 10% of its value, top-5 nothing beyond the default
+    spec = cli_env / "tol.toml"
+    spec.write_text('"imagenet-linear:top1" = "10%"\n"imagenet-linear:top5" = 1\n')
+    top1_only = cli_env / "top1.jsonl"
+    top1_only.write_text("".join(json.dumps({**r, "value": r["value"] * (1.05 if r["metric"] ==
+                                             "top1" else 1)}) + "\n" for r in rows))  # fmt: skip
+    assert main(["compare", "results/runs", str(top1_only), "--tolerance", "0"]) == 1
+    assert main(["compare", "results/runs", str(top1_only), "--tolerances", str(spec)]) == 0
+    assert main(["compare", "results/runs", str(worse), "--tolerances", str(spec)]) == 1  # top-5
+    spec.write_text('"imagenet-linear:*" = "ten"\n')
+    assert main(["compare", "results/runs", str(worse), "--tolerances", str(spec)]) == 2
+
+
+@given(base=st.floats(-1e6, 1e6), share=st.floats(0, 100), delta=st.floats(-1e6, 1e6))
+def test_a_relative_tolerance_is_a_share_of_the_baseline(base, share, delta):
+    from evalkit.results import Tolerances
+
+    rule = Tolerances(0.0, {"t:m*": f"{share}%", "t:*": 2.5})
+    assert rule.allowed("t", "metric", base) == pytest.approx(abs(base) * share / 100)
+    assert rule.allowed("t", "other", base) == 2.5 and rule.allowed("u", "m", base) == 0.0
 
 
 def test_cache_ls_and_clear(cli_env, capsys):
@@ -140,8 +162,13 @@ def test_update_baselines_is_explicit(cli_env, capsys):
     base = cli_env / "baselines"
     base.mkdir()
     (base / "stale.jsonl").write_text("")
+    (base / "tolerances.toml").write_text('"imagenet-1shot:*" = 0.1\n')
+    nested = cli_env / "results" / "runs" / "paper"
+    nested.mkdir()
+    (nested / "qk-norm-lr.jsonl").write_text("")
     assert main(["compare", str(base), "results/runs", "--update-baselines"]) == 0
-    assert sorted(p.name for p in base.iterdir()) == ["imagenet-1shot.jsonl"]
+    kept = sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+    assert kept == ["imagenet-1shot.jsonl", "paper/qk-norm-lr.jsonl", "tolerances.toml"]
     assert main(["compare", str(base), "results/runs"]) == 0
 
 
