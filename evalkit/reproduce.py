@@ -411,8 +411,10 @@ def selected(only) -> list[EffectRow]:
 def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
               progress=False, echo=print) -> list[dict]:  # fmt: skip
     """Measure every row (or the numbers in ``only``), write the table, return its records."""
-    if scale not in SCALES or SCALES[scale].paper:
-        raise EvalkitError(f"unknown scale {scale!r}: choose from tiny, smoke (paper: see --help)")
+    if scale == "paper":
+        raise EvalkitError("scale paper runs as a sweep: evalkit reproduce --scale paper --dry-run")
+    if scale not in SCALES:
+        raise EvalkitError(f"unknown scale {scale!r}: choose from {', '.join(SCALES)}")
     effects = selected(only)
     job = Reproduction(SCALES[scale], Path(out), cache, progress)
     start = time.perf_counter()

@@ -153,6 +153,7 @@ def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
 def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     """The newest row of each metric of ``job`` (same task, settings, backbone, weights, seed)
     under the plan's output folder. ``read`` keeps each rows file read once."""
+    from evalkit.backbones import row_name
     from evalkit.checkpoints import backbone_weights_id
     from evalkit.results import load_rows, rows_file
     from evalkit.runner import hash_json, resolve_task
@@ -167,7 +168,7 @@ def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     wanted = backbone_weights_id(job.backbone, job.weights) if job.weights else None
     config = hash_json(task.config())
     newest = {r["metric"]: r for r in read[path]
-              if r["backbone"] == job.backbone and r["seed"] == job.seed
+              if r["backbone"] == row_name(job.backbone) and r["seed"] == job.seed
               and r.get("config_hash") == config
               and (wanted is None or r.get("weights_id") == wanted)}  # fmt: skip
     return list(newest.values())

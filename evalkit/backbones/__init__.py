@@ -37,6 +37,14 @@ EXAMPLES = {
     "none": "none",
 }
 NEEDS_VARIANT = ("timm", "open_clip")
+DEFAULT_VARIANT = {"vit22b": "22b"}  # the variant a spec without one gets
+
+
+def row_name(spec: str) -> str:
+    """The backbone name a run's rows carry for ``spec`` (``vit22b`` → ``vit22b/22b``)."""
+    family, _, variant = spec.partition("/")
+    variant = variant or DEFAULT_VARIANT.get(family, "")
+    return f"{family}/{variant}" if variant else family
 
 
 def load_backbone(spec: str, opts: BackboneOptions | None = None):

@@ -16,6 +16,7 @@ import os
 import torch
 
 from evalkit import distributed as mesh
+from evalkit.backbones import DEFAULT_VARIANT
 from evalkit.backbones.base import (
     BackboneInfo,
     Features,
@@ -72,7 +73,7 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     from evalkit.checkpoints import SafetensorsSource
     from evalkit.parallel.load import RandomSource
 
-    size = variant or "22b"
+    size = variant or DEFAULT_VARIANT["vit22b"]
     if size not in vit.SIZES:
         raise EvalkitError(f"unknown vit22b size {size!r}: {did_you_mean(size, list(vit.SIZES))}")
     source = SafetensorsSource(opts.weights) if opts.weights else None
