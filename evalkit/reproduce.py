@@ -93,8 +93,8 @@ class Scale:
         return {
             "qk-norm-stability": (f"lrs={self.lrs}", steps),
             "qk-norm-lr": (steps, "sizes=test,ti"),
-            "bias-efficiency": ("size=test", "image=32", steps, "rounds=3"),
-            "parallel-efficiency": ("size=test", "image=32", steps, "rounds=3"),
+            "bias-efficiency": ("size=test", "image=32", steps, "rounds=9", "timed_steps=10"),
+            "parallel-efficiency": ("size=test", "image=32", steps, "rounds=9", "timed_steps=10"),
             "lit-objectnet": (f"steps={self.head_steps}",),
             "ade20k-1/16": ("finetune=true", f"finetune_steps={self.finetune_steps}", dense),
             "ade20k-1/1": ("finetune=true", f"finetune_steps={self.finetune_steps}", dense),
@@ -129,7 +129,8 @@ class Measure:
     on: str = "none"  # none | small | large
 
 
-Values = dict[str, dict[str, float]]  # measure name → metric → value
+# measure name → metric → value (and "<metric>/stderr" where the row has a standard error)
+Values = dict[str, dict[str, float]]
 Outcome = tuple[str, float | None, bool | None, str]  # our values, our effect, agrees, note
 
 
@@ -187,12 +188,18 @@ def _keep_lr(values: Values) -> Outcome:
 
 
 def _speedup(first: str, second: str):
+    """Judge of an efficiency row: faster beyond two standard errors of the rounds' ratios
+    agrees, slower beyond them does not, and anything closer is timing noise (n/a)."""
+
     def judge(values: Values) -> Outcome:
         row = values["ablation"]
-        speedup = row["speedup"]
+        speedup, noise = row["speedup"], 2 * row.get("speedup/stderr", 0.0)
         losses = f"final loss {row[f'final_loss/{first}']:.3f} vs {row[f'final_loss/{second}']:.3f}"
-        note = "" if speedup > 1 else f"{first} was not faster on this device"
-        return f"{speedup:.3f}× images/s ({losses})", speedup - 1, speedup > 1, note
+        text = f"{speedup:.3f}× ± {noise / 2:.3f} images/s ({losses})"
+        if abs(speedup - 1) <= noise:
+            return text, speedup - 1, None, f"within timing noise on this device (±{noise:.3f})"
+        note = "" if speedup > 1 else f"{first} was slower on this device"
+        return text, speedup - 1, speedup > 1, note
 
     return judge
 
@@ -349,7 +356,11 @@ class Reproduction:
                                out=self.runs, progress=self.progress, cache_dir=self.cache)  # fmt: skip
         seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
         pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
-        return {r["metric"]: r["value"] for r in rows}, seconds, list(pictures)
+        values = {r["metric"]: r["value"] for r in rows}
+        values |= {
+            f"{r['metric']}/stderr": r["stderr"] for r in rows if r.get("stderr") is not None
+        }
+        return values, seconds, list(pictures)
 
     def row(self, effect: EffectRow) -> dict:
         values, seconds, drawn = {}, 0.0, []

@@ -82,3 +82,16 @@ def test_paper_scale_needs_weights_and_writes_the_table_from_its_jobs(cli_env, d
     rows_file = cli_env / "p" / "runs-paper" / "imagenet-linear.jsonl"
     assert len(rows_file.read_text().splitlines()) == 2  # top-1 and top-5, run once
     assert main(base + small) == 0 and len(rows_file.read_text().splitlines()) == 2
+
+
+def test_an_efficiency_row_within_timing_noise_is_not_judged():
+    judge = next(r for r in rows() if r.number == 4).judge
+    losses = {"final_loss/parallel": 1.5, "final_loss/sequential": 1.5}
+
+    def verdict(speedup, stderr):
+        values = {"ablation": {**losses, "speedup": speedup, "speedup/stderr": stderr}}
+        return judge(values)[2]
+
+    assert verdict(1.10, 0.02) is True  # 10% faster, noise ±4%
+    assert verdict(1.03, 0.02) is None  # within two standard errors
+    assert verdict(0.90, 0.02) is False

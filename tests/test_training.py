@@ -163,9 +163,13 @@ def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch, 
     first, second = [
         name.split("/")[1] for name in task.metrics() if name.startswith("images_per_s")
     ]
-    assert len(rows[f"images_per_s/{first}"].extra["per_round"]) == 2
-    ratio = rows[f"images_per_s/{first}"].value / rows[f"images_per_s/{second}"].value
-    assert rows["speedup"].value == pytest.approx(ratio)
+    per_round = {v: rows[f"images_per_s/{v}"].extra["per_round"] for v in (first, second)}
+    assert len(per_round[first]) == 2
+    # the median (here the mean) of the two rounds' ratios, and their spread
+    ratios = [a / b for a, b in zip(per_round[first], per_round[second], strict=True)]
+    assert rows["speedup"].value == pytest.approx(sum(ratios) / 2)
+    assert rows["speedup"].std == pytest.approx(abs(ratios[0] - ratios[1]) / 2**0.5)
+    assert rows["speedup"].stderr == pytest.approx(rows["speedup"].std / 2**0.5)
     assert Path(rows["speedup"].extra["picture"]).read_bytes()[:4] == b"\x89PNG"
     assert rows[f"images_per_s/{first}"].extra["mfu_note"] == "not measured (no GPU)"
     if switch == "biases":  # "without" is first: the biased model has more parameters
