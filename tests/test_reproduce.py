@@ -22,6 +22,7 @@ def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
     paper, name = cli_env / "paper", "effects-smoke"
     summary = json.loads((paper / f"{name}.json").read_text())
     assert [r["row"] for r in summary["rows"]] == [3, 5]
+    assert summary["rows"][0]["setup"] == "vit22b/test at 32 px, interleaved timing"
     linear = summary["rows"][1]
     assert linear["setup"] == "ladder test → test" and "→" in linear["ours"]
     assert linear["agrees"] in (True, False) and linear["seconds"] >= 0
