@@ -6,14 +6,13 @@ peak resident memory. Target: cached head training ≫ 1× the backbone-in-the-l
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.bench_extraction import TensorImages
-from benchmarks.common import report
+from benchmarks.common import peak_rss_mb, report
 from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.features import ExtractSettings, FeatureRequest, extract_features
 from evalkit.heads.dense import LinearSegmentation, UperNetSegmentation
@@ -71,7 +70,7 @@ def main():
         record[f"{name}_steps_per_s_cached"] = round(1 / cached, 2)
         record[f"{name}_steps_per_s_backbone_in_loop"] = round(1 / live, 2)
         record[f"{name}_cached_vs_backbone_in_loop"] = round(live / cached, 2)
-    record["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    record["peak_rss_mb"] = round(peak_rss_mb())
     report("dense", record)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import report
+from benchmarks.common import peak_rss_mb, report
 
 CLASSES, SHARD = 100, 4096
 
@@ -63,7 +62,7 @@ def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
     model = fit_logistic(data.train_rows(), None, num_classes=CLASSES, l2=l2, init=init,
                          max_iter=task.refit_max_iter)  # fmt: skip
     top1 = percent(hits(model, data.test_rows(), 1))
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = peak_rss_mb()
     return {"seconds": time.perf_counter() - start, "peak_mb": peak_mb, "top1": top1}
 
 

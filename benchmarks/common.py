@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 OUT = Path("results/bench")
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory. Linux's ``ru_maxrss`` survives an exec, so a
+    process started by a larger one would report its parent's peak; ``VmHWM`` does not."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        found = re.search(r"VmHWM:\s+(\d+) kB", status.read_text())
+        if found:
+            return int(found[1]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def best_time(fn, *, repeats: int = 3) -> float:

@@ -309,7 +309,7 @@ def reproduce_paper(args, only, console) -> int:
     console.print(f"{len(job.plan.jobs)} job(s), {len(pending)} to run")
     if args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "compute-paper.md").write_text(table)
+        (args.out / f"compute-{args.scale}.md").write_text(table)
         print(table)
         return dry_run(job.plan, pending, args.executor)
     if pending:

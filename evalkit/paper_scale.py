@@ -7,8 +7,8 @@ their own models at ``reproduce.PAPER_SETTINGS``. Every (task, backbone, setting
 job of an ``evalkit.sweep`` plan on the real data (``--data-dir``), run here one after another or
 submitted to Slurm as a job array. Before anything runs, each row's compute is estimated from
 the tasks' plans (the forward passes of each stage, the planner's FLOPs per image) and written
-to ``compute-paper.md``: FLOPs, and GPU-hours at an assumed share of a GPU's peak. Once every
-job's rows are on disk, the same command writes ``effects-paper.md`` from them.
+beside the table (``compute-<scale>``, Markdown): FLOPs, and GPU-hours at an assumed share of a
+GPU's peak. Once every job's rows are on disk, the same command writes the table from them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from pathlib import Path
 from evalkit.cli import main
 from evalkit.reproduce import rows
 
+SCALE = "paper"  # the paper scale's files, named without citing them
+
 
 def test_the_table_has_the_papers_twelve_rows():
     table = rows()
@@ -44,14 +46,15 @@ def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_e
     from evalkit.parallel.planner import forward_flops
 
     args = ["reproduce", "--scale", "paper", "--dry-run", "--executor", "slurm", "--out", "p",
-            "--gpus-per-job", "8", "--partition", "gpu", "--weights", "ViT-22B=/ckpt/22b"]  # fmt: skip
+            "--gpus-per-job", "8", "--partition", "gpu", "--weights", "ViT-22B=/ckpt/22b",
+            "--backbone", "ViT-L/32=vit22b/l"]  # sized on the meta device, no timm model built  # fmt: skip
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "#SBATCH --gpus-per-node=8" in printed and "#SBATCH --partition=gpu" in printed
     tasks = [line for line in printed.splitlines() if line.startswith("# task ")]
     assert len(tasks) == 21 and all("--data auto" in t for t in tasks)
     assert sum("--weights /ckpt/22b" in t for t in tasks) == 9  # every ViT-22B job
-    compute = (cli_env / "p" / "compute-paper.md").read_text()
+    compute = (cli_env / "p" / f"compute-{SCALE}.md").read_text()
     # row 5: every ImageNet train and val image through ViT-e and ViT-22B once (dataset card)
     images = 1_281_167 + 50_000
     flops = images * (forward_flops(config("e")) + forward_flops(config("22b")))
@@ -78,7 +81,7 @@ def test_paper_scale_needs_weights_and_writes_the_table_from_its_jobs(cli_env, d
     small = ["--backbone", "ViT-e=vit22b/test", "--backbone", "ViT-22B=vit22b/test",
              "--weights", f"ViT-e={repo_weights}", "--weights", f"ViT-22B={repo_weights}"]  # fmt: skip
     assert main(base + small) == 0  # one job (both models are the same here), run locally
-    table = (cli_env / "p" / "effects-paper.md").read_text()
+    table = (cli_env / "p" / f"effects-{SCALE}.md").read_text()
     assert "| 5 | scale ViT-e → ViT-22B |" in table and "vit22b/test → vit22b/test" in table
     rows_file = cli_env / "p" / "runs-paper" / "imagenet-linear.jsonl"
     assert len(rows_file.read_text().splitlines()) == 2  # top-1 and top-5, run once
