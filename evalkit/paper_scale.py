@@ -13,7 +13,7 @@ GPU's peak. Once every job's rows are on disk, the same command writes the table
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
@@ -55,6 +55,9 @@ class PaperRun:
                            backbones={**PAPER_BACKBONES, **self.backbones})  # fmt: skip
         effects = selected(self.only)
         jobs = tuple(dict.fromkeys(job.job(e, m) for e in effects for m in e.measures.values()))
+        # The ablations train their own models in one process: one device, no torchrun
+        alone = replace(resources, gpus=min(resources.gpus, 1), nodes=1, tp=1, fsdp=False)
+        jobs = tuple(replace(j, resources=alone) if j.backbone == "none" else j for j in jobs)
         data = ("--data", "auto", *(("--data-dir", str(self.data_dir)) if self.data_dir else ()))
         job.plan = Plan(jobs=jobs, out=job.runs, run_args=data, resources=resources)
         return job, effects

@@ -39,6 +39,8 @@ class Job:
     seed: int = 0
     overrides: tuple[str, ...] = ()
     weights: str | None = None
+    # this job's own, instead of the plan's (not part of which job it is)
+    resources: Resources | None = field(default=None, compare=False)
 
     def label(self) -> str:
         settings = f" [{', '.join(self.overrides)}]" if self.overrides else ""
@@ -67,6 +69,16 @@ class Plan:
     run_args: tuple[str, ...] = ()  # options every job's `evalkit run` gets (--data, ...)
     resources: Resources = field(default_factory=Resources)
 
+    def resources_of(self, job: Job) -> Resources:
+        return job.resources or self.resources
+
+    def groups(self, jobs: list[Job]) -> dict[Resources, list[Job]]:
+        """Jobs by the resources they get: one job array each."""
+        grouped: dict[Resources, list[Job]] = {}
+        for job in jobs:
+            grouped.setdefault(self.resources_of(job), []).append(job)
+        return grouped
+
     def command(self, job: Job) -> list[str]:
         """The job's command line: ``python -m evalkit run ...`` or, across GPUs, torchrun."""
         args = ["run", "--task", job.task, "--backbone", job.backbone, "--seed", str(job.seed),
@@ -75,7 +87,7 @@ class Plan:
             args += ["--set", override]
         if job.weights:
             args += ["--weights", job.weights]
-        r = self.resources
+        r = self.resources_of(job)
         if r.tp > 1:
             args += ["--tp", str(r.tp)]
         if r.fsdp:
@@ -189,15 +201,19 @@ def run_local(plan: Plan, jobs: list[Job], echo=print) -> list[tuple[Job, int]]:
 
 
 def submit(plan: Plan, jobs: list[Job], *, cluster: str):
-    """One submitit job array (``cluster``: slurm or local); returns submitit's jobs."""
+    """One submitit job array per kind of resources (``cluster``: slurm or local); returns
+    submitit's jobs in the order of ``jobs``."""
     import submitit
 
-    executor = submitit.AutoExecutor(folder=plan.out / "submitit" / "%j", cluster=cluster)
-    executor.update_parameters(**_parameters(plan.resources, cluster))
-    with executor.batch():
-        submitted = [executor.submit(submitit.helpers.CommandFunction(plan.command(job)))
-                     for job in jobs]  # fmt: skip
-    return submitted
+    submitted = {}
+    for resources, group in plan.groups(jobs).items():
+        executor = submitit.AutoExecutor(folder=plan.out / "submitit" / "%j", cluster=cluster)
+        executor.update_parameters(**_parameters(resources, cluster))
+        with executor.batch():
+            handles = [executor.submit(submitit.helpers.CommandFunction(plan.command(job)))
+                       for job in group]  # fmt: skip
+        submitted |= dict(zip(group, handles, strict=True))
+    return [submitted[job] for job in jobs]
 
 
 def _parameters(r: Resources, cluster: str) -> dict:
@@ -214,11 +230,14 @@ def _parameters(r: Resources, cluster: str) -> dict:
 
 
 def batch_script(plan: Plan, jobs: list[Job]) -> str:
-    """The Slurm batch script of the job array, as submitit would write it, followed by the
-    command each array task runs (``--dry-run``)."""
+    """The Slurm batch script of each job array, as submitit would write it, each followed by
+    the command each of its array tasks runs (``--dry-run``)."""
+    return "\n".join(_array_script(plan, r, group) for r, group in plan.groups(jobs).items())
+
+
+def _array_script(plan: Plan, r: Resources, jobs: list[Job]) -> str:
     from submitit.slurm.slurm import _make_sbatch_string
 
-    r = plan.resources
     script = _make_sbatch_string(
         command="<each array task runs its command below>",
         folder=str(plan.out / "submitit" / "%j"),

@@ -53,6 +53,10 @@ def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_e
     assert "#SBATCH --gpus-per-node=8" in printed and "#SBATCH --partition=gpu" in printed
     tasks = [line for line in printed.splitlines() if line.startswith("# task ")]
     assert len(tasks) == 21 and all("--data auto" in t for t in tasks)
+    # two arrays: the ablations train their own models in one process on one GPU
+    assert printed.count("#!/bin/bash") == 2 and "#SBATCH --gpus-per-node=1" in printed
+    ablations = [t for t in tasks if "--backbone none" in t]
+    assert len(ablations) == 4 and not any("torchrun" in t or "--fsdp" in t for t in ablations)
     assert sum("--weights /ckpt/22b" in t for t in tasks) == 9  # every ViT-22B job
     compute = (cli_env / "p" / f"compute-{SCALE}.md").read_text()
     # row 5: every ImageNet train and val image through ViT-e and ViT-22B once (dataset card)
