@@ -285,6 +285,12 @@ def cmd_reproduce(args, console) -> int:
         ) from None
     if args.scale == "paper":
         return reproduce_paper(args, only, console)
+    given = [flag for flag, value in (("--data-dir", args.data_dir), ("--weights", args.weights),
+             ("--backbone", args.backbone), ("--dry-run", args.dry_run),
+             ("--executor", args.executor != "local")) if value]  # fmt: skip
+    if given:
+        raise EvalkitError(f"{', '.join(given)}: for --scale paper only; --scale {args.scale} runs "
+                           "on embedded data with the pretraining ladder")  # fmt: skip
     records = reproduce(args.scale, only=only, out=args.out, cache=args.cache_dir,
                         progress=not args.quiet and sys.stderr.isatty(), echo=console.print)  # fmt: skip
     show_effects(records, args, console)

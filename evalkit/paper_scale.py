@@ -28,6 +28,13 @@ class Accelerator:
     peak_tflops: float = 312.0
     utilisation: float = 0.4  # model FLOPs utilisation assumed for every run
 
+    def __post_init__(self):
+        if self.peak_tflops <= 0 or not 0 < self.utilisation <= 1:
+            raise EvalkitError(
+                f"expected --peak-tflops > 0 and 0 < --mfu ≤ 1, got {self.peak_tflops:g} and "
+                f"{self.utilisation:g}"
+            )
+
     def hours(self, flops: float) -> float:
         return flops / (self.peak_tflops * 1e12 * self.utilisation * 3600)
 

@@ -38,6 +38,8 @@ def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
     assert main(args) == 0  # everything reused: no new rows
     assert rows_file.read_text() == before
     assert main(["reproduce", "--scale", "huge"]) == 2
+    assert main(["reproduce", "--scale", "smoke", "--data-dir", "/data"]) == 2  # paper only
+    assert main(["reproduce", "--scale", "paper", "--dry-run", "--mfu", "1.5"]) == 2
     assert main(["reproduce", "--scale", "smoke", "--rows", "13"]) == 2
 
 
