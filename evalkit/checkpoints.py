@@ -35,15 +35,6 @@ def weights_id(path: str | Path) -> str:
     return "sha256:" + content_id(path)[:16]
 
 
-def backbone_weights_id(backbone: str, path: str | Path) -> str:
-    """The id a backbone's rows give the weights at ``path``: the built-in family reads
-    safetensors checkpoints (a file, a folder or a shard index) and ids them over every file;
-    the other families load one file and id its bytes."""
-    if backbone.split("/")[0] == "vit22b":
-        return SafetensorsSource(path).weights_id()
-    return weights_id(path)
-
-
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():

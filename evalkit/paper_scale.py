@@ -71,8 +71,7 @@ class PaperRun:
 
     def missing_weights(self, job: Reproduction, effects: list[EffectRow]) -> list[str]:
         """The paper models the rows use that have no ``--weights``."""
-        used = {m for e in effects for m in e.models
-                if any(x.on != "none" for x in e.measures.values())}  # fmt: skip
+        used = {m for e in effects if e.scaling for m in e.models}
         return sorted(m for m in used if m not in job.weights)
 
 

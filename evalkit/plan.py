@@ -105,8 +105,6 @@ def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
         p = plan(cfg, tp=tp, dtype=dtype)
         return Shape(spec, cfg.width, cfg.depth, cfg.patch, cfg.image, p.bytes_per_rank,
                      p.activation_bytes_per_image, p.flops_per_image)  # fmt: skip
-    if spec == "none":  # tasks that train their own models
-        return Shape("none", 0, 0, 1, 0, 0, 0)
     from evalkit.backbones import BackboneOptions, load_backbone
 
     return shape_of(load_backbone(spec, BackboneOptions(random_init=True)).info, dtype=dtype)

@@ -37,6 +37,12 @@ PAPER_BACKBONES = {"ViT-L/32": "timm/vit_large_patch32_384", "ViT-G": "vit22b/g"
                    "ViT-e": "vit22b/e", "ViT-22B": "vit22b"}  # fmt: skip
 # The paper's settings where they are known (docs/protocols.md); the others are the usual
 # published recipes for the protocol, named in the comments.
+_PAPER_TIMING = ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000", "timed_steps=20")
+# ADE20k fine-tuned at the paper's 504 px, UperNet, 40k iterations at batch 16, sliding windows
+_PAPER_ADE = ("finetune=true", "image_size=504", "head=upernet", "finetune_steps=40000",
+              "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg")  # fmt: skip
+# depth: the DPT/DINOv2 head schedule, 38,400 iterations at batch 16
+_PAPER_DEPTH = ("steps=38400", "batch_size=16", "image_size=448")
 PAPER_SETTINGS = {
     # ~8B diverged without QK-norm after a few thousand steps; ViT-e is the family's nearest size
     "qk-norm-stability": ("size=e", "image=224", "patch=14", "steps=5000", "batch_size=1024",
@@ -44,22 +50,16 @@ PAPER_SETTINGS = {
     "qk-norm-lr": ("sizes=s,b,l", "image=224", "patch=16", "steps=10000", "batch_size=1024",
                    "warmup=1000"),
     # ViT-G-sized variants: one GPU trains them without sharding
-    "bias-efficiency": ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000",
-                        "timed_steps=20"),
-    "parallel-efficiency": ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000",
-                            "timed_steps=20"),
+    "bias-efficiency": _PAPER_TIMING,
+    "parallel-efficiency": _PAPER_TIMING,
     "imagenet-linear": (),
     # LiT: 5,000 steps at batch 4,096 (the public lit_coco recipe), a ViT-B-sized text tower
     "lit-objectnet": ("steps=5000", "batch_size=4096", "width=768", "text_layers=12", "heads=12",
                       "warmup=500"),
-    # ADE20k fine-tuned at the paper's 504 px, UperNet, 40k iterations at batch 16, sliding windows
-    "ade20k-1/16": ("finetune=true", "image_size=504", "head=upernet", "finetune_steps=40000",
-                    "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg"),
-    "ade20k-1/1": ("finetune=true", "image_size=504", "head=upernet", "finetune_steps=40000",
-                   "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg"),
-    # depth: the DPT/DINOv2 head schedule, 38,400 iterations at batch 16
-    "waymo-depth-dpt": ("steps=38400", "batch_size=16", "image_size=448"),
-    "waymo-depth-linear": ("steps=38400", "batch_size=16", "image_size=448"),
+    "ade20k-1/16": _PAPER_ADE,
+    "ade20k-1/1": _PAPER_ADE,
+    "waymo-depth-dpt": _PAPER_DEPTH,
+    "waymo-depth-linear": _PAPER_DEPTH,
     # video: 16 frames at stride 4, 8 segments × 3 crops at test, ~20 epochs at batch 256
     "kinetics400": ("frames=16", "stride=4", "segments=8", "crops=3", "steps=20000",
                     "batch_size=256"),
@@ -92,29 +92,21 @@ class Scale:
         if self.paper:
             return PAPER_SETTINGS
         steps, dense = f"steps={self.ablation_steps}", f"image_size={self.image_size}"
+        # ti: at the test size a step is too short to time against this machine's jitter
+        timing = (f"size={self.timed}", "image=32", f"steps={self.quality_steps}", "rounds=9",
+                  "timed_steps=10")  # fmt: skip
+        ade = ("finetune=true", f"finetune_steps={self.finetune_steps}", dense)
+        depth = (f"steps={self.head_steps}", dense)
         return {
             "qk-norm-stability": (f"lrs={self.lrs}", steps),
             "qk-norm-lr": (steps, "sizes=test,ti"),
-            # ti: at the test size a step is too short to time against this machine's jitter
-            "bias-efficiency": (
-                f"size={self.timed}",
-                "image=32",
-                f"steps={self.quality_steps}",
-                "rounds=9",
-                "timed_steps=10",
-            ),
-            "parallel-efficiency": (
-                f"size={self.timed}",
-                "image=32",
-                f"steps={self.quality_steps}",
-                "rounds=9",
-                "timed_steps=10",
-            ),
+            "bias-efficiency": timing,
+            "parallel-efficiency": timing,
             "lit-objectnet": (f"steps={self.head_steps}",),
-            "ade20k-1/16": ("finetune=true", f"finetune_steps={self.finetune_steps}", dense),
-            "ade20k-1/1": ("finetune=true", f"finetune_steps={self.finetune_steps}", dense),
-            "waymo-depth-dpt": (f"steps={self.head_steps}", dense),
-            "waymo-depth-linear": (f"steps={self.head_steps}", dense),
+            "ade20k-1/16": ade,
+            "ade20k-1/1": ade,
+            "waymo-depth-dpt": depth,
+            "waymo-depth-linear": depth,
             "kinetics400": (f"steps={self.head_steps}",),
             "imagenet-c-ece": ("severities=1,3,5",),
             "distill-imagenet": (f"student={self.student}", f"steps={self.head_steps}"),
@@ -166,6 +158,11 @@ class EffectRow:
     paper_points: tuple = ()
     plotted: str = ""
     pictures: bool = False  # copy the runs' curves / diagrams beside the table
+
+    @property
+    def scaling(self) -> bool:
+        """Whether the row compares two backbones (else its tasks train their own models)."""
+        return any(m.on != "none" for m in self.measures.values())
 
     @property
     def models(self) -> tuple[str, str]:
@@ -320,6 +317,7 @@ class Reproduction:
     backbones: dict[str, str] = field(default_factory=lambda: dict(PAPER_BACKBONES))
     weights: dict[str, str] = field(default_factory=dict)
     plan: object = None  # scale paper: the sweep whose rows the table is written from
+    read: dict = field(default_factory=dict)  # its rows files, each read once
 
     @property
     def runs(self) -> Path:
@@ -367,7 +365,7 @@ class Reproduction:
         from evalkit.sweep import job_rows
 
         if self.plan is not None:  # the sweep ran it
-            rows = job_rows(self.plan, job)
+            rows = job_rows(self.plan, job, self.read)
         else:
             rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
                                weights=job.weights, overrides=job.overrides, data="embedded",
@@ -395,12 +393,9 @@ class Reproduction:
 
     def setup(self, effect: EffectRow) -> str:
         if self.scale.paper:
-            scaling = any(m.on != "none" for m in effect.measures.values())
-            return (
-                " → ".join(self.backbones[m] for m in effect.models)
-                if scaling
-                else "paper settings"
-            )
+            if not effect.scaling:
+                return "paper settings"
+            return " → ".join(self.backbones[m] for m in effect.models)
         if effect.setup:
             return effect.setup.format(timed=self.scale.timed)
         return f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}"
@@ -449,8 +444,7 @@ def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
     effects = selected(only)
     job = Reproduction(SCALES[scale], Path(out), cache, progress)
     start = time.perf_counter()
-    ladder_s = job.pretrain_ladder() if any(m.on != "none" for r in effects
-                                           for m in r.measures.values()) else 0.0  # fmt: skip
+    ladder_s = job.pretrain_ladder() if any(r.scaling for r in effects) else 0.0
     return tabulate(job, effects, ladder_s, start, echo)
 
 

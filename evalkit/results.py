@@ -178,9 +178,8 @@ class Tolerances:
 
     def __init__(self, default: float, patterns: dict[str, float | str] | None = None):
         self.default = default
-        self.patterns = dict(patterns or {})
-        for pattern, value in self.patterns.items():
-            self._parse(pattern, value)  # refuse a bad entry before comparing anything
+        # parsed up front, so a bad entry is refused before anything is compared
+        self.rules = [(p, *self._parse(p, v)) for p, v in (patterns or {}).items()]
 
     @classmethod
     def read(cls, path: Path, default: float) -> Tolerances:
@@ -192,9 +191,8 @@ class Tolerances:
             raise EvalkitError(f"tolerances {path} are not valid TOML: {exc}") from None
 
     def allowed(self, task: str, metric: str, base: float) -> float:
-        for pattern, value in self.patterns.items():
+        for pattern, amount, relative in self.rules:
             if fnmatch.fnmatchcase(f"{task}:{metric}", pattern):
-                amount, relative = self._parse(pattern, value)
                 return amount * abs(base) if relative else amount
         return self.default
 

@@ -165,8 +165,7 @@ def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
 def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     """The newest row of each metric of ``job`` (same task, settings, backbone, weights, seed)
     under the plan's output folder. ``read`` keeps each rows file read once."""
-    from evalkit.backbones import row_name
-    from evalkit.checkpoints import backbone_weights_id
+    from evalkit.backbones import row_name, row_weights_id
     from evalkit.results import load_rows, rows_file
     from evalkit.runner import hash_json, resolve_task
 
@@ -177,7 +176,7 @@ def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     read = {} if read is None else read
     if path not in read:
         read[path] = load_rows([path])
-    wanted = backbone_weights_id(job.backbone, job.weights) if job.weights else None
+    wanted = row_weights_id(job.backbone, job.weights) if job.weights else None
     config = hash_json(task.config())
     newest = {r["metric"]: r for r in read[path]
               if r["backbone"] == row_name(job.backbone) and r["seed"] == job.seed

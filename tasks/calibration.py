@@ -20,7 +20,7 @@ or corrupted data is unconfirmed): set beside fine-tuned runs only.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -91,16 +91,9 @@ class Calibration(LinearProbe):
         if self.finetune:
             stages[-1].forward_passes += corrupted
             return stages
-        extract = extraction_stage(inputs, corrupted)
         return [
             *stages,
-            Stage(
-                "extract corrupted sets",
-                "cached",
-                forward_passes=corrupted,
-                cache_bytes=extract.cache_bytes,
-                device_bytes=extract.device_bytes,
-            ),
+            replace(extraction_stage(inputs, corrupted), name="extract corrupted sets"),
         ]
 
     def run(self, backbone, ctx):

@@ -40,6 +40,17 @@ NEEDS_VARIANT = ("timm", "open_clip")
 DEFAULT_VARIANT = {"vit22b": "22b"}  # the variant a spec without one gets
 
 
+def row_weights_id(spec: str, path) -> str:
+    """The weights id a run's rows carry for ``spec`` loading ``path``: the built-in family
+    reads safetensors checkpoints (a file, a folder or a shard index) and ids them over every
+    file; the other families load one file and id its bytes."""
+    from evalkit import checkpoints
+
+    if spec.partition("/")[0] == "vit22b":
+        return checkpoints.SafetensorsSource(path).weights_id()
+    return checkpoints.weights_id(path)
+
+
 def row_name(spec: str) -> str:
     """The backbone name a run's rows carry for ``spec`` (``vit22b`` → ``vit22b/22b``)."""
     family, _, variant = spec.partition("/")
