@@ -248,7 +248,7 @@ def test_model_args_reach_the_ablation_switches(cli_env):
     block = backbone.model.blocks[0]
     assert not block.parallel and isinstance(block.attn.q_norm, torch.nn.Identity)
     assert backbone.info.depth == 2 and backbone.info.pools == ("mean",)
-    with pytest.raises(EvalkitError, match="no model option 'qk_nrom'.*qk_norm"):
+    with pytest.raises(EvalkitError, match="no --model-arg .qk_nrom.*qk_norm"):
         load_backbone("vit22b/test", BackboneOptions(model_kwargs={"qk_nrom": False}))
     args = ["run", "--task", "imagenet-linear", "--backbone", "vit22b/test", "--data", "embedded"]
     assert main([*args, "--model-arg", "pool=nope"]) == 2

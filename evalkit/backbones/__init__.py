@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from evalkit.backbones.options import BackboneOptions
+from evalkit.backbones.options import BackboneOptions, check_model_options, declared_options
 from evalkit.errors import EvalkitError
 from evalkit.registry import Registry
 
@@ -73,6 +73,7 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
             f"--tp shards the built-in vit22b family only; {spec} runs data-parallel (drop --tp)"
         )
     opts = opts or BackboneOptions()
+    check_model_options(family, declared_options(build), opts.model_kwargs)
     backbone = build(variant, opts)
     # The options reach every key through the info, whatever the adapter does with them.
     backbone.info = replace(backbone.info, options=dict(sorted(opts.model_kwargs.items())))

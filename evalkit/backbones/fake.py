@@ -49,6 +49,9 @@ class FakeNet(torch.nn.Module):
         return outs
 
 
+MODEL_OPTIONS = frozenset({"delay", "img_size", "dim", "depth", "patch"})
+
+
 class FakeBackbone:
     def __init__(self, opts: BackboneOptions):
         kwargs = dict(opts.model_kwargs)

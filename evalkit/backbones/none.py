@@ -8,6 +8,8 @@ from evalkit.backbones.base import BackboneInfo
 from evalkit.backbones.options import BackboneOptions
 from evalkit.errors import EvalkitError
 
+MODEL_OPTIONS = frozenset()  # no model to build
+
 
 class NoBackbone:
     info = BackboneInfo(name="none", weights_id="none", embed_dim=0, patch_size=0, depth=0,

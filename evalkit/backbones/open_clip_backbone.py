@@ -79,6 +79,19 @@ class OpenClipBackbone:
         return Features(pooled=pooled, grids=grids if dense else None)
 
 
+# open_clip's shape switches; its loader options (pretrained*, load_weights, cache_dir,
+# weights_only…) and device/precision/jit (set by evalkit) are refused.
+MODEL_OPTIONS = frozenset(
+    {
+        "force_image_size",
+        "force_patch_dropout",
+        "force_quick_gelu",
+        "force_custom_text",
+        "force_context_length",
+    }
+)
+
+
 def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
     try:
         import open_clip

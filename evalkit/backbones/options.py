@@ -1,9 +1,26 @@
-"""How a backbone is built: the options every adapter accepts."""
+"""How a backbone is built: the options every adapter accepts, and the constructor options
+(``--model-arg``) each family declares.
+
+Constructor options may shape the architecture (image size, depth, pooling, drop rates) and
+nothing else. Weights come in through ``--weights PATH`` only, read as safetensors or with
+``torch.load(weights_only=True)`` and named in every row by their content id: an option that
+makes a constructor read a file, a URL, a hub id or a cache folder (open_clip's
+``pretrained_image_path``, timm's ``checkpoint_path``…) could unpickle arbitrary code and would
+change the weights behind the cache key's back, so it is refused by name.
+"""
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+# Names that load, locate or fetch weights, whatever the library: pretrained*, *checkpoint*,
+# *weights*, *_path, cache_dir, hub ids, URLs, files, load switches.
+LOADER_OPTION = re.compile(
+    r"pretrained|checkpoint|weights|filename|(^|_)(path|file|dir|url|uri)$|(^|_)(hub|cache|load)(_|$)"
+)
 
 
 @dataclass(frozen=True)
@@ -41,3 +58,30 @@ def _literal(raw: str):
         except ValueError:
             pass
     return raw
+
+
+def declared_options(build) -> frozenset[str]:
+    """The constructor options a family's ``build`` accepts: its ``model_options`` attribute,
+    or its module's ``MODEL_OPTIONS``; a family that declares none accepts none."""
+    declared = getattr(build, "model_options", None)
+    if declared is None:
+        declared = getattr(sys.modules.get(build.__module__), "MODEL_OPTIONS", ())
+    return frozenset(declared)
+
+
+def check_model_options(family: str, declared: frozenset[str], kwargs: dict[str, Any]) -> None:
+    """Refuse, in one line, any option that loads weights or that ``family`` does not declare."""
+    from evalkit.errors import EvalkitError, did_you_mean
+
+    for key in kwargs:
+        if LOADER_OPTION.search(key.lower()):
+            raise EvalkitError(
+                f"--model-arg {key} would make the {family} constructor load weights, which "
+                "evalkit never lets a constructor do (it could unpickle code, and the rows would "
+                "not know the weights): pass the checkpoint file with --weights PATH"
+            )
+        if key not in declared:
+            hint = did_you_mean(key, sorted(declared))
+            if not hint.startswith("did you mean"):
+                hint = "they take " + (", ".join(sorted(declared)) or "none")
+            raise EvalkitError(f"{family} backbones take no --model-arg {key!r}: {hint}")

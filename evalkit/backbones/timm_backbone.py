@@ -24,6 +24,19 @@ from evalkit.backbones.options import BackboneOptions
 from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
+# Architecture and shape options of timm's ViT, ConvNeXt and ResNet constructors; everything
+# that names weights (checkpoint_path, pretrained_cfg_overlay, cache_dir…) is refused.
+MODEL_OPTIONS = frozenset(
+    {
+        "img_size", "patch_size", "global_pool", "class_token", "reg_tokens", "no_embed_class",
+        "dynamic_img_size", "dynamic_img_pad", "pos_embed", "embed_dim", "depth", "num_heads",
+        "mlp_ratio", "qkv_bias", "qk_norm", "proj_bias", "init_values", "pre_norm", "final_norm",
+        "fc_norm", "pool_include_prefix", "drop_rate", "pos_drop_rate", "patch_drop_rate",
+        "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "drop_block_rate", "output_stride",
+        "act_layer", "norm_layer", "ls_init_value", "head_hidden_size",
+    }
+)  # fmt: skip
+
 
 class TimmBackbone:
     def __init__(self, model: torch.nn.Module, info: BackboneInfo):

@@ -31,6 +31,8 @@ from evalkit.models import vit22b as vit
 
 PAPER_SIZES = ("22b", "e", "g")
 SMALL_SIZES = "vit22b/l, vit22b/b, vit22b/s, vit22b/ti, vit22b/test"
+# The model config's own fields: sizes and the ablation switches (qk_norm, parallel, pool…).
+MODEL_OPTIONS = frozenset(vit.ViTConfig.__dataclass_fields__)
 POOLS_BY_HEAD = {"map": ("map", "mean"), "cls": ("cls", "mean"), "gap": ("mean",)}
 
 
