@@ -176,6 +176,14 @@ def add_results_commands(sub) -> None:
         "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
     )
     compare.add_argument(
+        "--junit", type=Path, metavar="FILE",
+        help="also write a JUnit XML report: one test case per metric",
+    )  # fmt: skip
+    compare.add_argument(
+        "--format", choices=("table", "github"), default="table",
+        help="github: print GitHub Actions ::error annotations after the table",
+    )  # fmt: skip
+    compare.add_argument(
         "--update-baselines",
         action="store_true",
         help="replace BASE (a folder of rows) with NEW's rows after showing the comparison",
@@ -830,7 +838,14 @@ def markdown(frame, index_name: str) -> str:
 def cmd_compare(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.results import FAILING, Tolerances, compare, load_rows
+    from evalkit.results import (
+        FAILING,
+        Tolerances,
+        compare,
+        github_annotations,
+        junit_xml,
+        load_rows,
+    )
 
     for path in (args.base, args.new):
         if not path.exists():
@@ -859,18 +874,30 @@ def cmd_compare(args, console) -> int:
             f"[{colours.get(status, 'white')}]{status}[/]",
         )
     console.print(table)
+    if args.junit:
+        write_report(args.junit, junit_xml(records))
+    if args.format == "github":
+        print(github_annotations(records), end="")
     if args.update_baselines:
         update_baselines(args.base, args.new)
         console.print(f"baselines in {args.base} replaced by the rows of {args.new}")
         return 0
     bad = [r for r in records if r["status"] in FAILING]
     console.print(
-        f"{len(bad)} change(s) beyond tolerance {args.tolerance} (up or down"
+        f"{len(bad)} change(s) beyond their tolerances (up or down"
         f"{'; gains tolerated' if args.one_sided else ''})"
         if bad
         else "no changes beyond tolerance"
     )
     return 1 if bad and args.fail_on_regression else 0
+
+
+def write_report(path: Path, text: str):
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise EvalkitError(f"cannot write the report {path}: {exc.strerror}") from None
 
 
 def update_baselines(base: Path, new: Path):

@@ -233,6 +233,7 @@ def compare(
             "base": b["mean"] if b else None,
             "new": n["mean"] if n else None,
             "delta": None,
+            "allowed": None,
         }
         if b is None:
             rec["status"] = "new"
@@ -242,10 +243,56 @@ def compare(
             rec["delta"] = n["mean"] - b["mean"]
             gain = rec["delta"] if b["higher_is_better"] else -rec["delta"]
             up = "improved" if one_sided else "changed-up"
-            allowed = tolerance.allowed(key[0], key[2], b["mean"])
+            allowed = rec["allowed"] = tolerance.allowed(key[0], key[2], b["mean"])
             rec["status"] = "regression" if gain < -allowed else (up if gain > allowed else "ok")
         out.append(rec)
     return out
 
 
 FAILING = ("regression", "changed-up", "missing")  # statuses that fail the gate
+
+
+def describe(rec: dict[str, Any]) -> str:
+    """One line for a compared metric: what it was, what it is, what was allowed."""
+    if rec["status"] == "missing":
+        return f"{rec['status']}: baseline {rec['base']:.4g}, no new row"
+    if rec["status"] == "new":
+        return f"new: {rec['new']:.4g}, no baseline"
+    return (f"{rec['status']}: baseline {rec['base']:.4g}, new {rec['new']:.4g}, "
+            f"delta {rec['delta']:+.4g}, tolerance ±{rec['allowed']:.4g}")  # fmt: skip
+
+
+def junit_xml(records: list[dict[str, Any]]) -> str:
+    """A JUnit report: one test case per compared metric (suite = task), a failure for each
+    status that fails the gate, with baseline, value and tolerance in its message."""
+    from xml.etree import ElementTree as ET
+
+    suites = ET.Element("testsuites", name="evalkit compare")
+    by_task: dict[str, ET.Element] = {}
+    for rec in records:
+        suite = by_task.get(rec["task"])
+        if suite is None:
+            suite = by_task[rec["task"]] = ET.SubElement(suites, "testsuite", name=rec["task"])
+        case = ET.SubElement(suite, "testcase", classname=rec["task"],
+                             name=f"{rec['backbone']} {rec['metric']}")  # fmt: skip
+        if rec["status"] in FAILING:
+            ET.SubElement(case, "failure", message=describe(rec), type=rec["status"])
+    for suite in suites:
+        suite.set("tests", str(len(suite)))
+        suite.set("failures", str(sum(1 for case in suite if len(case))))
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def github_annotations(records: list[dict[str, Any]]) -> str:
+    """GitHub Actions workflow commands: an ``::error`` per failing metric."""
+    lines = []
+    for rec in records:
+        if rec["status"] in FAILING:
+            title = f"{rec['task']} {rec['backbone']} {rec['metric']}"
+            lines.append(f"::error title={_escape(title, True)}::{_escape(describe(rec), False)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _escape(text: str, property_value: bool) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if property_value else text

@@ -5,9 +5,10 @@ Protocol: features of the train and eval splits are extracted once (cached) with
 backbone's own eval preprocessing and standardised with train statistics. A multinomial
 logistic regression is fitted by full-batch L-BFGS for every L2 strength in ``l2_grid``
 (strongest first, warm-started); the strength is chosen by top-1 on a seeded, stratified
-``holdout`` fraction of train (path fits of at most ``max_iter`` iterations: they only rank the
-strengths), then refitted on all of train until the gradient meets the tolerance (at most
-``refit_max_iter``) and scored on the eval split (top-1, top-5). Every fit's iterations and
+``holdout`` fraction of train — the strongest L2 within one hold-out image of the best — then
+refitted on all of train and scored on the eval split (top-1, top-5). Every fit, the path's
+too, runs in float64 until its gradient meets the tolerance, so the same features give the same
+choice and numbers on any thread count, rank count or device (evalkit.heads.linear). Every fit's iterations and
 whether it converged are in the row (``path_fit_by_l2``, ``refit``). Pooling (``cls``, ``mean``, ``map`` where the backbone has it; ``auto`` = the
 backbone's own) and layers (e.g. ``layers=-1,-2,-3,-4`` concatenates the last four) are settings,
 and so is the resize: the backbone's (``shorter`` side, then a centre crop) or big_vision's
@@ -33,7 +34,7 @@ from evalkit.data import open_dataset
 from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
-from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
+from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
 from evalkit.metrics import topk_hits
 from evalkit.progress import ProgressBar
 from evalkit.task import (
@@ -142,11 +143,11 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
     finetune_resolution: int = setting(0, NON_NEGATIVE)  # 0: the backbone's own size
     l2_grid: tuple[float, ...] = setting(DEFAULT_L2, POSITIVES)
     holdout: float = setting(0.2, FRACTION)
-    max_iter: int = setting(100, POSITIVE)  # per L2 value on the path (it only ranks them)
-    refit_max_iter: int = setting(1000, POSITIVE)  # the chosen L2 is refitted to convergence
+    max_iter: int = setting(1000, POSITIVE)  # per L2 value on the path, each run to convergence
+    refit_max_iter: int = setting(1000, POSITIVE)  # the chosen L2 refitted on all of train
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training features are streamed
 
-    version = 2  # 2: the refit runs to convergence; fits on record
+    version = 3  # 3: float64 fits to a pinned optimum, path too; ties within one hold-out image
 
     @property
     def reference(self) -> dict:
@@ -206,12 +207,13 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
-        logits = 3 * n_train * inputs.classes * 4  # logits, probabilities, their gradient
+        # One float64 block: its features, logits, probabilities and their gradient
+        logits = min(n_train, BLOCK) * (dim + 3 * inputs.classes) * 8
         if resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
             probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
                           + logits, device_bytes=train_bytes + eval_bytes + logits)  # fmt: skip
         else:
-            shard = inputs.shard_size * (2 * dim + 3 * inputs.classes) * 4
+            shard = inputs.shard_size * dim * 4 + logits
             probe = Stage("linear probe", "streamed", host_bytes=2 * shard + n_train * 8,
                           device_bytes=2 * shard)  # fmt: skip
         return [self.extraction_stage(inputs), probe]
@@ -225,11 +227,17 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
             max_iter=self.max_iter,
         )
         held = data.train_rows(held_idx)
-        scores = {l2: percent(hits(m, held, 1)) for l2, m in path}
-        # Ties go to the stronger regulariser: the path is fitted strongest first.
-        best_l2, best_model = max(path, key=lambda item: scores[item[0]])
+        held_hits = {l2: hits(m, held, 1) for l2, m in path}
+        best_l2, best_model = choose_l2(path, {l2: int(h.sum()) for l2, h in held_hits.items()})
         fits = {f"{l2:g}": m.fit.as_dict() for l2, m in path}
-        return best_l2, best_model, {f"{k:g}": v for k, v in scores.items()}, fits
+        return best_l2, best_model, {f"{k:g}": percent(v) for k, v in held_hits.items()}, fits
+
+
+def choose_l2(path, held_hits: dict[float, int]):
+    """The strongest L2 whose hold-out hits are within one image of the best: a tie, or a
+    single borderline image, never decides between strengths (``path`` is strongest first)."""
+    best = max(held_hits.values())
+    return next((l2, model) for l2, model in path if held_hits[l2] >= best - 1)
 
 
 def finetuned_classification(task: LinearProbe, backbone, ctx):
@@ -332,9 +340,10 @@ def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> to
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:
-    """The resident probe's float32 features and its full-batch logits, probabilities and
-    their gradient."""
-    return rows * dim * 4 + 3 * rows * classes * 4
+    """The resident probe's float32 features and one float64 block's features, logits,
+    probabilities and their gradient."""
+    block = min(rows, BLOCK)
+    return rows * dim * 4 + block * (dim + 3 * classes) * 8
 
 
 def percent(row_hits: torch.Tensor) -> float:

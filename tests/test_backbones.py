@@ -105,3 +105,11 @@ def test_open_clip_image_and_text_towers():
     text = bb.text.encode(bb.text.tokenize(["a photo of a cat", "a dog"]))
     assert embed.shape == text.shape == (2, 512)
     torch.testing.assert_close(text.norm(dim=-1), torch.ones(2))
+
+
+def test_the_fake_backbone_keeps_a_frame_aspect():
+    """Waymo frames are 3:2: grids follow the image's height and width."""
+    from evalkit import load_backbone
+
+    grids = load_backbone("fake").extract(torch.zeros(2, 3, 32, 48), dense=True).grids
+    assert grids[0].shape[-2:] == (4, 6)

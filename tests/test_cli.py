@@ -211,3 +211,30 @@ def test_predictions_are_saved_and_errors_reads_them(cli_env, capsys):
     out = capsys.readouterr().out
     assert "most confused classes" in out and "most confident mistakes" in out
     assert main(["errors", "results/runs", "--task", "imagenet-5shot"]) == 2
+
+
+def test_compare_writes_junit_and_github_annotations(tmp_path, capsys):
+    from xml.etree import ElementTree as ET
+
+    row = {"task": "imagenet-linear", "backbone": "fake", "higher_is_better": True, "n": 10,
+           "seeds": [0], "weights_id": "w"}  # fmt: skip
+    base, new = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    base.write_text("".join(json.dumps({**row, "metric": m, "value": 50.0}) + "\n"
+                            for m in ("top1", "top5")))  # fmt: skip
+    new.write_text("".join(json.dumps({**row, "metric": m, "value": v}) + "\n"
+                           for m, v in (("top1", 48.0), ("top5", 50.2))))  # fmt: skip
+    report = tmp_path / "out" / "gate.xml"
+    args = ["compare", str(base), str(new), "--tolerance", "0.5", "--junit", str(report)]
+    assert main([*args, "--format", "github"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("::error ") == 1
+    assert ("::error title=imagenet-linear fake top1::regression: baseline 50, new 48, "
+            "delta -2, tolerance ±0.5") in out  # fmt: skip
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite.get("name") == "imagenet-linear"
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert set(cases) == {"fake top1", "fake top5"}
+    failure = cases["fake top1"].find("failure")
+    assert failure.get("type") == "regression" and "tolerance ±0.5" in failure.get("message")
+    assert cases["fake top5"].find("failure") is None

@@ -7,7 +7,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evalkit.heads.linear import (
-    BIAS_CONSTANT,
     Standardizer,
     _loss_and_grad,
     fit_logistic,
@@ -15,6 +14,8 @@ from evalkit.heads.linear import (
     ridge_fewshot_accuracy,
 )
 from evalkit.metrics import topk_accuracy
+
+BIG_VISION_BIAS = 100.0  # big_vision's few-shot probe appends this constant feature
 
 
 def test_topk_accuracy_hand_computed():
@@ -86,7 +87,7 @@ def test_ridge_fewshot_matches_numpy_closed_form():
     mean, std = x.double().mean(0).numpy(), x.double().std(0, unbiased=False).numpy() + 1e-5
 
     def design(a):
-        return np.hstack([(a.double().numpy() - mean) / std, np.full((len(a), 1), BIAS_CONSTANT)])
+        return np.hstack([(a.double().numpy() - mean) / std, np.full((len(a), 1), BIG_VISION_BIAS)])
 
     targets = 2 * np.eye(4)[y.numpy()] - 1
     a = design(x)
@@ -101,10 +102,10 @@ def test_ridge_dual_branch_equals_primal():
     xt, yt = _blobs(n=100, d=30, c=3, seed=4)
     dual = ridge_fewshot_accuracy(x, y, xt, yt, num_classes=3, l2=5.0)
     mean, std = x.double().mean(0), x.double().std(0, unbiased=False) + 1e-5
-    a = torch.nn.functional.pad((x.double() - mean) / std, (0, 1), value=BIAS_CONSTANT)
+    a = torch.nn.functional.pad((x.double() - mean) / std, (0, 1), value=BIG_VISION_BIAS)
     t = 2.0 * torch.nn.functional.one_hot(y, 3).double() - 1
     w = torch.linalg.solve(a.T @ a + 5.0 * torch.eye(a.shape[1], dtype=a.dtype), a.T @ t)
-    at = torch.nn.functional.pad((xt.double() - mean) / std, (0, 1), value=BIAS_CONSTANT)
+    at = torch.nn.functional.pad((xt.double() - mean) / std, (0, 1), value=BIG_VISION_BIAS)
     assert dual == pytest.approx(((at @ w).argmax(1) == yt).double().mean().item())
 
 
@@ -190,3 +191,24 @@ def test_ece_is_zero_for_a_perfectly_calibrated_sample(repeats):
             labels += [0] * right + [1] * (10 - right)
     probs = torch.tensor(rows, dtype=torch.float64)
     assert expected_calibration_error(probs, torch.tensor(labels)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_choose_l2_takes_the_strongest_within_one_hold_out_image():
+    from evalkit.tasks.linear_probe import choose_l2
+
+    path = [(1.0, "a"), (0.1, "b"), (0.01, "c")]  # strongest first, as the path is fitted
+    assert choose_l2(path, {1.0: 10, 0.1: 12, 0.01: 11}) == (0.1, "b")  # two images behind
+    assert choose_l2(path, {1.0: 11, 0.1: 12, 0.01: 12}) == (1.0, "a")  # one image behind
+    assert choose_l2(path, {1.0: 5, 0.1: 5, 0.01: 5}) == (1.0, "a")
+    assert choose_l2(path, {1.0: 3, 0.1: 5, 0.01: 6}) == (0.1, "b")
+
+
+def test_every_probe_fit_is_pinned_to_its_optimum():
+    """Float64 fits run to the gradient tolerance, the path's too, and say so."""
+    from evalkit.heads.linear import TOL, logistic_path
+
+    x, y = _blobs(n=300, d=20, c=4, seed=2)
+    path = logistic_path(Standardizer.fit(x)(x), y, num_classes=4, l2_values=(1e-1, 1e-3, 1e-5))
+    for _, model in path:
+        assert model.weight.dtype == torch.float64
+        assert model.fit.converged and model.fit.grad_max <= TOL

@@ -85,11 +85,11 @@ class FakeBackbone:
         if self.delay:
             time.sleep(self.delay)
         outs = self.model.forward_layers(images)
-        side = images.shape[-1] // self.model.patch
+        h, w = (s // self.model.patch for s in images.shape[-2:])  # Waymo frames are 3:2
         pooled, grids = [], []
         for index in absolute_layers(tuple(layers), self.info.depth):
             tokens = outs[index]
-            grid = tokens.transpose(1, 2).reshape(tokens.shape[0], -1, side, side)
+            grid = tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
             # The "class token" is a max-pool: a prefix token distinct from the mean.
             prefix = tokens.amax(dim=1, keepdim=True)
             pooled.append(pool_tokens(prefix, grid, pool))

@@ -1,0 +1,169 @@
+"""A mutation pass over the metric and protocol code: each named fault below is a one-line change
+a careless edit could make; it is applied to the source, the tests that guard that code run, and
+the fault is "killed" when they fail. The kill rate says how much of the protocol the suite
+really checks; a surviving fault names the test that is missing.
+
+Run: ``python -m benchmarks.mutations [--only NAME,NAME]`` (about 15 minutes on a 2-core CPU).
+The source is restored after every fault, also on Ctrl-C; do not edit the tree meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.common import report
+
+ROOT = Path(__file__).parents[1]
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+METRICS = ("tests/test_metrics.py",)
+CALIBRATION = ("tests/test_metrics.py", "tests/test_calibration.py")
+FAULTS = (
+    Fault("ece bins closed on the left", "evalkit/metrics.py",
+          "index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)",
+          "index = torch.floor(confidence * bins).long().clamp(0, bins - 1)", CALIBRATION),
+    Fault("ece bins unweighted", "evalkit/metrics.py",
+          "return sum(n / total * abs(a - c) for n, a, c in",
+          "return sum(abs(a - c) / len(self.counts) for n, a, c in", CALIBRATION),
+    Fault("pooled reliability averages sets", "evalkit/metrics.py",
+          "total = sum(p.counts[b] * getattr(p, field)[b] for p in parts if p.counts[b])",
+          "total = counts[b] * sum(getattr(p, field)[b] for p in parts if p.counts[b]) / "
+          "sum(1 for p in parts if p.counts[b])", CALIBRATION),
+    Fault("brier averaged over classes", "evalkit/metrics.py",
+          "return (probs.double() - onehot).pow(2).sum(dim=1).mean().item()",
+          "return (probs.double() - onehot).pow(2).mean().item()", CALIBRATION),
+    Fault("temperature multiplies", "evalkit/metrics.py",
+          "loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), labels)",
+          "loss = torch.nn.functional.cross_entropy(logits * log_t.exp(), labels)", CALIBRATION),
+    Fault("miou over ground-truth classes only", "evalkit/metrics.py",
+          "present = union > 0", "present = confusion.sum(1) > 0", METRICS),
+    Fault("miou union is the ground truth", "evalkit/metrics.py",
+          "union = confusion.sum(0) + confusion.sum(1) - intersection",
+          "union = confusion.sum(1).astype(np.float64)", METRICS),
+    Fault("confusion rows are predictions", "evalkit/metrics.py",
+          "index = target[keep].astype(np.int64) * num_classes + pred[keep].astype(np.int64)",
+          "index = pred[keep].astype(np.int64) * num_classes + target[keep].astype(np.int64)",
+          METRICS),
+    Fault("top-k is top-1", "evalkit/metrics.py",
+          "return (logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1)",
+          "return (logits.topk(k, dim=1).indices[:, :1] == labels[:, None]).any(dim=1)", METRICS),
+    Fault("depth delta one-sided", "evalkit/metrics.py",
+          '"delta1": float((ratio < 1.25).mean()),', '"delta1": float((d / p < 1.25).mean()),',
+          METRICS),
+    Fault("depth abs_rel over the prediction", "evalkit/metrics.py",
+          '"abs_rel": float((np.abs(d - p) / d).mean()),',
+          '"abs_rel": float((np.abs(d - p) / p).mean()),', METRICS),
+    Fault("depth rmse is mean absolute error", "evalkit/metrics.py",
+          '"rmse": float(np.sqrt(squared.mean())),', '"rmse": float(np.sqrt(squared).mean()),',
+          METRICS),
+    Fault("garg crop starts at half height", "evalkit/metrics.py",
+          "mask[int(0.40810811 * height)", "mask[int(0.5 * height)", ("tests/test_dense.py",)),
+    Fault("knn votes exp(sim·T)", "evalkit/heads/knn.py",
+          "weights = (sims / temperature).exp() if", "weights = (sims * temperature).exp() if",
+          ("tests/test_knn.py",)),
+    Fault("knn votes uniform", "evalkit/heads/knn.py",
+          "return scores.scatter_add_(1, labs, weights)",
+          "return scores.scatter_add_(1, labs, torch.ones_like(weights))", ("tests/test_knn.py",)),
+    Fault("knn train rows not normalised", "evalkit/heads/knn.py",
+          "features = F.normalize(features.float().to(queries.device), dim=1)",
+          "features = features.float().to(queries.device)", ("tests/test_knn.py",)),
+    Fault("zero-shot class embedding not re-normalised", "evalkit/zeroshot.py",
+          "out.append(torch.nn.functional.normalize(mean, dim=-1, eps=1e-8))",
+          "out.append(mean)", ("tests/test_zeroshot.py",)),
+    Fault("zero-shot prompts not normalised before the mean", "evalkit/zeroshot.py",
+          "mean = torch.nn.functional.normalize(torch.cat(parts).float(), dim=-1).mean(0)",
+          "mean = torch.cat(parts).float().mean(0)", ("tests/test_zeroshot.py",)),
+    Fault("lit loss one direction", "evalkit/heads/text.py",
+          "return 0.5 * (ce(logits, target) + ce(logits.T, target))",
+          "return ce(logits, target)", ("tests/test_zeroshot.py",)),
+    Fault("lit temperature not exponentiated", "evalkit/heads/text.py",
+          "logits = images @ texts.T * log_temperature.exp()",
+          "logits = images @ texts.T * log_temperature", ("tests/test_zeroshot.py",)),
+    Fault("probe not scaled", "evalkit/heads/linear.py",
+          "return (x - self.mean) / self.std", "return x - self.mean", METRICS),
+    Fault("probe std without the mean", "evalkit/heads/linear.py",
+          "std = (squares / count - mean.pow(2)).clamp_min(0).sqrt()",
+          "std = (squares / count).sqrt()", METRICS),
+    Fault("probe l2 gradient halved", "evalkit/heads/linear.py",
+          "model.weight.grad = grad_w + l2 * model.weight",
+          "model.weight.grad = grad_w + 0.5 * l2 * model.weight", METRICS),
+    Fault("probe tie rule exact", "tasks/linear_probe.py",
+          "if held_hits[l2] >= best - 1)", "if held_hits[l2] >= best)", ("tests/test_tasks.py",)),
+    Fault("few-shot bias feature 1", "evalkit/heads/linear.py",
+          "return torch.nn.functional.pad(x, (0, 1), value=BIAS_CONSTANT)",
+          "return torch.nn.functional.pad(x, (0, 1), value=1.0)", METRICS),
+    Fault("few-shot bias constant", "evalkit/heads/linear.py",
+          "BIAS_CONSTANT = 100.0", "BIAS_CONSTANT = 1.0", METRICS),
+    Fault("few-shot targets {0, 1}", "evalkit/heads/linear.py",
+          "targets = 2.0 * torch.nn.functional.one_hot(y_train, num_classes).double() - 1.0",
+          "targets = torch.nn.functional.one_hot(y_train, num_classes).double()", METRICS),
+    Fault("video segment frames at the start", "evalkit/data/video.py",
+          "offset = (segment + 0.5) / sampling.segments", "offset = segment / sampling.segments",
+          ("tests/test_video.py",)),
+    Fault("video stride ignored", "evalkit/data/video.py",
+          "return [start + i * sampling.stride for i in range(t)], False",
+          "return [start + i for i in range(t)], False", ("tests/test_video.py",)),
+    Fault("corruption severities reversed", "evalkit/data/corruptions.py",
+          "y = fn(x, levels[severity - 1], generator)", "y = fn(x, levels[-severity], generator)",
+          ("tests/test_corruptions.py",)),
+    Fault("cache key without the dtype", "evalkit/features.py",
+          '        "dtype": dtype,\n        "libraries"', '        "libraries"',
+          ("tests/test_keys.py",)),
+    Fault("converter dense kernels not transposed", "evalkit/models/convert.py",
+          '"dense": (lambda a, c: a.T, lambda t, c: t.T),',
+          '"dense": (lambda a, c: a, lambda t, c: t),', ("tests/test_convert.py",)),
+    Fault("preprocessing without normalisation", "evalkit/backbones/base.py",
+          "T.ToTensor(), T.Normalize(pre.mean, pre.std)])", "T.ToTensor()])",
+          ("tests/test_backbones.py",)),
+)  # fmt: skip
+
+
+def run_fault(fault: Fault) -> tuple[bool, float]:
+    """(killed, seconds): the fault applied, its tests run, the source restored."""
+    path = ROOT / fault.path
+    original = path.read_text()
+    if original.count(fault.old) != 1:
+        raise SystemExit(f"{fault.name}: the snippet is not in {fault.path} exactly once")
+    start = time.perf_counter()
+    try:
+        path.write_text(original.replace(fault.old, fault.new))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                               *fault.tests], cwd=ROOT, env=env, capture_output=True, timeout=1800)  # fmt: skip
+    finally:
+        path.write_text(original)
+    return proc.returncode != 0, time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated fault names")
+    args = parser.parse_args()
+    chosen = [f for f in FAULTS if not args.only or f.name in args.only.split(",")]
+    results = {}
+    for fault in chosen:
+        killed, seconds = run_fault(fault)
+        results[fault.name] = "killed" if killed else "SURVIVED"
+        print(f"{'killed  ' if killed else 'SURVIVED'} {fault.name} ({seconds:.0f} s)", flush=True)
+    kills = sum(v == "killed" for v in results.values())
+    print(f"kill rate: {kills}/{len(results)} = {kills / len(results):.0%}")
+    report("mutations", {"kill_rate": round(kills / len(results), 3), "faults": results})
+
+
+if __name__ == "__main__":
+    main()
