@@ -599,6 +599,11 @@ def add_cache_command(sub) -> None:
     plan.add_argument("--cache-dtype", choices=("fp32", "bf16", "fp16"))
     plan.add_argument("--batch-size", type=int, default=64)
     plan.add_argument("--tp", type=int, default=1)
+    plan.add_argument(
+        "--target", default="this",
+        help="where the run goes: this (this machine), 1xA100-80GB, 8xA100-80GB, 8xH100-80GB, "
+        "1xH200, or gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]; memory is checked per rank and host",
+    )  # fmt: skip
 
     cache = sub.add_parser("cache", help="inspect or clear the feature cache")
     cache.add_argument("action", choices=("ls", "clear"))
@@ -959,13 +964,16 @@ def cmd_plan(args, console) -> int:
     from evalkit.data import DataConfig
     from evalkit.identity import cache_root
     from evalkit.parallel.planner import human as flops
-    from evalkit.plan import human, plan_run, stage_flops
+    from evalkit.plan import human, parse_target, plan_run, stage_flops
     from evalkit.runner import resolve_task
 
     task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     options = {k: getattr(args, k) for k in ("device", "dtype", "cache_dtype", "batch_size", "tp")}
-    stages, budget, sizes, shape = plan_run(task, args.backbone, config, options)
+    target = None if args.target == "this" else parse_target(args.target)
+    stages, budget, sizes, shape = plan_run(
+        task, args.backbone, config, options | {"target": target}
+    )
     table = Table("stage", "mode", "forward passes", "FLOPs", "cache disk", "host RAM",
                   "device / rank", title=f"{task.name} on {args.backbone}")  # fmt: skip
     for s in stages:
@@ -976,11 +984,13 @@ def cmd_plan(args, console) -> int:
     console.print(f"compute: {flops(total, 'FLOP')} in all", highlight=False)
     console.print(f"splits: {sizes}", highlight=False, soft_wrap=True)
     device = human(budget.device) if budget.device is not None else "no accelerator"
-    console.print(f"this machine: RAM {human(budget.host)}, device {device}, "
+    console.print(f"{budget.name}: RAM {human(budget.host)} per host, device {device}, "
                   f"cache disk free {human(budget.disk)}", highlight=False)  # fmt: skip
+    console.print(f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} "
+                  "per host", highlight=False)  # fmt: skip
     for problem in budget.problems:
         console.print(f"[bold red]does not fit:[/] {problem}", highlight=False, soft_wrap=True)
-    console.print("fits this machine" if not budget.problems else "does not fit this machine")
+    console.print(f"{'does not fit' if budget.problems else 'fits'} {budget.name}")
     return 0
 
 

@@ -136,8 +136,10 @@ def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS,
     confidence, predicted = probs.double().max(dim=1)
     correct = (predicted == labels).double()
     if scheme == "width":
-        index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
         edges = [(b + 1) / bins for b in range(bins)]
+        # Against the edges themselves: ceil(0.6 · 5) is 4 in floating point, not 3.
+        index = torch.searchsorted(torch.tensor(edges, dtype=torch.float64), confidence)
+        index = index.clamp(0, bins - 1)
     elif scheme == "mass":
         order = confidence.argsort()
         index = torch.empty_like(order)

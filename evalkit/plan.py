@@ -1,5 +1,7 @@
 """``evalkit plan``: what a run will cost before it starts — forward passes, feature-cache disk,
-host RAM, device memory per rank, and the mode of each stage — against what this machine has.
+host RAM, device memory per rank, and the mode of each stage — against what this machine has,
+or a named target (``--target 8xH100-80GB``, or ``gpus=8,gpu_gb=80,host_gb=1024``): memory is
+checked per rank (device) and per host (every rank a host runs holds its own host buffers).
 
 Nothing heavy runs: the built-in ViT-22B family is sized on the meta device (no weights), other
 backbones are built as for a run; split sizes come from the data when it is there, else from the
@@ -9,6 +11,7 @@ the numbers are estimates of the largest buffers each stage holds, not measureme
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -45,37 +48,114 @@ DATASET_CARDS = {
 }
 
 
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class Target:
+    """A machine a run is planned for: GPUs per host (0: none) and the memory of each, host
+    RAM per host, and the disk for the cache (None: not checked)."""
+
+    name: str
+    gpus: int
+    gpu_bytes: int | None
+    host_bytes: int
+    disk_bytes: int | None = None
+
+    def describe(self) -> str:
+        gpus = f"{self.gpus} × {human(self.gpu_bytes)} GPU" if self.gpus else "no accelerator"
+        return f"{self.name}: {gpus}, RAM {human(self.host_bytes)} per host"
+
+
+# Named targets: the GPUs' memory as sold, host RAM as the common cloud instances have it.
+TARGETS = {
+    "1xA100-80GB": Target("1xA100-80GB", 1, 80 * GB, 170 * GB),
+    "8xA100-80GB": Target("8xA100-80GB", 8, 80 * GB, 1152 * 2**30),
+    "8xH100-80GB": Target("8xH100-80GB", 8, 80 * GB, 2048 * 2**30),
+    "1xH200": Target("1xH200", 1, 141 * GB, 256 * 2**30),
+}
+TARGET_KEYS = {
+    "gpus": "gpus",
+    "gpu_gb": "gpu_bytes",
+    "host_gb": "host_bytes",
+    "disk_gb": "disk_bytes",
+}
+
+
+def parse_target(text: str) -> Target:
+    """A name from ``TARGETS`` or ``gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]``."""
+    if text in TARGETS:
+        return TARGETS[text]
+    fields = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1
+        if key not in TARGET_KEYS or number < 0:
+            raise EvalkitError(
+                f"--target {text!r}: expected 'this', one of {', '.join(TARGETS)}, or "
+                "gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]"
+            )
+        fields[TARGET_KEYS[key]] = int(number) if key == "gpus" else int(number * GB)
+    if "host_bytes" not in fields or (fields.get("gpus") and "gpu_bytes" not in fields):
+        raise EvalkitError(f"--target {text!r} needs host_gb, and gpu_gb when it has gpus")
+    gpus = fields.pop("gpus", 0)
+    return Target(text, gpus, fields.pop("gpu_bytes", None) if gpus else None, **fields)
+
+
 @dataclass
 class Budget:
-    """What this machine has: host RAM, device memory per rank, free disk at the cache."""
+    """What a host has — RAM, device memory per rank, free disk at the cache — and how many of
+    the run's ranks it runs (``ranks`` in all over ``nodes`` hosts)."""
 
     host: int
     device: int | None
-    disk: int
+    disk: int | None
+    name: str = "this machine"
+    ranks: int = 1
+    nodes: int = 1
     problems: list[str] = field(default_factory=list)
 
     @classmethod
-    def here(cls, device: str, cache: Path) -> Budget:
+    def here(cls, device: str, cache: Path, ranks: int = 1) -> Budget:
+        """This machine, running every rank itself (torchrun on one host)."""
         from evalkit.backbones.vit22b import available_bytes
 
         disk_root = next(p for p in [Path(cache), *Path(cache).parents] if p.exists())
         device_bytes = available_bytes(device) if device.startswith("cuda") else None
-        return cls(available_bytes("cpu") or 0, device_bytes, shutil.disk_usage(disk_root).free)
+        return cls(available_bytes("cpu") or 0, device_bytes, shutil.disk_usage(disk_root).free,
+                   ranks=ranks)  # fmt: skip
+
+    @classmethod
+    def of(cls, target: Target, ranks: int = 1) -> Budget:
+        """``ranks`` placed on hosts of ``target``, one per GPU."""
+        nodes = math.ceil(ranks / target.gpus) if target.gpus else 1
+        return cls(
+            target.host_bytes, target.gpu_bytes, target.disk_bytes, target.name, ranks, nodes
+        )
+
+    @property
+    def ranks_per_host(self) -> int:
+        return math.ceil(self.ranks / self.nodes)
 
     def check(self, stages: list[Stage], shape: Shape):
         disk = sum(s.cache_bytes for s in stages)
-        if disk > self.disk:
+        if self.disk is not None and disk > self.disk:
             self.problems.append(f"feature cache needs {human(disk)}, {human(self.disk)} free")
         weights = shape.weight_bytes_per_rank  # loaded for the whole run
+        per_host = self.ranks_per_host
         for stage in stages:
             # Without an accelerator the weights and the "device" buffers are in RAM too.
-            host = stage.host_bytes + (
+            rank = stage.host_bytes + (
                 0 if self.device is not None else weights + stage.device_bytes
             )
-            if host > 0.9 * self.host:
+            if rank * per_host > 0.9 * self.host:
+                ranks = f" per rank, {human(rank * per_host)} for a host's {per_host} ranks"
                 self.problems.append(
-                    f"{stage.name} holds {human(host)} in RAM with the weights, "
-                    f"{human(self.host)} available"
+                    f"{stage.name} holds {human(rank)} in RAM with the weights"
+                    f"{ranks if per_host > 1 else ''}, {human(self.host)} available"
                 )
             on_device = stage.device_bytes + weights
             if self.device is not None and on_device > 0.9 * self.device:
@@ -84,7 +164,9 @@ class Budget:
                 )
 
 
-def human(n: float) -> str:
+def human(n: float | None) -> str:
+    if n is None:
+        return "unknown"
     for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -134,11 +216,12 @@ def split_sizes(
 def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], Budget, str, Shape]:
     """The stages of ``task`` on ``backbone``, this machine's budget (checked), where the
     split sizes came from, and the backbone's shape."""
-    device = options.get("device") or env_device()
+    target, ranks = options.get("target"), options.get("tp") or 1
+    device = options.get("device") or ("cuda" if target and target.gpus else env_device())
     dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
     inputs, sources = plan_inputs(task, backbone, config, options | {"dtype": dtype})
     stages = task.plan(inputs)
-    budget = Budget.here(device, config.cache)
+    budget = Budget.of(target, ranks) if target else Budget.here(device, config.cache, ranks)
     budget.check(stages, inputs.shape)
     weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
                     device_bytes=inputs.shape.weight_bytes_per_rank)  # fmt: skip
@@ -194,7 +277,9 @@ def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:
     inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
                         ctx.extract.batch_size, ctx.extract.shard_size)  # fmt: skip
     stages = task.plan(inputs)
-    budget = Budget.here(ctx.extract.device, ctx.data.cache)
+    # Every rank torchrun started on this host holds its own buffers.
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    budget = Budget.here(ctx.extract.device, ctx.data.cache, local_ranks)
     budget.check(stages, shape)
     return budget.problems
 

@@ -1,12 +1,19 @@
 """The one small loop that trains heads on cached features: AdamW, linear warm-up then cosine
 decay, gradient clipping, bf16 autocast on CUDA, seeded batch order. Used by the dense tasks
-(segmentation and depth heads), LiT's text towers and anything else that trains a small module."""
+(segmentation and depth heads), LiT's text towers and anything else that trains a small module.
+
+``ShardedOrder`` and ``ShardReader`` train on a split larger than memory (LiT's caption pairs,
+a video training split): batches are shuffled across the feature cache's shards a window of
+shards at a time, each batch a pure function of (seed, step), and rows are read from at most two
+windows of shards at once. A split that fits is read whole, in the same order, so both give the
+same numbers."""
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,9 +67,11 @@ def train(
     device: str = "cpu",
     progress: bool = False,
     after_backward: Callable[[torch.nn.Module], None] | None = None,
+    order: Callable[[int], torch.Tensor] | None = None,
 ) -> list[float]:
     """Train ``module`` for ``cfg.steps``; ``step_loss(indices)`` returns the batch loss and
     ``after_backward(module)`` may combine gradients across ranks before they are clipped.
+    ``order(step)`` gives each step's indices (default: ``batch_order`` over ``n`` rows).
     Returns the loss of every step."""
     torch.manual_seed(cfg.seed)
     module.train()
@@ -72,7 +81,8 @@ def train(
     losses = []
     status = "loss {task.fields[loss]:.4f}"
     with ProgressBar(progress, cfg.steps, "train head", status=status) as update:
-        for indices in batch_order(n, cfg):
+        batches = batch_order(n, cfg) if order is None else map(order, range(cfg.steps))
+        for indices in batches:
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
                 loss = step_loss(indices)
             optimizer.zero_grad(set_to_none=True)
@@ -86,3 +96,84 @@ def train(
             update(loss=losses[-1])
     module.eval()
     return losses
+
+
+@dataclass
+class ShardedOrder:
+    """Batches of row indices shuffled across shards: each epoch shuffles the shards, takes them
+    ``window`` at a time and shuffles the rows of each window; batches run through the epochs in
+    that order. ``batch(step)`` depends on (seed, step) alone, so a resumed run sees the same
+    batches; a batch needs the rows of at most two windows."""
+
+    shards: list[torch.Tensor]  # per shard, the indices of its rows that are used
+    batch_size: int
+    seed: int
+    window: int
+    _epochs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, starts: torch.Tensor, keep: torch.Tensor, batch_size: int, seed: int):
+        """Shards starting at ``starts``; rows where ``keep`` is true. A window holds at least
+        two shards and two batches."""
+        bounds = [*starts.tolist(), len(keep)]
+        shards = [torch.arange(a, b)[keep[a:b]] for a, b in zip(bounds, bounds[1:], strict=False)]
+        rows = max(1, sum(map(len, shards)) // max(1, len(shards)))
+        window = max(2, math.ceil(2 * batch_size / rows))
+        return cls(shards, min(batch_size, sum(map(len, shards))), seed, window)
+
+    @property
+    def rows(self) -> int:
+        return sum(map(len, self.shards))
+
+    def epoch(self, index: int) -> torch.Tensor:
+        if index not in self._epochs:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
+            order = torch.randperm(len(self.shards), generator=generator).tolist()
+            windows = [torch.cat([self.shards[s] for s in order[i : i + self.window]])
+                       for i in range(0, len(order), self.window)]  # fmt: skip
+            rows = [w[torch.randperm(len(w), generator=generator)] for w in windows]
+            self._epochs = {index: torch.cat(rows)} | {
+                k: v for k, v in self._epochs.items() if k == index - 1
+            }
+        return self._epochs[index]
+
+    def batch(self, step: int) -> torch.Tensor:
+        start, parts, left = step * self.batch_size, [], self.batch_size
+        while left:
+            epoch, offset = divmod(start, self.rows)
+            part = self.epoch(epoch)[offset : offset + left]
+            parts.append(part)
+            start, left = start + len(part), left - len(part)
+        return torch.cat(parts)
+
+
+class ShardReader:
+    """Rows of a ``FeatureSet`` by index, keeping at most ``capacity`` shards decoded (the
+    least recently used go first), as float32; or the whole split, when ``resident``."""
+
+    def __init__(self, feats, capacity: int, *, resident: bool, key: str = "pooled"):
+        self.feats, self.capacity, self.key = feats, capacity, key
+        self.whole = feats.take(torch.arange(len(feats)), key).float() if resident else None
+        self._shards: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def take(self, indices: torch.Tensor) -> torch.Tensor:
+        if self.whole is not None:
+            return self.whole[indices]
+        shard_of = self.feats._shard_of(indices)
+        out = None
+        for index in shard_of.unique().tolist():
+            rows = self._shard(index)
+            mask = shard_of == index
+            if out is None:
+                out = rows.new_empty((len(indices), *rows.shape[1:]))
+            out[mask] = rows[indices[mask] - self.feats.starts[index]]
+        return out
+
+    def _shard(self, index: int) -> torch.Tensor:
+        if index in self._shards:
+            self._shards.move_to_end(index)
+        else:
+            self._shards[index] = self.feats.shard(index)[self.key].float()
+            while len(self._shards) > self.capacity:
+                self._shards.popitem(last=False)
+        return self._shards[index]

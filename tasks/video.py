@@ -40,7 +40,7 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
-from evalkit.train import TrainConfig, seeded_build, train
+from evalkit.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
 
 from .linear_probe import save_classifications
 
@@ -70,8 +70,9 @@ class VideoClassification(Task):
     lr: float = setting(1e-3, POSITIVE)
     weight_decay: float = setting(0.01, NON_NEGATIVE)
     warmup: int = setting(50, NON_NEGATIVE)
+    resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training splits are streamed
 
-    version = 1
+    version = 2  # 2: batches shuffled across cache shards; statistics a shard at a time
 
     @property
     def reference(self) -> dict:
@@ -85,12 +86,20 @@ class VideoClassification(Task):
 
     def plan(self, inputs) -> list[Stage]:
         """Frames of one window per training clip and of every view of every evaluation clip;
-        the training clips' features held in float32 while the head trains."""
+        while the head trains, the training clips' features are held as float32 when they fit
+        ``resident_gb``, else streamed (two windows of cache shards at a time); the device
+        holds a batch."""
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         frames = self.frames * (n_train + n_eval * self.segments * self.crops)
-        held = n_train * self.frames * len(self.layers) * inputs.shape.embed_dim * 4
-        return [extraction_stage(inputs, frames, layers=len(self.layers)),
-                Stage("video head", "resident", host_bytes=held, device_bytes=held)]  # fmt: skip
+        clip = self.frames * len(self.layers) * inputs.shape.embed_dim * 4
+        extract = extraction_stage(inputs, frames, layers=len(self.layers))
+        batch = 4 * self.batch_size * clip  # the batch, its activations and their gradients
+        if n_train * clip <= self.resident_gb * 2**30:
+            return [extract, Stage("video head", "resident", host_bytes=n_train * clip,
+                                   device_bytes=batch)]  # fmt: skip
+        window = max(2 * inputs.shard_size, 2 * self.batch_size)
+        return [extract, Stage("video head", "streamed", host_bytes=2 * window * clip + n_train * 8,
+                               device_bytes=batch)]  # fmt: skip
 
     def run(self, backbone, ctx):
         request = FeatureRequest(
@@ -107,12 +116,16 @@ class VideoClassification(Task):
         train_feats = ctx.features(backbone, train_set, split=self.train_split, request=request)
         test_feats = ctx.features(backbone, test_set, split=self.eval_split, request=request)
         labels, padded, unreadable = split_status(train_feats.labels)
-        rows = torch.nonzero(~unreadable).squeeze(1)
-        if len(rows) == 0:
+        if not (~unreadable).any():
             raise EvalkitError(f"no readable clip in {self.dataset}/{self.train_split}")
-        x = train_feats.take(rows).float()
-        scale = Standardizer.fit(x.flatten(0, 1))  # per feature, over every training frame
-        head, losses = self.fit(scale(x), labels[rows], len(train_set.classes), ctx)
+        # Per feature, over every readable training frame, a shard at a time (float64 sums)
+        scale = Standardizer.fit_chunks(
+            rows.float().flatten(0, 1)
+            for rows, _ in train_feats.by_shard((~unreadable).nonzero().squeeze(1))
+        )
+        head, losses = self.fit(
+            train_feats, labels, ~unreadable, scale, len(train_set.classes), ctx
+        )
         model = _Scaled(scale, head)
         probabilities, clip_labels, test_status = self.view_average(
             model, test_feats, test_set, ctx
@@ -134,22 +147,26 @@ class VideoClassification(Task):
         return open_dataset(self.dataset, split, ctx.data, transform=backbone.transform(),
                             classes=classes, sampling=sampling)  # fmt: skip
 
-    def fit(self, x: torch.Tensor, y: torch.Tensor, classes: int, ctx):
+    def fit(self, feats, labels: torch.Tensor, readable: torch.Tensor, scale, classes: int, ctx):
+        """The head trained on the readable clips' standardised features, in batches shuffled
+        across the cache's shards; the split is held whole only when it fits ``resident_gb``."""
         device = ctx.extract.device
+        order = ShardedOrder.of(feats.starts, readable, self.batch_size, ctx.seed)
+        dim = len(scale.mean)
+        resident = len(feats) * self.frames * dim * 4 <= self.resident_gb * 2**30
+        clips = ShardReader(feats, 2 * order.window, resident=resident)
         cfg = HeadConfig(self.head, self.width, self.depth)
-        model = seeded_build(
-            lambda: build_head(cfg, x.shape[-1], classes, self.frames), ctx.seed
-        ).to(device)
+        model = seeded_build(lambda: build_head(cfg, dim, classes, self.frames), ctx.seed)
+        model = model.to(device)
 
         def step_loss(batch: torch.Tensor) -> torch.Tensor:
-            logits = model(x[batch].to(device))
-            return torch.nn.functional.cross_entropy(logits.float(), y[batch].to(device))
+            logits = model(scale(clips.take(batch)).to(device))
+            return torch.nn.functional.cross_entropy(logits.float(), labels[batch].to(device))
 
-        settings = TrainConfig(steps=self.steps, batch_size=min(self.batch_size, len(y)), lr=self.lr,
+        settings = TrainConfig(steps=self.steps, batch_size=order.batch_size, lr=self.lr,
                                weight_decay=self.weight_decay, warmup=self.warmup, clip=1.0, seed=ctx.seed)  # fmt: skip
-        losses = train(
-            model, step_loss, len(y), settings, device=device, progress=ctx.extract.progress
-        )
+        losses = train(model, step_loss, order.rows, settings, device=device,
+                       progress=ctx.extract.progress, order=order.batch)  # fmt: skip
         return model, losses
 
     @torch.no_grad()

@@ -53,7 +53,7 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
-from evalkit.train import TrainConfig, seeded_build, train
+from evalkit.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
 from evalkit.zeroshot import (
     TEMPLATE_SETS,
     Prompting,
@@ -180,8 +180,9 @@ class Lit(ZeroShot):
     weight_decay: float = setting(1e-4, NON_NEGATIVE)
     warmup: int = setting(30, NON_NEGATIVE)
     clip: float = setting(1.0, POSITIVE)
+    resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger caption sets are streamed
 
-    version = 1
+    version = 2  # 2: batches shuffled across cache shards; captions drawn per step
 
     def datasets(self) -> tuple[str, ...]:
         return (self.dataset, self.captions)
@@ -191,14 +192,20 @@ class Lit(ZeroShot):
                 self.dataset: {self.eval_split: self.eval_split}}  # fmt: skip
 
     def plan(self, inputs) -> list[Stage]:
-        """The caption set's and the test set's embeddings extracted once; the training set's
-        held in memory as float32 while the tower trains, with every caption's tokens
-        (three per image assumed)."""
+        """The caption set's and the test set's embeddings extracted once; while the tower
+        trains, the training set's embeddings are held as float32 when they fit
+        ``resident_gb``, else streamed: two windows of cache shards at a time. The device holds
+        a rank's share of a batch: embeddings, tokens and the tower's activations."""
         pairs = inputs.sizes["captions"]
         dim = len(self.layers) * inputs.shape.embed_dim
-        held = pairs * dim * 4 + 3 * pairs * self.context * 8
-        return [extraction_stage(inputs, sum(inputs.sizes.values()), layers=len(self.layers)),
-                Stage("LiT text tower", "resident", host_bytes=held, device_bytes=held)]  # fmt: skip
+        batch = self.batch_size * (dim * 4 + self.context * (8 + 16 * self.width * 4))
+        extract = extraction_stage(inputs, sum(inputs.sizes.values()), layers=len(self.layers))
+        if pairs * dim * 4 <= self.resident_gb * 2**30:
+            return [extract, Stage("LiT text tower", "resident", host_bytes=pairs * dim * 4,
+                                   device_bytes=batch)]  # fmt: skip
+        window = max(2 * inputs.shard_size, 2 * self.batch_size)
+        held = 2 * window * dim * 4 + pairs * 8  # two windows of shards, the order's indices
+        return [extract, Stage("LiT text tower", "streamed", host_bytes=held, device_bytes=batch)]
 
     def run(self, backbone, ctx):
         if self.text_tower:
@@ -217,45 +224,52 @@ class Lit(ZeroShot):
             self.captions, self.caption_split, ctx.data, transform=backbone.transform()
         )
         feats = ctx.features(backbone, pairs, split=self.caption_split, request=request)
-        rows = torch.nonzero(feats.labels != UNREADABLE).squeeze(1)
-        if not len(rows):
+        readable = feats.labels != UNREADABLE
+        if not readable.any():
             raise EvalkitError(f"no readable image in {self.captions}/{self.caption_split}")
-        images = feats.take(rows).float()
-        tokens, first, count = self.caption_tokens([pairs.captions[i] for i in rows.tolist()])
-        cfg = self.tower_config(backbone, request, images.shape[-1])
-        model = seeded_build(lambda: LitModel(cfg), ctx.seed).to(ctx.extract.device)
         layout = mesh.current()
         if self.batch_size % layout.dp_size:
             raise EvalkitError(
                 f"batch_size {self.batch_size} must divide by the {layout.dp_size} data-parallel ranks"
             )
-        picker = torch.Generator().manual_seed(ctx.seed + 1)
+        order = ShardedOrder.of(feats.starts, readable, self.batch_size, ctx.seed)
+        dim = feats.take([0]).shape[-1]
+        resident = len(feats) * dim * 4 <= self.resident_gb * 2**30
+        images = ShardReader(feats, 2 * order.window, resident=resident)
+        model = seeded_build(lambda: LitModel(self.tower_config(backbone, request, dim)), ctx.seed)
+        model = model.to(ctx.extract.device)
+        words, steps = tokenizer(self.context), iter(range(self.steps))
 
         def step_loss(batch: torch.Tensor) -> torch.Tensor:
             share = len(batch) // layout.dp_size
-            choice = (torch.rand(len(batch), generator=picker) * count[batch]).long()
-            mine = slice(layout.dp_rank * share, (layout.dp_rank + 1) * share)
-            caption = (first[batch] + choice)[mine]
+            mine = batch[layout.dp_rank * share : (layout.dp_rank + 1) * share]
+            texts = self.pick_captions(pairs.captions, batch, ctx.seed, next(steps))[
+                layout.dp_rank * share : (layout.dp_rank + 1) * share
+            ]
             device = ctx.extract.device
-            return model.loss(images[batch[mine]].to(device), tokens[caption].to(device))
+            return model.loss(images.take(mine).to(device), words(texts).to(device))
 
-        settings = TrainConfig(steps=self.steps, batch_size=min(self.batch_size, len(rows)), lr=self.lr,
+        settings = TrainConfig(steps=self.steps, batch_size=order.batch_size, lr=self.lr,
                                weight_decay=self.weight_decay, warmup=self.warmup, clip=self.clip,
                                seed=ctx.seed)  # fmt: skip
-        losses = train(model, step_loss, len(rows), settings, device=ctx.extract.device,
-                       progress=ctx.extract.progress, after_backward=mesh.average_gradients)  # fmt: skip
+        losses = train(model, step_loss, order.rows, settings, device=ctx.extract.device,
+                       progress=ctx.extract.progress, after_backward=mesh.average_gradients,
+                       order=order.batch)  # fmt: skip
+        rows = readable.nonzero().squeeze(1).tolist()
         fit = {"lit_first_loss": losses[0], "lit_final_loss": sum(losses[-10:]) / len(losses[-10:]),
-               "lit_pairs": int(len(rows)), "lit_captions": int(len(tokens)),
-               "lit_unreadable": int(len(feats) - len(rows)), "lit_skipped": pairs.skipped,
+               "lit_pairs": order.rows, "lit_captions": sum(len(pairs.captions[i]) for i in rows),
+               "lit_unreadable": int(len(feats) - order.rows), "lit_skipped": pairs.skipped,
+               "lit_mode": "resident" if resident else "streamed",
                "lit_temperature": model.log_temperature.detach().exp().item()}  # fmt: skip
         return model, fit
 
-    def caption_tokens(self, captions: list[list[str]]):
-        """Every caption tokenised once; per image, its first caption's row and its count."""
-        count = torch.tensor([len(c) for c in captions])
-        first = torch.cumsum(count, 0) - count
-        flat = [text for group in captions for text in group]
-        return tokenizer(self.context)(flat), first, count
+    @staticmethod
+    def pick_captions(captions: list[list[str]], batch: torch.Tensor, seed: int, step: int):
+        """One caption per image of the batch, drawn from (seed, step) alone."""
+        generator = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
+        draws = torch.rand(len(batch), generator=generator).tolist()
+        return [captions[i][int(u * len(captions[i]))] for i, u in zip(batch.tolist(), draws,
+                                                                        strict=True)]  # fmt: skip
 
     def tower_config(self, backbone, request: FeatureRequest, dim: int) -> TowerConfig:
         image = {"backbone": backbone.info.name, "weights_id": backbone.info.weights_id,

@@ -136,6 +136,18 @@ def test_ece_by_hand_with_a_confidence_of_one_and_empty_bins():
     assert all(math.isnan(a) for a, n in zip(bins.accuracy, bins.counts, strict=True) if n == 0)
 
 
+def test_ece_bins_are_closed_on_the_right():
+    """A confidence on an edge belongs to the bin it closes: (0.2, 0.4] holds 0.4, not 0.2."""
+    from evalkit.metrics import reliability
+
+    # 0.4 and 0.6 are edges of 5 bins (and 0.6 · 5 rounds up to 3.0000000000000004)
+    probs = torch.tensor([[0.4, 0.3, 0.3], [0.6, 0.2, 0.2]], dtype=torch.float64)
+    bins = reliability(probs, torch.tensor([0, 1]), bins=5)
+    assert bins.counts == [0, 1, 1, 0, 0]  # 0.4 → (0.2, 0.4], 0.6 → (0.4, 0.6]
+    assert bins.edges == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert bins.accuracy[1] == 1.0 and bins.accuracy[2] == 0.0
+
+
 def test_equal_mass_ece_by_hand():
     from evalkit.metrics import expected_calibration_error
 
@@ -212,3 +224,19 @@ def test_every_probe_fit_is_pinned_to_its_optimum():
     for _, model in path:
         assert model.weight.dtype == torch.float64
         assert model.fit.converged and model.fit.grad_max <= TOL
+
+
+def test_few_shot_bias_feature_escapes_the_regularisation():
+    """big_vision's bias feature is a constant 100, so its weight is barely penalised: with a
+    huge L2 the feature weights vanish while the bias still fits the class prior, and every
+    test image goes to the majority class (a bias feature of 1 would be shrunk like the
+    features, and the features would still decide)."""
+    from evalkit.heads.linear import ridge_fewshot_accuracy
+
+    gen = torch.Generator().manual_seed(0)
+    y = torch.cat([torch.zeros(160, dtype=torch.long), torch.ones(40, dtype=torch.long)])
+    x = (2.0 * y - 1).double()[:, None] + 0.1 * torch.randn(200, 1, generator=gen).double()
+    yt = torch.tensor([0, 1] * 50)
+    xt = (2.0 * yt - 1).double()[:, None]
+    assert ridge_fewshot_accuracy(x, y, xt, yt, num_classes=2, l2=1e5) == 0.5
+    assert ridge_fewshot_accuracy(x, y, xt, yt, num_classes=2, l2=1e-3) == 1.0

@@ -59,6 +59,22 @@ def test_class_embeddings_equal_open_clip_zero_shot_classifier():
     torch.testing.assert_close(ours, theirs.T, atol=1e-5, rtol=1e-5)
 
 
+def test_class_embeddings_normalise_each_prompt_before_the_mean():
+    """A tower whose embeddings differ in length: each prompt counts alike (normalised, then
+    averaged, then normalised again), as CLIP's zero-shot classifier does."""
+
+    class Tower:
+        def tokenize(self, texts):
+            return torch.tensor([[float(len(t))] for t in texts])
+
+        def encode(self, tokens):  # "a" → (10, 0); "a long one" → (0, 1)
+            return torch.where(tokens < 5, torch.tensor([10.0, 0.0]), torch.tensor([0.0, 1.0]))
+
+    embedding = class_embeddings(Tower(), Prompting(("x",), ("{}", "{} long one")))
+    expected = torch.tensor([[1.0, 1.0]]) / 2**0.5  # mean of (1, 0) and (0, 1), normalised
+    torch.testing.assert_close(embedding, expected)
+
+
 # --- losses ----------------------------------------------------------------------------
 
 
