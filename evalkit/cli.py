@@ -254,6 +254,8 @@ def add_reproduce_command(sub) -> None:
     paper.add_argument("--peak-tflops", type=float, default=312.0,
                        help="the GPU's dense bf16 peak, for GPU-hours (default: A100)")  # fmt: skip
     paper.add_argument("--mfu", type=float, default=0.4, help="utilisation assumed for GPU-hours")
+    paper.add_argument("--target", help="a node type (as evalkit plan's --target): per row, the "
+                       "GPUs, nodes and hours it needs there")  # fmt: skip
     paper.add_argument("--executor", choices=("local", "slurm", "submitit-local"), default="local")
     paper.add_argument("--dry-run", action="store_true",
                        help="estimate compute and print the jobs (slurm: the batch script)")  # fmt: skip
@@ -295,7 +297,7 @@ def cmd_reproduce(args, console) -> int:
         return reproduce_paper(args, only, console)
     given = [flag for flag, value in (("--data-dir", args.data_dir), ("--weights", args.weights),
              ("--backbone", args.backbone), ("--dry-run", args.dry_run),
-             ("--executor", args.executor != "local")) if value]  # fmt: skip
+             ("--executor", args.executor != "local"), ("--target", args.target)) if value]  # fmt: skip
     if given:
         raise EvalkitError(f"{', '.join(given)}: for --scale paper only; --scale {args.scale} runs "
                            "on embedded data with the pretraining ladder")  # fmt: skip
@@ -310,6 +312,7 @@ def reproduce_paper(args, only, console) -> int:
     import time
 
     from evalkit import paper_scale, sweep
+    from evalkit.plan import parse_target
     from evalkit.reproduce import tabulate
 
     run = paper_scale.PaperRun(args.data_dir, args.out, pairs(args.weights, "--weights"),
@@ -318,7 +321,11 @@ def reproduce_paper(args, only, console) -> int:
     sweep.check(job.plan)
     gpu = paper_scale.Accelerator(peak_tflops=args.peak_tflops, utilisation=args.mfu,
                                   name="A100" if args.peak_tflops == 312.0 else "GPU")  # fmt: skip
-    table = paper_scale.compute_table(paper_scale.estimate(job, effects, args.data_dir), gpu)
+    target = parse_target(args.target) if args.target else None
+    estimates = paper_scale.estimate(job, effects, args.data_dir, target)
+    table = paper_scale.compute_table(estimates, gpu)
+    if target is not None:
+        table += "\n" + paper_scale.placement_table(estimates, target, args.mfu)
     pending = sweep.pending(job.plan)
     console.print(f"{len(job.plan.jobs)} job(s), {len(pending)} to run")
     if args.dry_run:

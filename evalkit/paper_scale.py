@@ -8,7 +8,10 @@ job of an ``evalkit.sweep`` plan on the real data (``--data-dir``), run here one
 submitted to Slurm as a job array. Before anything runs, each row's compute is estimated from
 the tasks' plans (the forward passes of each stage, the planner's FLOPs per image) and written
 beside the table (``compute-<scale>``, Markdown): FLOPs, and GPU-hours at an assumed share of a
-GPU's peak. Once every job's rows are on disk, the same command writes the table from them.
+GPU's peak. With ``--target`` (a node type of ``evalkit plan``), each row also says what it
+needs there: the fewest GPUs at which its jobs fit, per rank and per host, the nodes that takes
+and the wall-clock hours; a job that fits nowhere says why. Once every job's rows are on disk,
+the same command writes the table from them.
 """
 
 from __future__ import annotations
@@ -75,26 +78,76 @@ class PaperRun:
         return sorted(m for m in used if m not in job.weights)
 
 
-def estimate(job: Reproduction, effects: list[EffectRow], data_dir: Path | None) -> list[dict]:
+def estimate(job: Reproduction, effects: list[EffectRow], data_dir: Path | None,
+             target=None) -> list[dict]:  # fmt: skip
     """Per row: its jobs' FLOPs from the tasks' plans (split sizes from ``data_dir`` when the
-    data is there, else the dataset cards)."""
+    data is there, else the dataset cards) and, on ``target``, each job's placement."""
     from evalkit.data import DataConfig
     from evalkit.plan import plan_inputs, stage_flops
     from evalkit.runner import resolve_task
 
     config = DataConfig(source="auto", root=data_dir)
-    flops: dict = {}
+    flops, placed = {}, {}
     for run in job.plan.jobs:
         task = resolve_task(run.task, run.overrides)
         inputs, _ = plan_inputs(task, run.backbone, config, {"dtype": "bf16"})
         flops[run] = sum(stage_flops(stage, inputs.shape) for stage in task.plan(inputs))
+        if target is not None:
+            placed[run] = place(task, run.backbone, config, target)
     estimates = []
     for effect in effects:
         runs = list(dict.fromkeys(job.job(effect, m) for m in effect.measures.values()))
-        estimates.append({"row": effect.number, "where": effect.where,
-                          "runs": [f"{r.task} × {r.backbone}" for r in runs],
-                          "flops": sum(flops[r] for r in runs)})  # fmt: skip
+        row = {"row": effect.number, "where": effect.where,
+               "runs": [f"{r.task} × {r.backbone}" for r in runs],
+               "flops": sum(flops[r] for r in runs)}  # fmt: skip
+        if target is not None:
+            row["placement"] = [placed[r] | {"flops": flops[r]} for r in runs]
+        estimates.append(row)
     return estimates
+
+
+def place(task, backbone: str, config, target) -> dict:
+    """Where one job fits on ``target``: GPUs, nodes, and what stops it when nothing does."""
+    import math
+
+    from evalkit.plan import placement, plan_inputs
+
+    def inputs_of(tp: int):
+        try:
+            return plan_inputs(task, backbone, config, {"dtype": "bf16", "tp": tp})[0]
+        except EvalkitError:  # the model does not split into tp ranks
+            return None
+
+    gpus, problems = placement(task, backbone, inputs_of, target)
+    blocked = [why for why in (fine_tuning_blocker(task, gpus),) if why]
+    named = [f"{task.name} × {backbone}: {why}" for why in problems + blocked]
+    return {"gpus": gpus, "nodes": math.ceil(gpus / max(target.gpus, 1)), "problems": named}
+
+
+def fine_tuning_blocker(task, gpus: int) -> str | None:
+    """Fine-tuning runs in one process today: a fine-tuning job that needs more than one GPU
+    has no runnable path yet, and says so."""
+    if getattr(task, "finetune", False) and gpus > 1:
+        return f"fine-tuning needs {gpus} GPUs here, and fine-tuning runs in one process"
+    return None
+
+
+def placement_table(estimates: list[dict], target, utilisation: float) -> str:
+    """Markdown: per row, the GPUs and nodes of ``target`` its largest job needs and the
+    wall-clock hours of its jobs run one after another on that many GPUs."""
+    peak = target.peak_tflops or 312.0
+    lines = [f"## On {target.describe()}", "",
+             f"Each job on the fewest GPUs of a node at which it fits (per rank and per host); "
+             f"hours at {utilisation:.0%} of {peak:g} TFLOP/s per GPU.", "",
+             "| # | GPUs × nodes | hours | runnable |", "|---|---|---|---|"]  # fmt: skip
+    for e in estimates:
+        jobs = e["placement"]
+        widest = max(jobs, key=lambda j: j["gpus"])
+        hours = sum(j["flops"] / (j["gpus"] * peak * 1e12 * utilisation * 3600) for j in jobs)
+        problems = [p for j in jobs for p in j["problems"]]
+        lines.append(f"| {e['row']} | {widest['gpus']} × {widest['nodes']} | "
+                     f"{hours:,.1f} | {'no: ' + problems[0] if problems else 'yes'} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def compute_table(estimates: list[dict], gpu: Accelerator) -> str:

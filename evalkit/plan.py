@@ -61,6 +61,7 @@ class Target:
     gpu_bytes: int | None
     host_bytes: int
     disk_bytes: int | None = None
+    peak_tflops: float = 0.0  # dense bf16, from the data sheet (0: unknown)
 
     def describe(self) -> str:
         gpus = f"{self.gpus} × {human(self.gpu_bytes)} GPU" if self.gpus else "no accelerator"
@@ -69,17 +70,13 @@ class Target:
 
 # Named targets: the GPUs' memory as sold, host RAM as the common cloud instances have it.
 TARGETS = {
-    "1xA100-80GB": Target("1xA100-80GB", 1, 80 * GB, 170 * GB),
-    "8xA100-80GB": Target("8xA100-80GB", 8, 80 * GB, 1152 * 2**30),
-    "8xH100-80GB": Target("8xH100-80GB", 8, 80 * GB, 2048 * 2**30),
-    "1xH200": Target("1xH200", 1, 141 * GB, 256 * 2**30),
+    "1xA100-80GB": Target("1xA100-80GB", 1, 80 * GB, 170 * GB, peak_tflops=312.0),
+    "8xA100-80GB": Target("8xA100-80GB", 8, 80 * GB, 1152 * 2**30, peak_tflops=312.0),
+    "8xH100-80GB": Target("8xH100-80GB", 8, 80 * GB, 2048 * 2**30, peak_tflops=989.0),
+    "1xH200": Target("1xH200", 1, 141 * GB, 256 * 2**30, peak_tflops=989.0),
 }
-TARGET_KEYS = {
-    "gpus": "gpus",
-    "gpu_gb": "gpu_bytes",
-    "host_gb": "host_bytes",
-    "disk_gb": "disk_bytes",
-}
+TARGET_KEYS = {"gpus": "gpus", "gpu_gb": "gpu_bytes", "host_gb": "host_bytes",
+               "disk_gb": "disk_bytes", "tflops": "peak_tflops"}  # fmt: skip
 
 
 def parse_target(text: str) -> Target:
@@ -96,9 +93,10 @@ def parse_target(text: str) -> Target:
         if key not in TARGET_KEYS or number < 0:
             raise EvalkitError(
                 f"--target {text!r}: expected 'this', one of {', '.join(TARGETS)}, or "
-                "gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]"
+                "gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D,tflops=T]"
             )
-        fields[TARGET_KEYS[key]] = int(number) if key == "gpus" else int(number * GB)
+        scale = {"gpus": 1, "tflops": 1}.get(key, GB)
+        fields[TARGET_KEYS[key]] = number if key == "tflops" else int(number * scale)
     if "host_bytes" not in fields or (fields.get("gpus") and "gpu_bytes" not in fields):
         raise EvalkitError(f"--target {text!r} needs host_gb, and gpu_gb when it has gpus")
     gpus = fields.pop("gpus", 0)
@@ -301,3 +299,25 @@ def env_device() -> str:
     import torch
 
     return os.environ.get("EVALKIT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def placement(task, backbone: str, inputs_of, target: Target) -> tuple[int, list[str]]:
+    """The fewest tensor-parallel ranks (one per GPU) at which ``task`` on ``backbone`` fits
+    ``target``, and what does not fit at the largest size tried (empty when one fits).
+    ``inputs_of(tp)`` gives the task's plan inputs at that size (None: the model cannot be
+    split so); only the built-in family shards, any other backbone runs on one rank."""
+    sizes = TP_SIZES if backbone.partition("/")[0] == "vit22b" else (1,)
+    problems: list[str] = [f"no tensor-parallel size of {backbone} could be planned"]
+    for tp in sizes:
+        inputs = inputs_of(tp)
+        if inputs is None:
+            continue
+        budget = Budget.of(target, tp)
+        budget.check(task.plan(inputs), inputs.shape)
+        if not budget.problems:
+            return tp, []
+        problems = budget.problems
+    return sizes[-1], problems

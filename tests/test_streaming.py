@@ -74,3 +74,18 @@ def test_the_planner_streams_lit_and_checks_a_target_per_rank_and_host(capsys):
     assert main([*args, "--target", "gpus=8,gpu_gb=80,host_gb=512", "--tp", "16"]) == 0
     assert "16 on 2 host(s)" in " ".join(capsys.readouterr().out.split())
     assert main([*args, "--target", "gpus=8"]) == 2
+
+
+def test_reproduce_paper_dry_run_places_every_row_on_a_target(tmp_path, capsys):
+    from evalkit.cli import main
+
+    args = ["reproduce", "--scale", "paper", "--dry-run", "--out", str(tmp_path)]
+    assert main([*args, "--target", "8xH100-80GB"]) == 0
+    table = (tmp_path / "compute-paper.md").read_text()
+    placed = [line for line in table.split("## On 8xH100-80GB")[1].splitlines()
+              if line.startswith("| ") and line[2].isdigit()]  # fmt: skip
+    assert [int(line.split("|")[1]) for line in placed] == list(range(1, 13))
+    assert "| 5 | 1 × 1 |" in table  # the linear probe of ViT-22B: one GPU of a node
+    runnable = {int(line.split("|")[1]): line.split("|")[4].strip() for line in placed}
+    assert runnable[5] == runnable[6] == runnable[10] == "yes"  # LiT and video stream
+    assert "fine-tuning runs in one process" in runnable[7]  # said, not hidden
