@@ -106,9 +106,15 @@ def average_gradients(module: torch.nn.Module):
 
     group = layout.mesh["dp"].get_group()
     for p in module.parameters():
-        if p.grad is not None:
+        if p.grad is not None and not _fsdp_reduced(p.grad):
             dist.all_reduce(p.grad, group=group)
             p.grad /= layout.dp_size
+
+
+def _fsdp_reduced(grad) -> bool:
+    """A gradient FSDP2 already averaged over the data-parallel ranks (it lives on their mesh)."""
+    mesh = getattr(grad, "device_mesh", None)
+    return mesh is not None and mesh.mesh_dim_names == ("dp",)
 
 
 def mean_over_ranks(value: float) -> float:

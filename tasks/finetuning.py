@@ -24,7 +24,12 @@ import torch
 from evalkit.errors import EvalkitError
 from evalkit.identity import spec_key
 from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, setting
-from evalkit.training.finetune import EndToEnd, backbone_module, decayed_groups, trainable_copy
+from evalkit.training.finetune import (
+    EndToEnd,
+    backbone_module,
+    decayed_groups,
+    trainable_copy,
+)
 from evalkit.training.loop import Schedule, fit
 
 
@@ -94,8 +99,9 @@ def end_to_end(task, backbone, ctx, head_factory, *, layers, pool: str, dense: b
     dims = probe_dims(tower, task, layers=layers, pool=pool, dense=dense)
     head = seeded_build(lambda: head_factory(dims), ctx.seed)
     model = EndToEnd(tower, head, layers=layers, pool=pool, dense=dense, frozen=frozen)
+    model = model.to(ctx.extract.device)
     out = None if frozen else checkpoint_dir(task, backbone, ctx)
-    return FinetuneRun(model.to(ctx.extract.device), backbone.info.depth, out)
+    return FinetuneRun(model, backbone.info.depth, out)
 
 
 def probe_dims(backbone, task, *, layers, pool: str, dense: bool) -> list[int]:

@@ -28,6 +28,19 @@ def test_miou_by_hand():
     assert scores["classes"] == 3
 
 
+def test_a_class_only_predicted_counts_with_iou_zero():
+    """ADE20k's mIoU averages over classes present in the ground truth or the prediction: a
+    class the model predicts where it is absent lowers the mean (IoU 0)."""
+    confusion = confusion_matrix(np.array([0, 0, 1]), np.array([0, 0, 0]), 3)
+    assert segmentation_scores(confusion)["miou"] == pytest.approx(100 * (2 / 3 + 0) / 2)
+    assert segmentation_scores(confusion)["classes"] == 2
+
+
+def test_confusion_rows_are_the_ground_truth():
+    confusion = confusion_matrix(np.array([2, 2]), np.array([0, 1]), 3)
+    assert confusion[0, 2] == confusion[1, 2] == 1 and confusion.sum() == 2
+
+
 def test_miou_sums_over_images_before_dividing():
     a = confusion_matrix(np.array([0, 0]), np.array([0, 1]), 2)
     b = confusion_matrix(np.array([1, 1, 1, 1]), np.array([1, 1, 1, 1]), 2)

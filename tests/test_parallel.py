@@ -180,3 +180,50 @@ def test_trainer_on_two_ranks_equals_one_process(tmp_path):
             assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-5), mode
             assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3), mode
     assert reference[-1]["loss"] < reference[0]["loss"]  # it trains
+
+
+FINETUNE = ["--task", "imagenet-linear", "--backbone", "vit22b/test", "--data", "embedded",
+            "--set", "finetune=true", "--set", "finetune_steps=5", "--set",
+            "finetune_batch_size=8", "--quiet"]  # fmt: skip
+
+
+def finetuned(cwd: Path, name: str) -> tuple[dict, list[dict]]:
+    """A fine-tuning run's metrics and its training log (loss and grad norm of each step)."""
+    import torch
+
+    from evalkit.results import load_rows
+
+    rows = {r["metric"]: r["value"] for r in load_rows([cwd / name])}
+    trainer = next((cwd / f"cache-{name}" / "finetune").glob("*/checkpoint-*/trainer.pt"))
+    return rows, torch.load(trainer, weights_only=True)["log"]
+
+
+def test_fine_tuning_on_two_ranks_equals_one_process(cli_env, data_cache):
+    """Data parallel, FSDP2 and tensor parallel fine-tuning of vit22b/test: the loss and grad
+    norm of every step and the final metrics of one process (1e-4 relative); a rerun resumes
+    from the sharded checkpoint, trains nothing, and scores the same."""
+    env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "evalkit", "run", *FINETUNE, "--out", "one",
+                    "--cache-dir", "cache-one"], cwd=cli_env, env={**os.environ, **env},
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    one, log = finetuned(cli_env, "one")
+    assert len(log) == 5
+    for name, flags in (("dp", []), ("fsdp", ["--fsdp"]), ("tp", ["--tp", "2"])):
+        args = ["-m", "evalkit", "run", *FINETUNE, *flags, "--out", name, "--cache-dir",
+                f"cache-{name}"]  # fmt: skip
+        torchrun(*args, cwd=cli_env, env_extra=env)
+        rows, ranks_log = finetuned(cli_env, name)
+        assert rows == one, name
+        for mine, theirs in zip(ranks_log, log, strict=True):
+            assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4), name
+            assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4), name
+        torchrun(*args[:-4], "--out", f"{name}-again", "--cache-dir", f"cache-{name}",
+                 cwd=cli_env, env_extra=env)  # fmt: skip
+        again = {r["metric"]: r["value"] for r in load_rows_of(cli_env / f"{name}-again")}
+        assert again == one, f"{name} resumed"
+
+
+def load_rows_of(path: Path) -> list[dict]:
+    from evalkit.results import load_rows
+
+    return load_rows([path])

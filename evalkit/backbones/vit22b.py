@@ -47,6 +47,15 @@ class ViT22BBackbone:
         self.model = model
         self.info = info
         self.sharded = sharded
+        self.rebuild = None  # (size, options): how to build a fresh copy of this backbone
+
+    def trainable(self) -> ViT22BBackbone:
+        """A fresh copy with gradients on, built as this one was (sharded the same way, weights
+        read again): sharded modules are rebuilt rather than deep-copied."""
+        fresh = build(*self.rebuild)
+        fresh.model.requires_grad_(True)
+        fresh.info = self.info
+        return fresh
 
     def transform(self, train: bool = False):
         return build_transform(self.info.preprocess, train=train)
@@ -65,6 +74,9 @@ class ViT22BBackbone:
     def _forward(self, images, indices) -> list[torch.Tensor]:
         if not self.sharded:
             return self.model.forward_layers(images, indices)
+        if torch.is_grad_enabled():  # fine-tuning: the sharded matmuls with autograd
+            with torch.inference_mode(False):
+                return self.model.forward_layers(images, indices)
         # Under inference_mode DTensor dispatches the undecomposed aten.linear and all-gathers
         # the sharded weights; under no_grad it runs the sharded matmuls as planned.
         with torch.inference_mode(False), torch.no_grad():
@@ -91,7 +103,9 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     name = f"vit22b/{size}"
     weights_id = source.weights_id() if source else random_init_id(_id_name(name, cfg), opts.seed)
     sharded = layout.tp_size > 1 or opts.fsdp
-    return ViT22BBackbone(model, _info(name, cfg, weights_id, model), sharded=sharded)
+    backbone = ViT22BBackbone(model, _info(name, cfg, weights_id, model), sharded=sharded)
+    backbone.rebuild = (variant, opts)
+    return backbone
 
 
 def _config(size: str, switches: dict) -> vit.ViTConfig:

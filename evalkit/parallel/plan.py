@@ -90,9 +90,14 @@ def sum_head_local_gradients(model, mesh):
 
 def apply_fsdp(model, mesh):
     """FSDP2 over the 1-D data-parallel ``mesh``: each block is one gather unit."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    # Extraction calls forward_layers and pool, not forward: the root's parameters (patch and
+    # position embeddings, norms, the MAP head) are gathered for them only when FSDP hooks them.
+    for method in ("forward_layers", "pool"):
+        if hasattr(model, method):
+            register_fsdp_forward_method(model, method)
     return model

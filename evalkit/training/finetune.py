@@ -25,12 +25,14 @@ EMBEDDINGS = ("patch_embed", "pos_embed", "cls_token", "conv1", "class_embedding
 
 
 def trainable_copy(backbone):
-    """A deep copy of the backbone adapter whose weights require gradients. Sharded backbones
-    (``--tp``/``--fsdp``) are refused: their forward pass runs without autograd."""
+    """A copy of the backbone adapter whose weights require gradients: a deep copy, or, for a
+    sharded backbone (``--tp``/``--fsdp``), a fresh one built the same way (its ``trainable``)."""
     if getattr(backbone, "sharded", False):
-        raise EvalkitError(
-            "fine-tuning runs in one process: drop --tp/--fsdp (or evaluate the backbone frozen)"
-        )
+        if not hasattr(backbone, "trainable"):
+            raise EvalkitError(
+                f"{backbone.info.name} cannot be fine-tuned sharded: drop --tp/--fsdp"
+            )
+        return backbone.trainable()
     backbone_module(backbone)  # a one-line error for adapters without one, before copying
     clone = copy.deepcopy(backbone)
     backbone_module(clone).requires_grad_(True)

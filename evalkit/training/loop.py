@@ -169,8 +169,7 @@ def train_step(
             seen = observe()
         (loss / schedule.accumulate).backward()
         total += loss.item() / schedule.accumulate
-    if not fsdp_sharded(model):
-        mesh.average_gradients(model)
+    mesh.average_gradients(model)  # those FSDP2 has not averaged already
     total = mesh.mean_over_ranks(total)
     if not math.isfinite(total):
         lr = optimizer.param_groups[0]["lr"]
@@ -186,12 +185,6 @@ def train_step(
         "grad_norm": norm,
         **seen,
     }
-
-
-def fsdp_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def clip_global_norm(model, limit: float) -> float:
