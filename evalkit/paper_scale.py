@@ -112,24 +112,15 @@ def place(task, backbone: str, config, target) -> dict:
 
     from evalkit.plan import placement, plan_inputs
 
-    def inputs_of(tp: int):
+    def inputs_of(tp: int, dp: int):
         try:
-            return plan_inputs(task, backbone, config, {"dtype": "bf16", "tp": tp})[0]
+            return plan_inputs(task, backbone, config, {"dtype": "bf16", "tp": tp, "dp": dp})[0]
         except EvalkitError:  # the model does not split into tp ranks
             return None
 
     gpus, problems = placement(task, backbone, inputs_of, target)
-    blocked = [why for why in (fine_tuning_blocker(task, gpus),) if why]
-    named = [f"{task.name} × {backbone}: {why}" for why in problems + blocked]
+    named = [f"{task.name} × {backbone}: {why}" for why in problems]
     return {"gpus": gpus, "nodes": math.ceil(gpus / max(target.gpus, 1)), "problems": named}
-
-
-def fine_tuning_blocker(task, gpus: int) -> str | None:
-    """Fine-tuning runs in one process today: a fine-tuning job that needs more than one GPU
-    has no runnable path yet, and says so."""
-    if getattr(task, "finetune", False) and gpus > 1:
-        return f"fine-tuning needs {gpus} GPUs here, and fine-tuning runs in one process"
-    return None
 
 
 def placement_table(estimates: list[dict], target, utilisation: float) -> str:

@@ -238,7 +238,7 @@ def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs,
         classes = classes or count
         sources.append(f"{name}: {', '.join(f'{s} {n:,}' for s, n in found.items())} ({source})")
     inputs = PlanInputs(shape, sizes, classes, options.get("cache_dtype") or dtype,
-                        options.get("batch_size", 64))  # fmt: skip
+                        options.get("batch_size", 64), dp=options.get("dp", 1))  # fmt: skip
     return inputs, "; ".join(sources)
 
 
@@ -305,19 +305,21 @@ TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def placement(task, backbone: str, inputs_of, target: Target) -> tuple[int, list[str]]:
-    """The fewest tensor-parallel ranks (one per GPU) at which ``task`` on ``backbone`` fits
-    ``target``, and what does not fit at the largest size tried (empty when one fits).
-    ``inputs_of(tp)`` gives the task's plan inputs at that size (None: the model cannot be
-    split so); only the built-in family shards, any other backbone runs on one rank."""
-    sizes = TP_SIZES if backbone.partition("/")[0] == "vit22b" else (1,)
-    problems: list[str] = [f"no tensor-parallel size of {backbone} could be planned"]
-    for tp in sizes:
-        inputs = inputs_of(tp)
-        if inputs is None:
-            continue
-        budget = Budget.of(target, tp)
-        budget.check(task.plan(inputs), inputs.shape)
-        if not budget.problems:
-            return tp, []
-        problems = budget.problems
-    return sizes[-1], problems
+    """The fewest ranks (one per GPU) at which ``task`` on ``backbone`` fits ``target``, as
+    tensor-parallel × data-parallel ranks, and what does not fit at the largest size tried
+    (empty when one fits). ``inputs_of(tp, dp)`` gives the task's plan inputs for that layout
+    (None: the model cannot be split so); only the built-in family shards over tensor-parallel
+    ranks, and only training stages use data-parallel ones."""
+    sharded = backbone.partition("/")[0] == "vit22b"
+    problems: list[str] = [f"no layout of {backbone} could be planned"]
+    for ranks in TP_SIZES:
+        for tp in [t for t in TP_SIZES if t <= ranks and (sharded or t == 1)]:
+            inputs = inputs_of(tp, ranks // tp)
+            if inputs is None:
+                continue
+            budget = Budget.of(target, ranks)
+            budget.check(task.plan(inputs), inputs.shape)
+            if not budget.problems:
+                return ranks, []
+            problems = budget.problems
+    return TP_SIZES[-1], problems

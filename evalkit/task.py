@@ -76,7 +76,8 @@ class Shape:
 @dataclass(frozen=True)
 class PlanInputs:
     """What a task's ``plan`` sees: the backbone's shape, split sizes, number of classes where
-    known, the storage dtype of the cache, the extraction batch and the cache's shard size."""
+    known, the storage dtype of the cache, the extraction batch, the cache's shard size, and the
+    data-parallel ranks a training stage splits its batch (and, under FSDP2, its state) over."""
 
     shape: Shape
     sizes: dict[str, int]
@@ -84,6 +85,7 @@ class PlanInputs:
     storage: str = "fp32"
     batch_size: int = 64
     shard_size: int = 1024
+    dp: int = 1
 
     @property
     def row_bytes(self) -> int:

@@ -46,15 +46,17 @@ class FinetuneSettings:
 
     def finetune_stages(self, inputs, image: int, eval_passes: int) -> list[Stage]:
         """Training end to end (a backward pass per image, the gradient and two AdamW moments per
-        weight, each block's activations kept for the backward) and scoring at ``image`` px."""
+        weight, each block's activations kept for the backward) and scoring at ``image`` px.
+        Over ``inputs.dp`` data-parallel ranks each rank holds its share of the batch and, as
+        FSDP2 shards them, its share of the weights' training state."""
         shape = inputs.shape
         tokens = (image / shape.image) ** 2 if shape.image else 1.0
-        kept = int(
-            self.finetune_batch_size * shape.activation_bytes_per_image * shape.depth * tokens
-        )
+        share = -(-self.finetune_batch_size // inputs.dp)
+        kept = int(share * shape.activation_bytes_per_image * shape.depth * tokens)
+        state = 3 * shape.weight_bytes_per_rank // inputs.dp
         train = Stage("fine-tune backbone and head", "end to end",
                       forward_passes=self.finetune_steps * self.finetune_batch_size, backward=True,
-                      image=image, device_bytes=3 * shape.weight_bytes_per_rank + kept)  # fmt: skip
+                      image=image, device_bytes=state + kept)  # fmt: skip
         score = Stage("score", "fine-tuned", forward_passes=eval_passes, image=image)
         return [train, score]
 
