@@ -264,21 +264,49 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
             "data-parallel extraction shares its shards through the feature cache: drop "
             "--no-cache, or launch as many processes as --tp"
         )
-    todo = [i for i in range(len(shards)) if i not in done][layout.dp_rank :: layout.dp_size]
-    if not todo:
-        return {}
+    missing = [i for i in range(len(shards)) if i not in done]
+    todo = missing[layout.dp_rank :: layout.dp_size]
     batches = [
         shards[i][j : j + settings.batch_size]
         for i in todo
         for j in range(0, len(shards[i]), settings.batch_size)
     ]
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=batches, num_workers=_workers(settings, len(todo))
-    )
-    try:
-        return _run_loader(loader, backbone, shards, todo, request, settings, folder)
-    except EvalkitError as exc:  # raised in a worker: keep only the original one-line message
-        raise EvalkitError(str(exc).strip().splitlines()[-1].removeprefix(WORKER_PREFIX)) from None
+    computed = {}
+    if todo:
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=batches, num_workers=_workers(settings, len(todo))
+        )
+        try:
+            computed = _run_loader(loader, backbone, shards, todo, request, settings, folder)
+        except EvalkitError as exc:  # raised in a worker: keep only the original message
+            message = str(exc).strip().splitlines()[-1].removeprefix(WORKER_PREFIX)
+            raise EvalkitError(message) from None
+    if _gathers_weights(backbone):
+        most = max(_batch_count(shards, missing[r :: layout.dp_size], settings.batch_size)
+                   for r in range(layout.dp_size))  # fmt: skip
+        for _ in range(most - len(batches)):
+            _idle_forward(backbone, request, settings)
+    return computed
+
+
+def _gathers_weights(backbone) -> bool:
+    """FSDP2 gathers every block's weights from all data-parallel ranks at each forward, so
+    those ranks must run as many forwards as each other, whatever share of shards each has."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(getattr(backbone, "model", None), FSDPModule)
+
+
+def _batch_count(shards, indices: list[int], batch_size: int) -> int:
+    return sum(-(-len(shards[i]) // batch_size) for i in indices)
+
+
+def _idle_forward(backbone, request: FeatureRequest, settings: ExtractSettings):
+    """A forward whose output is dropped: a rank with fewer batches keeps FSDP2's gathers in
+    step with the others."""
+    size = backbone.info.preprocess.size
+    images = torch.zeros(1, 3, size, size)
+    _forward(backbone, images, torch.zeros(1, dtype=torch.long), request, settings)
 
 
 def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> dict[int, dict]:

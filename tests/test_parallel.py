@@ -227,3 +227,19 @@ def load_rows_of(path: Path) -> list[dict]:
     from evalkit.results import load_rows
 
     return load_rows([path])
+
+
+def test_fsdp_extraction_on_two_ranks_equals_one_process(cli_env, data_cache):
+    """Under FSDP2 a rank with fewer shards to extract (here: none) keeps running forwards
+    until the other is done, so the gathers stay in step instead of hanging."""
+    from evalkit.results import load_rows
+
+    env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["run", "--task", "imagenet-5shot", "--backbone", "vit22b/test", "--data", "embedded",
+            "--quiet"]  # fmt: skip
+    subprocess.run([sys.executable, "-m", "evalkit", *args, "--out", "one", "--cache-dir", "c1"],
+                   cwd=cli_env, env={**os.environ, **env}, check=True, timeout=600)  # fmt: skip
+    torchrun("-m", "evalkit", *args, "--fsdp", "--out", "two", "--cache-dir", "c2", cwd=cli_env,
+             env_extra=env)  # fmt: skip
+    one, two = ({r["metric"]: r["value"] for r in load_rows([cli_env / d])} for d in ("one", "two"))
+    assert one.keys() == {"top1"} and two == pytest.approx(one, abs=1e-9)
