@@ -131,12 +131,15 @@ class Student:
         model = Classifier(build(cfg, seed=ctx.seed), len(self.teacher.classes))
         schedule = Schedule(steps=task.steps, batch_size=task.batch_size, lr=task.lr,
                             warmup=task.warmup, seed=ctx.seed, checkpoint_every=10**9)  # fmt: skip
-        views = sampled_batches(train, task.batch_size, ctx.seed)
+        # Mixing rolls the whole batch by one: each rank also loads the item before its share,
+        # so its first image meets the partner one process would give it.
+        lead = int(task.mixup and task.mode == "consistent")
+        views = sampled_batches(train, task.batch_size, ctx.seed, lead=lead)
 
         def batch(step: int, micro: int):
             images, pairs = views(step, micro)
             mixed, lam = self.mix(images, (ctx.seed, step, micro))
-            return self.to_student(mixed), self.targets(mixed, pairs, lam)
+            return self.to_student(mixed)[lead:], self.targets(mixed, pairs, lam)[lead:]
 
         fit(model.to(ctx.extract.device), batch, self.loss, schedule, device=ctx.extract.device,
             progress=ctx.extract.progress)  # fmt: skip

@@ -243,3 +243,25 @@ def test_fsdp_extraction_on_two_ranks_equals_one_process(cli_env, data_cache):
              env_extra=env)  # fmt: skip
     one, two = ({r["metric"]: r["value"] for r in load_rows([cli_env / d])} for d in ("one", "two"))
     assert one.keys() == {"top1"} and two == pytest.approx(one, abs=1e-9)
+
+
+DISTILL = ["run", "--task", "distill-imagenet", "--backbone", "vit22b/test", "--data", "embedded",
+           "--set", "student=test", "--set", "steps=4", "--set", "batch_size=8", "--set",
+           "warmup=1", "--quiet"]  # fmt: skip
+
+
+def test_distillation_on_two_ranks_equals_one_process(cli_env, data_cache):
+    """The teacher sharded (FSDP2 or tensor parallel) while the student trains data-parallel
+    in the same job: teacher, distilled and label-only numbers of one process. Mixup pairs
+    each image with the one before it in the whole batch, across the ranks' shares."""
+    from evalkit.results import load_rows
+
+    env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "evalkit", *DISTILL, "--out", "one", "--cache-dir",
+                    "c1"], cwd=cli_env, env={**os.environ, **env}, check=True, timeout=600)  # fmt: skip
+    one = {r["metric"]: r["value"] for r in load_rows([cli_env / "one"])}
+    for name, flags in (("fsdp", ["--fsdp"]), ("tp", ["--tp", "2"])):
+        torchrun("-m", "evalkit", *DISTILL, *flags, "--out", name, "--cache-dir", f"c-{name}",
+                 cwd=cli_env, env_extra=env)  # fmt: skip
+        rows = {r["metric"]: r["value"] for r in load_rows([cli_env / name])}
+        assert rows == pytest.approx(one, rel=1e-4), name

@@ -81,7 +81,7 @@ def test_reproduce_paper_dry_run_places_every_row_on_a_target(tmp_path, capsys):
 
     args = ["reproduce", "--scale", "paper", "--dry-run", "--out", str(tmp_path)]
     assert main([*args, "--target", "8xH100-80GB"]) == 0
-    table = (tmp_path / "compute-paper.md").read_text()
+    table = (tmp_path / "compute-paper").with_suffix(".md").read_text()
     placed = [line for line in table.split("## On 8xH100-80GB")[1].splitlines()
               if line.startswith("| ") and line[2].isdigit()]  # fmt: skip
     assert [int(line.split("|")[1]) for line in placed] == list(range(1, 13))

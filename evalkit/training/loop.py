@@ -108,11 +108,14 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
     return log
 
 
-def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | None = None):
+def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | None = None,
+                    lead: int = 0):  # fmt: skip
     """A ``Batch`` over ``dataset``: each step's sample indices drawn from the (seed, step,
     micro) generator and each item's random augmentation seeded by its position in the batch,
     so a resumed run, and a run over several data-parallel ranks (each loads its own share),
-    see exactly the images one uninterrupted process would."""
+    see exactly the images one uninterrupted process would. With ``lead`` each rank also
+    loads the ``lead`` items before its share (cyclically), first: what mixing a batch with
+    itself rolled needs."""
 
     def batch(step: int, micro: int):
         layout = mesh.current()
@@ -125,7 +128,8 @@ def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | Non
         pick = torch.randint(0, len(dataset), (batch_size,), generator=generator)
         share = batch_size // layout.dp_size
         items = []
-        for position in range(layout.dp_rank * share, (layout.dp_rank + 1) * share):
+        start = layout.dp_rank * share
+        for position in (p % batch_size for p in range(start - lead, start + share)):
             torch.manual_seed(hash((seed, step, micro, position)) % 2**63)
             items.append(dataset[int(pick[position])])
         if collate is not None:
