@@ -11,6 +11,8 @@
    per-block gathers leave freed memory in the heap and RSS measures the allocator instead of
    the tensors. The ratio is also given above the footprint of the process itself (the same
    command with ``vit22b/test``).
+3. Fine-tuning memory: the same comparison for ``evalkit run --set finetune=true`` on
+   ``vit22b/b`` (``--finetune-memory`` runs this part alone).
 """
 
 from __future__ import annotations
@@ -95,7 +97,30 @@ def memory() -> dict:
             "target_rss_ratio": "<= 0.6"}  # fmt: skip
 
 
+def finetune_memory() -> dict:
+    """Per-rank peak RSS of fine-tuning ``vit22b/b`` (3 steps at 64 px) under FSDP2 on 2 ranks
+    against one process: the frozen backbone, its trainable copy and AdamW's state."""
+    args = ["run", "--task", "imagenet-linear", "--backbone", "vit22b/b", "--data", "embedded",
+            "--set", "finetune=true", "--set", "finetune_steps=3", "--set",
+            "finetune_batch_size=8", "--set", "finetune_resolution=64", "--quiet", "--no-cache"]  # fmt: skip
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    launch = [torchrun, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              "localhost:0", str(RSS_SCRIPT)]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for name in ("one", "two"):
+            (tmp / name).mkdir()
+        one = peak_rss([sys.executable, str(RSS_SCRIPT), *args, "--out", str(tmp / "a")],
+                       tmp / "one")  # fmt: skip
+        two = peak_rss([*launch, *args, "--fsdp", "--out", str(tmp / "b")], tmp / "two")
+    return {"finetune_rss_one_process_mb": round(one), "finetune_rss_fsdp_rank_mb": round(two),
+            "finetune_fsdp_rss_ratio": round(two / one, 2)}  # fmt: skip
+
+
 def main():
+    if sys.argv[1:] == ["--finetune-memory"]:
+        report("trainer-finetune", finetune_memory())
+        return
     data = batches()
     bare_loop(data[:2])  # warm-up
     bare = min(bare_loop(data) for _ in range(2))
@@ -103,7 +128,7 @@ def main():
     record = {"steps": STEPS, "batch": BATCH, "model": "vit22b/s @ 64 px",
               "bare_s": round(bare, 2), "fit_s": round(ours, 2),
               "fit_speed_vs_bare": round(bare / ours, 3), "target_speed": ">= 0.95"}  # fmt: skip
-    report("trainer", record | memory())
+    report("trainer", record | memory() | finetune_memory())
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ class FinetuneSettings:
 
     finetune: bool = False
     finetune_steps: int = setting(300, POSITIVE)
-    finetune_batch_size: int = setting(32, POSITIVE)
+    finetune_batch_size: int = setting(32, POSITIVE)  # images per micro-batch
+    finetune_accumulate: int = setting(1, POSITIVE)  # micro-batches per step
     finetune_lr: float = setting(3e-4, POSITIVE)  # the head's; blocks below decay from it
     finetune_weight_decay: float = setting(0.05, NON_NEGATIVE)
     layer_decay: float = setting(0.75, SHARE)
@@ -47,15 +48,16 @@ class FinetuneSettings:
     def finetune_stages(self, inputs, image: int, eval_passes: int) -> list[Stage]:
         """Training end to end (a backward pass per image, the gradient and two AdamW moments per
         weight, each block's activations kept for the backward) and scoring at ``image`` px.
-        Over ``inputs.dp`` data-parallel ranks each rank holds its share of the batch and, as
-        FSDP2 shards them, its share of the weights' training state."""
+        Over ``inputs.dp`` data-parallel ranks each rank holds its share of a micro-batch and,
+        as FSDP2 shards them, its share of the weights' training state."""
         shape = inputs.shape
         tokens = (image / shape.image) ** 2 if shape.image else 1.0
         share = -(-self.finetune_batch_size // inputs.dp)
         kept = int(share * shape.activation_bytes_per_image * shape.depth * tokens)
         state = 3 * shape.weight_bytes_per_rank // inputs.dp
         train = Stage("fine-tune backbone and head", "end to end",
-                      forward_passes=self.finetune_steps * self.finetune_batch_size, backward=True,
+                      forward_passes=self.finetune_steps * self.finetune_batch_size
+                      * self.finetune_accumulate, backward=True,
                       image=image, device_bytes=state + kept)  # fmt: skip
         score = Stage("score", "fine-tuned", forward_passes=eval_passes, image=image)
         return [train, score]
@@ -64,7 +66,8 @@ class FinetuneSettings:
         steps = self.finetune_steps
         return Schedule(steps=steps, batch_size=self.finetune_batch_size, lr=self.finetune_lr,
                         warmup=max(1, steps // 10), weight_decay=self.finetune_weight_decay,
-                        b2=0.999, clip=1.0, checkpoint_every=max(1, steps // 4), seed=seed)  # fmt: skip
+                        b2=0.999, clip=1.0, checkpoint_every=max(1, steps // 4), seed=seed,
+                        accumulate=self.finetune_accumulate)  # fmt: skip
 
 
 @dataclass

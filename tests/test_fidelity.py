@@ -248,7 +248,7 @@ def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monke
     from evalkit import plan
 
     tiny = plan.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
-    monkeypatch.setattr(plan.Budget, "here", classmethod(lambda cls, device, cache: tiny))
+    monkeypatch.setattr(plan.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny))
     args = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded",
             "--quiet"]  # fmt: skip
     assert main(args) == 2

@@ -88,5 +88,6 @@ def test_reproduce_paper_dry_run_places_every_row_on_a_target(tmp_path, capsys):
     assert "| 5 | 1 × 1 |" in table  # the linear probe of ViT-22B: one GPU of a node
     runnable = {int(line.split("|")[1]): line.split("|")[4].strip() for line in placed}
     assert runnable[5] == runnable[6] == runnable[10] == "yes"  # LiT and video stream
+    assert all(v == "yes" for v in runnable.values()), runnable  # every row has a path
     assert runnable[7] == runnable[8] == "yes"  # ViT-22B fine-tuned under torchrun, 8 GPUs
     assert "| 7 | 8 × 1 |" in table
