@@ -84,8 +84,8 @@ def sklearn_sweep(x, y, xv, yv, *, n: int):
 
 
 def objective(x, y, weight, bias, l2: float) -> float:
-    logits = x @ weight + bias
-    loss = torch.nn.functional.cross_entropy(logits.double(), y)
+    logits = x.double() @ weight.double() + bias.double()
+    loss = torch.nn.functional.cross_entropy(logits, y)
     return (loss + 0.5 * l2 * weight.double().pow(2).sum()).item()
 
 
