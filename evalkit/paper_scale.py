@@ -126,7 +126,9 @@ def place(task, backbone: str, config, target) -> dict:
 def placement_table(estimates: list[dict], target, utilisation: float) -> str:
     """Markdown: per row, the GPUs and nodes of ``target`` its largest job needs and the
     wall-clock hours of its jobs run one after another on that many GPUs."""
-    peak = target.peak_tflops or 312.0
+    gpu = Accelerator(peak_tflops=target.peak_tflops or Accelerator.peak_tflops,
+                      utilisation=utilisation)  # fmt: skip
+    peak = gpu.peak_tflops
     lines = [f"## On {target.describe()}", "",
              f"Each job on the fewest GPUs of a node at which it fits (per rank and per host); "
              f"hours at {utilisation:.0%} of {peak:g} TFLOP/s per GPU.", "",
@@ -134,7 +136,7 @@ def placement_table(estimates: list[dict], target, utilisation: float) -> str:
     for e in estimates:
         jobs = e["placement"]
         widest = max(jobs, key=lambda j: j["gpus"])
-        hours = sum(j["flops"] / (j["gpus"] * peak * 1e12 * utilisation * 3600) for j in jobs)
+        hours = sum(gpu.hours(j["flops"]) / j["gpus"] for j in jobs)
         problems = [p for j in jobs for p in j["problems"]]
         lines.append(f"| {e['row']} | {widest['gpus']} × {widest['nodes']} | "
                      f"{hours:,.1f} | {'no: ' + problems[0] if problems else 'yes'} |")  # fmt: skip
