@@ -109,16 +109,18 @@ class FeatureSet:
         for index in range(len(self.parts)):
             yield self.shard(index)[key]
 
-    def take(self, indices, key: str = "pooled") -> torch.Tensor:
-        """Rows ``indices`` (in that order), reading only the shards that hold them."""
+    def take(self, indices, key: str = "pooled", read=None) -> torch.Tensor:
+        """Rows ``indices`` (in that order), reading only the shards that hold them; ``read``
+        (a shard's index → its ``key`` tensor) stands in for reading a shard, e.g. a cache."""
         idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         if not len(idx):
             return torch.empty(0, 0)
+        read = read or (lambda index: self.shard(index)[key])
         shard_of = self._shard_of(idx)
         out = None
         for index in shard_of.unique().tolist():
             mask = shard_of == index
-            rows = self.shard(index)[key][idx[mask] - self.starts[index]]
+            rows = read(index)[idx[mask] - self.starts[index]]
             if out is None:
                 out = rows.new_empty((len(idx), *rows.shape[1:]))
             out[mask] = rows

@@ -159,15 +159,7 @@ class ShardReader:
     def take(self, indices: torch.Tensor) -> torch.Tensor:
         if self.whole is not None:
             return self.whole[indices]
-        shard_of = self.feats._shard_of(indices)
-        out = None
-        for index in shard_of.unique().tolist():
-            rows = self._shard(index)
-            mask = shard_of == index
-            if out is None:
-                out = rows.new_empty((len(indices), *rows.shape[1:]))
-            out[mask] = rows[indices[mask] - self.feats.starts[index]]
-        return out
+        return self.feats.take(indices, self.key, read=self._shard)
 
     def _shard(self, index: int) -> torch.Tensor:
         if index in self._shards:
