@@ -231,6 +231,12 @@ def add_model_commands(sub) -> None:
         choices=("layer", "rms"),
         help="big_vision source: its norms centre (layer) or not (rms); a tree does not say",
     )
+    convert.add_argument(
+        "--pool-include-prefix",
+        choices=("yes", "no"),
+        help="timm source with a class token and a MAP or average pool: the model's "
+        "pool_include_prefix (its state dict does not say; timm's default is no)",
+    )
     convert.add_argument("--shard-size", default="5GB", help="split files beyond this size")
 
 
@@ -740,7 +746,8 @@ def cmd_convert(args, console) -> int:
     if args.kind == "timm":
         if args.norm not in (None, "rms"):
             raise EvalkitError("timm xp models use RMS norms: drop --norm")
-        result = convert.from_timm_xp(read_state_dict(args.source))
+        prefix = None if args.pool_include_prefix is None else args.pool_include_prefix == "yes"
+        result = convert.from_timm_xp(read_state_dict(args.source), pool_include_prefix=prefix)
     else:
         result = convert.from_big_vision(convert.read_npz(args.source), norm=args.norm)
     state, cfg = result.state, result.config

@@ -72,7 +72,7 @@ class VideoClassification(Task):
     warmup: int = setting(50, NON_NEGATIVE)
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training splits are streamed
 
-    version = 2  # 2: batches shuffled across cache shards; statistics a shard at a time
+    version = 3  # 3: a clip with any undecodable view is dropped whole; padded counts clips
 
     @property
     def reference(self) -> dict:
@@ -171,14 +171,16 @@ class VideoClassification(Task):
 
     @torch.no_grad()
     def view_average(self, model, feats, dataset, ctx):
-        """Per clip: the mean of its readable views' probabilities, and its label. Clips with
-        no readable view are left out (and listed)."""
+        """Per clip: the mean of its views' probabilities, and its label. A clip with any
+        view that would not decode is left out whole (and listed): scoring it from the
+        views that did would test it on a different protocol from the rest."""
         views = self.segments * self.crops
         labels, padded, unreadable = split_status(feats.labels)
+        dropped = _clips_with(unreadable, views, len(dataset.samples))
         sums, counts = None, torch.zeros(len(dataset.samples))
         for rows, index in feats.by_shard(torch.arange(len(feats))):
             probs = model(rows.float().to(ctx.extract.device)).softmax(-1).cpu()
-            keep = ~unreadable[index]
+            keep = ~dropped[index // views]
             sums = torch.zeros(len(dataset.samples), probs.shape[1]) if sums is None else sums
             sums.index_add_(0, index[keep] // views, probs[keep])
             counts.index_add_(0, index[keep] // views, torch.ones(int(keep.sum())))
@@ -186,7 +188,11 @@ class VideoClassification(Task):
         if not scored.any():
             raise EvalkitError(f"no readable clip in {self.dataset}/{self.eval_split}")
         clip_labels = torch.tensor(dataset.clip_labels)[scored]
-        status = {"padded": int(padded.sum()), "unreadable": _listed(dataset, unreadable, views)}
+        padded_clips = _clips_with(padded, views, len(dataset.samples)) & scored
+        status = {
+            "padded": int(padded_clips.sum()),
+            "unreadable": _listed(dataset, unreadable, views),
+        }
         return sums[scored] / counts[scored, None], clip_labels, status
 
     def recorded(self) -> dict:
@@ -205,6 +211,13 @@ class _Scaled(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.scale(x))
+
+
+def _clips_with(view_mask: torch.Tensor, views: int, clips: int) -> torch.Tensor:
+    """Which clips have at least one view in ``view_mask``."""
+    marked = torch.zeros(clips, dtype=torch.bool)
+    marked[torch.nonzero(view_mask).squeeze(1) // views] = True
+    return marked
 
 
 def _listed(dataset, unreadable: torch.Tensor, views: int) -> dict:

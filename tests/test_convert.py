@@ -19,17 +19,21 @@ from evalkit.models.vit22b import ViT, ViTConfig, build
 TIMM_VARIANTS = {
     "default (class token)": {},
     "map pooling": {"global_pool": "map"},
+    "map pooling over the class token": {"global_pool": "map", "pool_include_prefix": True},
     "fc_norm, no class token": {"fc_norm": True, "class_token": False, "global_pool": "avg"},
     "fc_norm with class token": {"fc_norm": True, "global_pool": "avg"},
+    "average over the class token": {"global_pool": "avg", "pool_include_prefix": True},
     "qkv bias": {"qkv_bias": True},
 }
 
 
 @pytest.mark.parametrize("variant", TIMM_VARIANTS)
 def test_timm_variants_give_timms_own_features(variant, randomised_timm_xp):
-    timm_model = randomised_timm_xp(**TIMM_VARIANTS[variant])
+    switches = TIMM_VARIANTS[variant]
+    timm_model = randomised_timm_xp(**switches)
     state = timm_model.state_dict()
-    ours_state, cfg, dropped = convert.from_timm_xp(state)
+    prefix = switches.get("pool_include_prefix", False)
+    ours_state, cfg, dropped = convert.from_timm_xp(state, pool_include_prefix=prefix)
     assert dropped == []
     params = sum(t.numel() for t in state.values())
     assert sum(t.numel() for t in ours_state.values()) == params  # every parameter carried
@@ -49,8 +53,23 @@ def test_timm_xp_config_reads_the_switches(randomised_timm_xp):
     assert (cfg.norm, cfg.pool, cfg.patch, cfg.pre_norm, cfg.patch_bias) == (
         "rms", "cls", 16, True, False
     )  # fmt: skip
-    cfg = convert.from_timm_xp(randomised_timm_xp(global_pool="map").state_dict()).config
-    assert (cfg.pool, cfg.class_token) == ("map", True)
+    state = randomised_timm_xp(global_pool="map").state_dict()
+    cfg = convert.from_timm_xp(state, pool_include_prefix=False).config
+    assert (cfg.pool, cfg.class_token, cfg.pool_prefix) == ("map", True, False)
+
+
+def test_a_pool_beside_a_class_token_must_say_whether_it_takes_it_in(
+    tmp_path, capsys, randomised_timm_xp
+):
+    source = tmp_path / "timm.safetensors"
+    timm_model = randomised_timm_xp(global_pool="map", pool_include_prefix=True)
+    save_file(timm_model.state_dict(), str(source))
+    assert main(["convert", "--from", "timm", str(source), str(tmp_path / "out")]) == 2
+    assert "--pool-include-prefix" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    argv = ["convert", "--from", "timm", str(source), str(tmp_path / "out")]
+    assert main([*argv, "--pool-include-prefix", "yes"]) == 0
+    assert checkpoints.SafetensorsSource(tmp_path / "out").config()["pool_prefix"] is True
 
 
 def test_timm_classifier_is_dropped_on_purpose_and_printed(tmp_path, capsys, randomised_timm_xp):

@@ -89,6 +89,56 @@ def test_official_csv_layout_counts_missing_clips(tmp_path):
     assert data.skipped == {"missing clip": 1}
 
 
+def test_a_csv_label_with_spaces_finds_its_underscore_folder(tmp_path):
+    rows = [("label", "youtube_id", "time_start", "time_end", "split"),
+            ("riding a bike", "abc", "1", "11", "train"), ("riding a bike", "mkv", "2", "12", "train")]  # fmt: skip
+    with open(tmp_path / "train.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    _clip(tmp_path / "train" / "riding_a_bike" / "abc_000001_000011.mp4")
+    _mkv_with_long_audio(tmp_path / "train" / "riding_a_bike" / "mkv_000002_000012.mkv", 12)
+    data = open_clips(tmp_path, "train", transform=_transform)
+    assert data.classes == ["riding a bike"] and data.clip_labels == [0, 0]
+    assert data.skipped == {}
+
+
+def _mkv_with_long_audio(path, frames: int, fps: int = 8, audio_seconds: float = 3.0):
+    """A Matroska clip (no frame count in its header) whose audio outlasts its video."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pictures = render_clip("left", np.random.default_rng(0))[:frames]
+    with av.open(str(path), "w") as container:
+        video = container.add_stream("mpeg4", rate=fps)
+        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
+        audio = container.add_stream("flac", rate=8000)
+        audio.layout = "mono"
+        for picture in pictures:
+            container.mux(video.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        container.mux(video.encode())
+        samples = int(audio_seconds * 8000)
+        for start in range(0, samples, 1000):
+            chunk = av.AudioFrame.from_ndarray(np.zeros((1, 1000), np.int16), format="s16",
+                                               layout="mono")  # fmt: skip
+            chunk.sample_rate, chunk.pts = 8000, start
+            container.mux(audio.encode(chunk))
+        container.mux(audio.encode())
+    return path
+
+
+def test_a_clip_whose_audio_outlasts_it_counts_its_own_frames(tmp_path):
+    from evalkit.data.video import VideoClips, probe
+
+    path = _mkv_with_long_audio(tmp_path / "a" / "clip.mkv", 12)
+    assert probe(path) == 12  # 24 from the container's 3 s at 8 fps
+    clips = VideoClips(tmp_path, [(path, 0)], ["a"], _transform, Sampling(1, 1, "segment", 8))
+    items = [clips[i] for i in range(len(clips))]
+    assert all(label == 0 for _, label in items)  # readable and not padded
+    ends = clips.view(path, 7)[0][0], clips.view(path, 6)[0][0]
+    assert np.asarray(ends[0]).tolist() != np.asarray(ends[1]).tolist()  # no repeated frame
+    window = clips.view(path, 0)  # with Sampling(1, 1, "segment", 8) frame 0's segment
+    assert not window[1]
+
+
 def test_a_validation_class_missing_from_train_is_an_error(tmp_path):
     _clip(tmp_path / "val" / "zebra" / "0.mp4")
     with pytest.raises(EvalkitError, match="zebra"):
@@ -193,6 +243,38 @@ def test_task_end_to_end_lists_bad_clips_and_reuses_cached_frames(fake, ctx, tmp
 
     frame = pd.read_parquet(ctx.predictions)
     assert len(frame) == 4 and 100 * frame["correct"].mean() == pytest.approx(again["top1"])
+
+
+def test_a_clip_with_one_undecodable_view_is_dropped_whole(fake, ctx, tmp_path, monkeypatch):
+    from evalkit.data import DataConfig
+    from evalkit.data.video import Unreadable, VideoClips
+    from evalkit.tasks.video import VideoClassification
+
+    root = tmp_path / "data" / "kinetics400"
+    for split, count in (("train", 3), ("val", 2)):
+        for label, motion in enumerate(("grow", "shrink")):
+            for i in range(count):
+                _clip(
+                    root / split / motion / f"{i}.mp4",
+                    motion,
+                    seed=label * 10 + i + (split == "val") * 100,
+                )
+    _clip(root / "val" / "grow" / "short.mp4", "grow", seed=7, frames=6)  # both views padded
+    view = VideoClips.view
+
+    def second_view_fails(self, path, segment):
+        if path.name == "1.mp4" and path.parent.name == "shrink" and segment == 1:
+            raise Unreadable(f"{path}: damaged")
+        return view(self, path, segment)
+
+    monkeypatch.setattr(VideoClips, "view", second_view_fails)
+    ctx.data = DataConfig(source="folder", root=tmp_path / "data")
+    task = VideoClassification(frames=4, stride=4, segments=2, steps=10, batch_size=4, warmup=2)
+    rows = {m.metric: m for m in task.run(fake, ctx)}
+    extra = rows["top1"].extra
+    assert rows["top1"].n == 4  # 5 clips, the one with a damaged view not scored
+    assert extra["unreadable"]["eval"] == {"count": 1, "clips": ["val/shrink/1.mp4"]}
+    assert extra["padded"]["eval"] == 1  # clips, not views
 
 
 def test_video_settings_are_validated():

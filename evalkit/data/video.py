@@ -15,8 +15,10 @@ backbone's centre crop; 3: left/centre/right squares, or top/centre/bottom). A w
 equal segments of the clip (``segment``). Decoding seeks to the keyframe before the first
 wanted frame and decodes forward only to the last one. Items are ``(frames (T, C, H, W),
 label)``, one per (clip, view). A clip that cannot be decoded gets label ``UNREADABLE`` and is
-dropped and listed where its features are used; a clip shorter than the window is padded by
-repeating its last frame, and its label carries ``PADDED`` (``split_status`` separates them).
+dropped (every view of it) and listed where its features are used; a clip shorter than the
+window is padded by repeating its last frame, and its label carries ``PADDED``
+(``split_status`` separates them). A CSV row finds its clip with any video suffix, flat or
+under its label's folder (spaces in the label as spaces or underscores).
 """
 
 from __future__ import annotations
@@ -96,20 +98,24 @@ def _av():
 
 
 def probe(path: Path) -> int:
-    """The clip's frame count, from its header (or its duration × frame rate)."""
+    """The clip's frame count (see ``_frame_count``)."""
     av = _av()
     try:
         with av.open(str(path)) as container:
-            return _frame_count(container, _video_stream(container, path))
+            return _frame_count(container, _video_stream(container, path), path)
     except (av.error.FFmpegError, OSError, ValueError, TypeError) as exc:
         raise Unreadable(f"{path}: {exc.__class__.__name__}") from exc
 
 
-def _frame_count(container, stream) -> int:
+def _frame_count(container, stream, path: Path) -> int:
+    """The header's frame count; a container that keeps none (Matroska, WebM) has its video
+    packets counted, without decoding them: a duration × frame rate estimate takes the
+    longest stream's duration, and an audio track that outlasts the video would add frames
+    that never decode."""
     if stream.frames:
         return int(stream.frames)
-    duration = stream.duration * stream.time_base if stream.duration else container.duration / 1e6
-    return max(0, int(round(float(duration) * float(stream.average_rate))))
+    with _av().open(str(path)) as counting:
+        return sum(1 for packet in counting.demux(counting.streams.video[0]) if packet.size)
 
 
 def _video_stream(container, path: Path):
@@ -127,7 +133,7 @@ def read_frames(path: Path, indices, *, seek: bool = True) -> dict[int, Image.Im
         with av.open(str(path)) as container:
             stream = _video_stream(container, path)
             if callable(indices):
-                indices = indices(_frame_count(container, stream))
+                indices = indices(_frame_count(container, stream, path))
             found = _decode(container, stream, indices, seek)
     except (av.error.FFmpegError, OSError, ValueError, TypeError) as exc:
         raise Unreadable(f"{path}: {exc.__class__.__name__}") from exc
@@ -280,12 +286,16 @@ def _from_csv(root: Path, split: str, listing: Path):
 
 
 def _clip_path(folder: Path, row: dict) -> Path | None:
+    """The row's clip, flat or under its label's folder; the official CSVs spell labels with
+    spaces ("riding a bike") and the usual download scripts name folders with underscores."""
     stem = (
         f"{row['youtube_id']}_{int(float(row['time_start'])):06d}_{int(float(row['time_end'])):06d}"
     )
-    for candidate in (folder / f"{stem}.mp4", folder / row["label"] / f"{stem}.mp4"):
-        if candidate.is_file():
-            return candidate
+    label = row["label"]
+    for parent in (folder, folder / label, folder / label.replace(" ", "_")):
+        for suffix in sorted(VIDEO_SUFFIXES):
+            if (parent / f"{stem}{suffix}").is_file():
+                return parent / f"{stem}{suffix}"
     return None
 
 

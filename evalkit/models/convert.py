@@ -80,16 +80,23 @@ def check_produces(state: dict, cfg: ViTConfig, *, name: str):
 # --- timm vit_*_xp_* -------------------------------------------------------------------------
 
 
-def timm_xp_config(state: dict[str, torch.Tensor]) -> ViTConfig:
+def timm_xp_config(state: dict[str, torch.Tensor], pool_include_prefix: bool | None) -> ViTConfig:
     """The switches a timm xp state dict shows. Pooling: ``attn_pool`` → MAP; ``fc_norm`` →
     average (timm puts the final norm after an average pool); else a class token → that
-    token; else average."""
+    token; else average. Whether a MAP or average pool takes the class token in (timm's
+    ``pool_include_prefix``) no state dict shows: with a class token it must be said."""
     width = state["pos_embed"].shape[-1]
     patch = state["patch_embed.proj.weight"].shape[-1]
     depth = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
     has_cls, fc_norm = "cls_token" in state, "fc_norm.weight" in state
     pool = "cls" if has_cls and not fc_norm else "gap"
     pool = "map" if "attn_pool.latent" in state else pool
+    if has_cls and pool != "cls" and pool_include_prefix is None:
+        raise EvalkitError(
+            f"this timm checkpoint pools ({pool}) beside a class token, and its state dict cannot "
+            "show whether the pool takes that token in (timm's pool_include_prefix): pass "
+            "--pool-include-prefix no (timm's default) or yes"
+        )
     return ViTConfig(
         width=width,
         depth=depth,
@@ -104,6 +111,7 @@ def timm_xp_config(state: dict[str, torch.Tensor]) -> ViTConfig:
         patch_bias="patch_embed.proj.bias" in state,
         class_token=has_cls,
         fc_norm=fc_norm,
+        pool_prefix=bool(has_cls and pool != "cls" and pool_include_prefix),
     )
 
 
@@ -128,14 +136,17 @@ TIMM_RENAMES = {
 }
 
 
-def from_timm_xp(state: dict[str, torch.Tensor]) -> Converted:
-    """A timm ``vit_*_xp_*`` state dict → our state dict, config and the keys dropped."""
+def from_timm_xp(
+    state: dict[str, torch.Tensor], *, pool_include_prefix: bool | None = None
+) -> Converted:
+    """A timm ``vit_*_xp_*`` state dict → our state dict, config and the keys dropped;
+    ``pool_include_prefix`` is the timm model's switch of that name (see ``timm_xp_config``)."""
     if "blocks.0.in_proj.weight" not in state:
         raise EvalkitError(
             "not a timm parallel-block ViT checkpoint (no blocks.0.in_proj.weight): expected "
             "a vit_*_xp_* state dict"
         )
-    cfg = timm_xp_config(state)
+    cfg = timm_xp_config(state, pool_include_prefix)
     ledger = Ledger(state, name="timm checkpoint", dropped=TIMM_DROPPED)
     out = {new: ledger.take(old) for old, new in TIMM_RENAMES.items() if old in state}
     for prefix in ("weight", "bias"):
@@ -339,7 +350,11 @@ def from_big_vision(tree: dict, *, norm: str | None = None) -> Converted:
 
 
 # What a big_vision tree cannot hold: the export refuses, naming the parameter.
-NOT_IN_BIG_VISION = {"pre_norm": "norm_pre.weight", "fc_norm": "fc_norm.weight"}
+NOT_IN_BIG_VISION = {
+    "pre_norm": "norm_pre.weight",
+    "fc_norm": "fc_norm.weight",
+    "pool_prefix": "a pool over the class token",
+}
 
 
 def to_big_vision(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict:

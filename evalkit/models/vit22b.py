@@ -54,6 +54,7 @@ class ViTConfig:
     patch_bias: bool = True
     class_token: bool = False  # a class token (``pool="cls"`` sets it; MAP and GAP skip it)
     fc_norm: bool = False  # the final norm after pooling instead of before (timm's fc_norm)
+    pool_prefix: bool = False  # MAP/mean pool the class token too (timm's pool_include_prefix)
     eps: float = 1e-6
 
     def __post_init__(self):
@@ -241,11 +242,12 @@ class ViT(nn.Module):
 
     def pool(self, tokens: torch.Tensor, how: str | None = None) -> torch.Tensor:
         """One vector per image: the MAP head or the mean over the patch tokens (a class
-        token is left out of both), or the class token; then ``fc_norm`` when it is on."""
+        token is left out of both unless ``pool_prefix``), or the class token; then
+        ``fc_norm`` when it is on."""
         how = how or self.cfg.pool
         if how == "cls":
             return self.fc_norm(tokens[:, 0])
-        patches = tokens[:, self.cfg.prefix_tokens :]
+        patches = tokens if self.cfg.pool_prefix else tokens[:, self.cfg.prefix_tokens :]
         return self.fc_norm(self.head(patches) if how == "map" else patches.mean(dim=1))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
