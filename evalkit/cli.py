@@ -53,7 +53,10 @@ def add_jobs_arguments(run) -> None:
     )
     run.add_argument("--weights", help="local checkpoint (.safetensors, .pt, .pth)")
     run.add_argument(
-        "--pretrained", action="store_true", help="let timm fetch published weights (needs network)"
+        "--pretrained",
+        action="store_true",
+        help="published weights of timm/<model>.<tag> or open_clip/<arch>:<tag>, from the "
+        "Hugging Face cache (HF_HUB_OFFLINE=1: the cache only)",
     )
 
 

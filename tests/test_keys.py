@@ -38,7 +38,7 @@ NOT_IN_KEY = {
     "tp": "sharding; tests/test_parallel.py shows equal features",
     "fsdp": "sharding of weights only",
     "random_init": "permits untrained weights; the weights id says they are random",
-    "pretrained": "reaches the key as the hub weights id (needs a network to test)",
+    "pretrained": "reaches the key as the cached file's content id (tests/test_hub.py)",
     "save_predictions": "writes a Parquet file beside the rows; the numbers do not change",
 }
 BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)

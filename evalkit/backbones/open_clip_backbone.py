@@ -1,5 +1,8 @@
 """``open_clip/<arch>``: an open_clip image tower as the backbone, its text tower exposed.
 
+``open_clip/<arch>:<tag> --pretrained`` reads the tag's published checkpoint from the Hugging
+Face cache (``evalkit.backbones.hub``); ``--weights PATH`` a local file; else random weights.
+
 Pools: ``cls`` and ``mean`` over normed intermediates, and ``embed``: the model's own image
 embedding (pooled + projected), the space its text tower shares for zero-shot tasks.
 """
@@ -99,30 +102,58 @@ def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
         raise EvalkitError(
             "open_clip backbones need open_clip_torch: pip install 'evalkit[clip]'"
         ) from exc
-    if variant not in open_clip.list_models():
+    arch = variant.partition(":")[0]
+    if arch not in open_clip.list_models():
         raise EvalkitError(
-            f"unknown open_clip model {variant!r}: {did_you_mean(variant, open_clip.list_models())}"
+            f"unknown open_clip model {arch!r}: {did_you_mean(arch, open_clip.list_models())}"
         )
     model, weights_id = _create(open_clip, variant, opts)
     if not hasattr(model.visual, "forward_intermediates"):
         raise EvalkitError(f"open_clip/{variant}: its image tower has no forward_intermediates")
     model.eval().requires_grad_(False).to(opts.device)
     info = _info(f"open_clip/{variant}", model, weights_id)
-    return OpenClipBackbone(model, info, OpenClipText(model, open_clip.get_tokenizer(variant)))
+    return OpenClipBackbone(model, info, OpenClipText(model, open_clip.get_tokenizer(arch)))
 
 
 def _create(open_clip, variant: str, opts: BackboneOptions):
-    if opts.pretrained:
-        raise EvalkitError(
-            "open_clip weights are not fetched by evalkit: download the checkpoint and pass --weights PATH"
-        )
+    arch, _, tag = variant.partition(":")
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
-        model = open_clip.create_model(variant, pretrained=None, **opts.model_kwargs)
+        model = open_clip.create_model(arch, pretrained=None, **opts.model_kwargs)
+    if opts.pretrained:
+        return model, _load_from_hub(open_clip, model, arch, tag)
+    if tag:
+        raise EvalkitError(
+            f"open_clip/{variant} names hub weights: add --pretrained (or drop :{tag})"
+        )
     if opts.weights is None:
         return model, random_init_id(f"open_clip/{variant}", opts.seed, opts.model_kwargs)
     load_strict(model, read_state_dict(opts.weights), source=opts.weights)
     return model, checkpoints.weights_id(opts.weights)
+
+
+def _load_from_hub(open_clip, model, arch: str, tag: str) -> str:
+    """The weights of open_clip's ``<arch>:<tag>`` from its hub repository in the cache,
+    through the safe reader; preprocessing from the repository's ``open_clip_config.json``,
+    else open_clip's record of the tag. Returns the weights id."""
+    from evalkit.backbones import hub
+
+    cfg = open_clip.get_pretrained_cfg(arch, tag) if tag else {}
+    if not cfg.get("hf_hub"):
+        known = ", ".join(open_clip.list_pretrained_tags_by_model(arch)) or "none"
+        raise EvalkitError(
+            f"open_clip/{arch}:{tag or '<tag>'} is not a hub checkpoint open_clip knows "
+            f"(tags of {arch}: {known}); or pass --weights PATH"
+        )
+    parts = cfg["hf_hub"].split("/")  # "<org>/<name>/" or "<org>/<name>/<file>"
+    repo, named = "/".join(parts[:2]), "/".join(parts[2:])
+    files = (named,) if named else ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+    path = hub.cached_file(repo, files, backbone=f"open_clip/{arch}:{tag}")
+    load_strict(model, read_state_dict(path), source=path)
+    own = hub.cached_json(repo, "open_clip_config.json").get("preprocess_cfg", {})
+    preprocessing = {k: cfg[k] for k in ("mean", "std", "interpolation") if k in cfg} | own
+    model.visual.preprocess_cfg = {**getattr(model.visual, "preprocess_cfg", {}), **preprocessing}
+    return checkpoints.weights_id(path)
 
 
 def _info(name: str, model, weights_id: str) -> BackboneInfo:

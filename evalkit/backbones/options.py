@@ -26,7 +26,7 @@ LOADER_OPTION = re.compile(
 @dataclass(frozen=True)
 class BackboneOptions:
     weights: str | None = None  # local checkpoint path
-    pretrained: bool = False  # let the adapter fetch its own published weights (needs network)
+    pretrained: bool = False  # the published weights the name's tag names, from the hub cache
     seed: int = 0  # random-init seed when no weights are given
     device: str = "cpu"
     dtype: str = "fp32"  # parameter dtype where the adapter honours it (vit22b: bf16 halves memory)

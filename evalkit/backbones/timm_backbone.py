@@ -2,7 +2,9 @@
 
 Preprocessing comes from the model's ``pretrained_cfg``; features from ``forward_intermediates``
 (normed intermediates, prefix tokens for ``cls`` pooling, the model's attention-pool head for
-``map``). Without ``--weights`` the model is randomly initialised from the seed, and says so.
+``map``). Without ``--weights`` the model is randomly initialised from the seed, and says so;
+``--pretrained`` with ``timm/<model>.<tag>`` reads the tag's checkpoint from the Hugging Face
+cache (``evalkit.backbones.hub``), its weights id the file's content id.
 """
 
 from __future__ import annotations
@@ -85,14 +87,7 @@ def build(variant: str, opts: BackboneOptions) -> TimmBackbone:
 def _create(timm, variant: str, opts: BackboneOptions):
     kwargs = {"num_classes": 0, **opts.model_kwargs}
     if opts.pretrained:
-        try:
-            model = timm.create_model(variant, pretrained=True, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - hub errors come in many types
-            raise EvalkitError(
-                f"could not fetch pretrained weights for timm/{variant} ({type(exc).__name__}); "
-                "offline, download the checkpoint elsewhere and pass --weights PATH"
-            ) from exc
-        return model, f"timm-hub:{model.pretrained_cfg.get('hf_hub_id') or variant}"
+        return _from_hub(timm, variant, kwargs)
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
         try:
@@ -107,6 +102,34 @@ def _create(timm, variant: str, opts: BackboneOptions):
     heads = (head,) if isinstance(head, str) else tuple(head)
     load_strict(model, read_state_dict(opts.weights), source=opts.weights, skip=heads)
     return model, checkpoints.weights_id(opts.weights)
+
+
+# What of a hub checkpoint's own ``config.json`` decides how images are prepared.
+PREPROCESSING = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
+
+
+def _from_hub(timm, variant: str, kwargs: dict):
+    """``variant`` (``<model>.<tag>``) with the weights its hub repository holds, read from
+    the cache through the safe reader and loaded by timm (its filters for the architecture
+    and its classifier handling); preprocessing from the repository's ``config.json``."""
+    from evalkit.backbones import hub
+
+    cfg = timm.models.get_pretrained_cfg(variant)
+    repo = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    if not repo:
+        raise EvalkitError(
+            f"timm/{variant} has no hub checkpoint: name one with its tag "
+            f"(timm/<model>.<tag>, `timm.list_pretrained('{variant.split('.')[0]}*')`) "
+            "or pass --weights PATH"
+        )
+    path = hub.cached_file(repo, ("model.safetensors", "pytorch_model.bin"),
+                           backbone=f"timm/{variant}")  # fmt: skip
+    own = hub.cached_json(repo, "config.json").get("pretrained_cfg", {})
+    overlay = {k: own[k] for k in PREPROCESSING if k in own}
+    overlay["state_dict"] = read_state_dict(path)
+    model = timm.create_model(variant, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    model.pretrained_cfg.pop("state_dict", None)
+    return model, checkpoints.weights_id(path)
 
 
 def _info(timm, name: str, model, weights_id: str) -> BackboneInfo:

@@ -1,0 +1,68 @@
+"""Checkpoints from the Hugging Face hub cache, for ``--pretrained`` timm and open_clip
+backbones (docs/backbones.md, "Hub checkpoints").
+
+A file is looked up in the hub's cache folder (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
+``~/.cache/huggingface/hub``): with ``HF_HUB_OFFLINE=1`` only there, otherwise the hub may
+fetch it. A file that is in neither is a one-line error naming the repository, the file and
+how to place it. The row's weights id is the file's content id, as for ``--weights PATH``, so
+two caches holding the same bytes give the same id and a re-uploaded file a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+
+def hub_cache() -> Path:
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no")
+
+
+def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str) -> Path:
+    """The first of ``filenames`` the hub repository has in the cache (or, online, fetches)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    for filename in filenames:
+        try:
+            return Path(hf_hub_download(repo, filename, cache_dir=hub_cache(),
+                                        local_files_only=offline()))  # fmt: skip
+        except (EntryNotFoundError, LocalEntryNotFoundError):
+            continue
+        except Exception as exc:  # noqa: BLE001 - network and hub errors come in many types
+            raise EvalkitError(f"{backbone}: the hub did not give {repo}/{filename} "
+                               f"({type(exc).__name__}): {_placing(repo, filename)}") from exc  # fmt: skip
+    raise EvalkitError(
+        f"{backbone}: no {' or '.join(filenames)} of hub repository {repo} in the cache "
+        f"{hub_cache()}: {_placing(repo, filenames[0])}"
+    )
+
+
+def cached_json(repo: str, filename: str) -> dict:
+    """A JSON file of the repository if the cache has it (a checkpoint's own config), else {}."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo, filename, cache_dir=hub_cache())
+    if not isinstance(path, str):
+        return {}
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _placing(repo: str, filename: str) -> str:
+    folder = "models--" + repo.replace("/", "--")
+    return (
+        f"where there is a network run `hf download {repo} {filename}` and copy "
+        f"{folder} into {hub_cache()}, or pass --weights PATH"
+    )

@@ -1,0 +1,145 @@
+"""Hub checkpoints offline: ``--pretrained`` timm and open_clip backbones load from a Hugging
+Face cache fabricated in the hub's own folder layout (random weights), with the checkpoint's
+own preprocessing and the file's content id as the weights id; a missing file is one line that
+names the repository, the file and how to place it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from evalkit import checkpoints
+from evalkit.backbones import load_backbone
+from evalkit.backbones.options import BackboneOptions
+from evalkit.cli import main
+from evalkit.errors import EvalkitError
+
+TIMM_TAGGED = "vit_tiny_patch16_224.augreg_in21k"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def place_in_cache(cache, repo: str, files: dict) -> None:
+    """``files`` (name → bytes) as the hub's cache keeps a downloaded revision."""
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(REVISION)
+    snapshot = folder / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    for name, content in files.items():
+        (snapshot / name).write_bytes(content)
+
+
+@pytest.fixture()
+def hub_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hf" / "hub"
+    cache.mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def timm_checkpoint(tmp_path):
+    import timm
+
+    torch.manual_seed(5)
+    model = timm.create_model(TIMM_TAGGED.split(".")[0], num_classes=21843)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return model.eval(), path
+
+
+def test_a_cached_timm_checkpoint_loads_offline_with_its_own_config(tmp_path, hub_cache):
+    model, path = timm_checkpoint(tmp_path)
+    config = {"architecture": "vit_tiny_patch16_224",
+              "pretrained_cfg": {"crop_pct": 0.95, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2]}}  # fmt: skip
+    place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}",
+                   {"model.safetensors": path.read_bytes(), "config.json": json.dumps(config).encode()})  # fmt: skip
+    backbone = load_backbone(f"timm/{TIMM_TAGGED}", BackboneOptions(pretrained=True))
+    assert backbone.info.weights_id == checkpoints.weights_id(path)
+    assert not backbone.info.random_init
+    assert (backbone.info.preprocess.crop_pct, backbone.info.preprocess.mean) == (0.95, (0.4,) * 3)
+    images = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        expected = model.forward_head(model.forward_features(images), pre_logits=True)
+    got = backbone.extract(images, layers=(-1,), pool="cls").pooled
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_run_on_a_cached_checkpoint_records_the_files_content_id(tmp_path, hub_cache, cli_env):
+    _, path = timm_checkpoint(tmp_path)
+    place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}", {"model.safetensors": path.read_bytes()})
+    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}", "--pretrained",
+            "--data", "embedded", "--quiet", "--out", str(tmp_path / "rows")]  # fmt: skip
+    assert main(argv) == 0
+    rows = [json.loads(line) for f in (tmp_path / "rows").rglob("*.jsonl") for line in f.open()]
+    assert rows and {r["weights_id"] for r in rows} == {checkpoints.weights_id(path)}
+    assert not any(r.get("random_init") for r in rows)
+
+
+def test_a_missing_hub_file_names_the_repository_file_and_remedy(hub_cache, capsys):
+    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}", "--pretrained",
+            "--data", "embedded"]  # fmt: skip
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"timm/{TIMM_TAGGED}" in err and "model.safetensors" in err
+    assert f"hf download timm/{TIMM_TAGGED}" in err and "--weights PATH" in err
+
+
+def test_an_untagged_timm_name_with_pretrained_says_to_name_a_tag(hub_cache):
+    with pytest.raises(EvalkitError, match="no hub checkpoint|model.safetensors"):
+        load_backbone("timm/vit_base_patch16_xp_224", BackboneOptions(pretrained=True))
+
+
+TINY_CLIP = {"embed_dim": 32,
+             "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+             "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}  # fmt: skip
+
+
+@pytest.fixture()
+def tiny_clip_registered(monkeypatch):
+    """A tiny architecture and a published tag for it, in open_clip's own registries."""
+    import open_clip.factory
+    import open_clip.pretrained
+
+    monkeypatch.setitem(open_clip.factory._MODEL_CONFIGS, "Tiny-Test", TINY_CLIP)
+    tags = {"hubtag": {"hf_hub": "someorg/tiny-clip/", "mean": (0.3, 0.3, 0.3), "std": (0.1, 0.1, 0.1),
+                       "interpolation": "bilinear"}}  # fmt: skip
+    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "Tiny-Test", tags)
+
+
+def test_a_cached_open_clip_checkpoint_loads_offline(tmp_path, hub_cache, tiny_clip_registered):
+    import open_clip
+
+    torch.manual_seed(3)
+    source = open_clip.create_model("Tiny-Test").eval()
+    path = tmp_path / "open_clip_model.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    place_in_cache(
+        hub_cache, "someorg/tiny-clip", {"open_clip_model.safetensors": path.read_bytes()}
+    )
+    backbone = load_backbone("open_clip/Tiny-Test:hubtag", BackboneOptions(pretrained=True))
+    assert (
+        backbone.info.weights_id == checkpoints.weights_id(path) and not backbone.info.random_init
+    )
+    assert (backbone.info.preprocess.mean, backbone.info.preprocess.interpolation) == (
+        (0.3,) * 3,
+        "bilinear",
+    )
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = source.encode_image(images)
+    torch.testing.assert_close(
+        backbone.extract(images, pool="embed").pooled, expected, atol=1e-5, rtol=0
+    )
+
+
+def test_an_open_clip_tag_missing_from_the_cache_is_one_line(hub_cache, tiny_clip_registered):
+    with pytest.raises(EvalkitError, match="someorg/tiny-clip.*hf download someorg/tiny-clip"):
+        load_backbone("open_clip/Tiny-Test:hubtag", BackboneOptions(pretrained=True))
+    with pytest.raises(EvalkitError, match="tags of Tiny-Test: hubtag"):
+        load_backbone("open_clip/Tiny-Test:other", BackboneOptions(pretrained=True))
+    with pytest.raises(EvalkitError, match="add --pretrained"):
+        load_backbone("open_clip/Tiny-Test:hubtag")
