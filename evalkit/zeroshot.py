@@ -42,9 +42,38 @@ def canonicalize(text: str, *, keep: str | None = None) -> str:
 
 
 def templates(name: str) -> list[str]:
-    if name not in TEMPLATE_SETS:
-        raise EvalkitError(f"unknown template set {name!r}: choose from {', '.join(TEMPLATE_SETS)}")
-    return [canonicalize(t, keep=SLOT) for t in TEMPLATE_SETS[name]]
+    """A named template set, or a text file of one template per line, each with one ``{}``
+    where the class name goes (blank lines and lines starting with ``#`` are skipped)."""
+    if name in TEMPLATE_SETS:
+        raw = TEMPLATE_SETS[name]
+    elif is_template_file(name):
+        raw = template_file_lines(Path(name))
+    else:
+        raise EvalkitError(
+            f"unknown template set {name!r}: choose from {', '.join(TEMPLATE_SETS)}, or name a "
+            "text file of templates (one per line, each with {})"
+        )
+    return [canonicalize(t, keep=SLOT) for t in raw]
+
+
+def is_template_file(name: str) -> bool:
+    return name not in TEMPLATE_SETS and ("/" in name or name.endswith(".txt"))
+
+
+def template_file_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise EvalkitError(
+            f"template file not found: {path} (one template per line, each with {{}})"
+        )
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    bad = [line for line in lines if line.count(SLOT) != 1]
+    if not lines or bad:
+        raise EvalkitError(
+            f"{path}: every template needs exactly one {{}} for the class name"
+            + (f", not {bad[0]!r}" if bad else " (the file has none)")
+        )
+    return lines
 
 
 def prompts(name: str, template_list: list[str], *, first_alias: bool = False) -> list[str]:

@@ -46,6 +46,7 @@ from evalkit.task import (
     NON_NEGATIVE,
     POSITIVE,
     Metric,
+    Rule,
     Stage,
     Task,
     extraction_stage,
@@ -58,6 +59,7 @@ from evalkit.zeroshot import (
     TEMPLATE_SETS,
     Prompting,
     class_embeddings,
+    is_template_file,
     label_space_hits,
     names_id,
     stored_class_embeddings,
@@ -66,6 +68,10 @@ from evalkit.zeroshot import (
 
 from .linear_probe import save_classifications
 
+TEMPLATES = Rule(
+    f"one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",
+    lambda v: v in TEMPLATE_SETS or is_template_file(v),
+)
 PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
                  "objectnet": 87.6}  # fmt: skip
 PAPER_LIT_E = {"objectnet": 84.9}
@@ -76,13 +82,24 @@ class ZeroShot(Task):
     name: str = "zeroshot-imagenet"
     dataset: str = "imagenet"
     eval_split: str = "val"
-    templates: str = setting("clip_paper", one_of(*TEMPLATE_SETS))
+    # a named set, or a text file of one template per line, each with {} (docs/tasks.md)
+    templates: str = setting("clip_paper", TEMPLATES)
     first_alias: bool = False  # only the first comma-separated alias of a class name
     text_tower: str = ""  # a saved LiT tower; empty: the backbone's own text tower
     pool: str = setting("auto", one_of("auto", *POOLS))  # auto: embed, or the LiT tower's
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
     version = 1
+
+    def config(self) -> dict:
+        """The settings, and the content of the files they name: a templates file or a saved
+        tower edited in place must not reuse rows measured with the old one."""
+        config = super().config()
+        if is_template_file(self.templates):
+            config["templates_id"] = names_id(templates(self.templates))
+        if self.text_tower:
+            config["text_tower_id"] = weights_id(self.text_tower)
+        return config
 
     @property
     def reference(self) -> dict:

@@ -62,3 +62,21 @@ def randomised_timm_xp():
     """Builds a small timm ``vit_base_patch16_xp_224`` (width 64, 2 blocks; ``kwargs`` change
     it) with norms and biases randomised so that every parameter matters."""
     return _randomised_timm_xp
+
+
+TINY_CLIP = {"embed_dim": 32,
+             "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+             "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}  # fmt: skip
+
+
+@pytest.fixture()
+def tiny_clip_registered(monkeypatch):
+    """A tiny open_clip architecture ``Tiny-Test`` and a published tag ``hubtag`` for it
+    (hub repository ``someorg/tiny-clip``), in open_clip's own registries."""
+    import open_clip.factory
+    import open_clip.pretrained
+
+    monkeypatch.setitem(open_clip.factory._MODEL_CONFIGS, "Tiny-Test", TINY_CLIP)
+    tags = {"hubtag": {"hf_hub": "someorg/tiny-clip/", "mean": (0.3, 0.3, 0.3), "std": (0.1, 0.1, 0.1),
+                       "interpolation": "bilinear"}}  # fmt: skip
+    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "Tiny-Test", tags)

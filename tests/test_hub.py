@@ -93,23 +93,6 @@ def test_an_untagged_timm_name_with_pretrained_says_to_name_a_tag(hub_cache):
         load_backbone("timm/vit_base_patch16_xp_224", BackboneOptions(pretrained=True))
 
 
-TINY_CLIP = {"embed_dim": 32,
-             "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
-             "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}  # fmt: skip
-
-
-@pytest.fixture()
-def tiny_clip_registered(monkeypatch):
-    """A tiny architecture and a published tag for it, in open_clip's own registries."""
-    import open_clip.factory
-    import open_clip.pretrained
-
-    monkeypatch.setitem(open_clip.factory._MODEL_CONFIGS, "Tiny-Test", TINY_CLIP)
-    tags = {"hubtag": {"hf_hub": "someorg/tiny-clip/", "mean": (0.3, 0.3, 0.3), "std": (0.1, 0.1, 0.1),
-                       "interpolation": "bilinear"}}  # fmt: skip
-    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "Tiny-Test", tags)
-
-
 def test_a_cached_open_clip_checkpoint_loads_offline(tmp_path, hub_cache, tiny_clip_registered):
     import open_clip
 

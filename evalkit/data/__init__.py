@@ -99,10 +99,22 @@ def default_data_root() -> Path | None:
     return Path(value) if value else None
 
 
+OWN = "folder:"  # ``folder:PATH``: a classification set of one's own, not a registered kind
+
+
+def data_kind(name: str) -> DataKind:
+    """The registered kind ``name``, or for ``folder:PATH`` a class-folder set at PATH."""
+    if not name.startswith(OWN):
+        return DATASETS.get(name).load()
+    from evalkit.data.folder import own_folder_kind
+
+    return own_folder_kind(Path(name.removeprefix(OWN)).expanduser())
+
+
 def open_dataset(name: str, split: str, config: DataConfig, **options) -> Dataset:
     """One split of dataset ``name`` from where ``config`` says, read with ``options`` (a
     transform, an image size, ...: whatever that kind's reader takes)."""
-    kind = DATASETS.get(name).load()
+    kind = data_kind(name)
     dataset = kind.open_split(dataset_root(kind, config), split, source=config.source, **options)
     dataset.verify_content = config.verify
     return dataset
@@ -117,11 +129,13 @@ def data_identity(name: str, config: DataConfig) -> str:
     """Identity of every file under dataset ``name``'s root (one walk): what a run read."""
     from evalkit.identity import tree_identity
 
-    kind = DATASETS.get(name).load()
+    kind = data_kind(name)
     return tree_identity(dataset_root(kind, config), content=config.verify)
 
 
 def dataset_root(kind: DataKind, config: DataConfig) -> Path:
+    if Path(kind.dirname).is_absolute():  # a set of one's own is where it was named
+        return Path(kind.dirname)
     if config.source == "embedded":
         return kind.write_embedded(config.cache / "embedded")
     base = config.root or default_data_root()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from evalkit.data import DATASETS, DataConfig, open_dataset
+from evalkit.data import DataConfig, data_kind, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -65,7 +65,7 @@ class _Identity:
 
 def open_split_for_check(name: str, split: str, config: DataConfig, train_classes):
     """Classification readers take the training classes; dense readers an image size."""
-    if DATASETS.get(name).load().targets == "dense":
+    if data_kind(name).targets == "dense":
         return open_dataset(name, split, config, size=224, preprocess=_Identity())
     return open_dataset(name, split, config, classes=train_classes)
 

@@ -189,3 +189,19 @@ IMAGENET = DataKind(
     write_embedded=_write_embedded_shapes,
     open_split=open_classification_split,
 )
+
+
+def own_folder_kind(path: Path) -> DataKind:
+    """``folder:PATH``: class folders (or parquet) under PATH/<split>, named in rows by
+    PATH. Class names for prompts come from PATH/class_names.txt when it is there
+    (``evalkit.data.shifted.reference_classes``), else from the folder names."""
+    if not path.is_dir():
+        raise EvalkitError(
+            f"dataset folder:{path} not found: expected {path}/<split>/<class>/<image>"
+        )
+
+    def no_stand_in(_folder: Path) -> Path:
+        raise EvalkitError(f"folder:{path} is a set of your own: it has no embedded stand-in")
+
+    return DataKind(name=f"folder:{path}", dirname=str(path.resolve()), layout="<split>/<class>/<image>",
+                    write_embedded=no_stand_in, open_split=open_classification_split)  # fmt: skip

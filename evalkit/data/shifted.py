@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from PIL import ImageOps
 
-from evalkit.data import DATASETS, DataConfig, DataKind, dataset_root, open_dataset
+from evalkit.data import DataConfig, DataKind, data_kind, dataset_root, open_dataset
 from evalkit.data.folder import ImageFolder
 from evalkit.errors import EvalkitError
 from evalkit.identity import read_json
@@ -74,13 +74,30 @@ class LabelSpace:
         )
 
 
+NAMES_FILE = "class_names.txt"  # a set of one's own: "<folder> <class name>" per line
+
+
 def reference_classes(root: Path) -> dict[str, str]:
-    """``{class id: name}`` in class order: the root's own table, else ImageNet's."""
+    """``{class id: name}`` in class order: the root's own table (``imagenet_classes.json``,
+    or ``class_names.txt``), else ImageNet's."""
     own = Path(root) / REFERENCE_FILE
     if own.exists():
         return read_json(own)
+    if (Path(root) / NAMES_FILE).exists():
+        return _names_file(Path(root) / NAMES_FILE)
     text = resources.files("evalkit.data").joinpath("meta", REFERENCE_FILE).read_text()
     return json.loads(text)
+
+
+def _names_file(path: Path) -> dict[str, str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    pairs = [line.split(maxsplit=1) for line in lines if line and not line.startswith("#")]
+    bad = [" ".join(p) for p in pairs if len(p) != 2]
+    if bad or not pairs:
+        raise EvalkitError(
+            f"{path}: each line needs '<folder> <class name>', not {bad[:1] or 'nothing'}"
+        )
+    return dict(sorted((folder, name) for folder, name in pairs))
 
 
 def folder_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
@@ -184,7 +201,7 @@ def open_scored(name: str, split: str, config: DataConfig, transform):
     split (ImageNet val) gets one from its folder names."""
     dataset = open_dataset(name, split, config, transform=transform)
     if getattr(dataset, "label_space", None) is None:
-        root = dataset_root(DATASETS.get(name).load(), config)
+        root = dataset_root(data_kind(name), config)
         dataset.label_space = folder_space(list(dataset.classes), reference_classes(root))
     return dataset
 
