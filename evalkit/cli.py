@@ -9,6 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from evalkit.data.prepare import add_prepare_command, cmd_prepare
 from evalkit.errors import EvalkitError
 
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_errors_command(sub)
     add_sweep_command(sub)
     add_reproduce_command(sub)
+    add_prepare_command(sub)
     return parser
 
 
@@ -1055,6 +1057,7 @@ COMMANDS = {
     "errors": cmd_errors,
     "sweep": cmd_sweep,
     "reproduce": cmd_reproduce,
+    "prepare": cmd_prepare,
 }
 
 

@@ -360,7 +360,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, *, seed: int = 0) -> n
         raise EvalkitError(f"corrupt() expects uint8 RGB images (N, H, W, 3), got {images.shape}")
     fn, levels = CORRUPTIONS[name]
     generator = torch.Generator().manual_seed(seed * 1_000 + NAMES.index(name) * 10 + severity)
-    x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).float() / 255
+    x = torch.from_numpy(np.array(batch, copy=True)).permute(0, 3, 1, 2).float() / 255
     with torch.no_grad():
         y = fn(x, levels[severity - 1], generator)
     out = (y.clamp(0, 1) * 255).floor().to(torch.uint8).permute(0, 2, 3, 1).numpy()
