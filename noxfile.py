@@ -68,6 +68,7 @@ def bench(session):
         "bench_video",
         "bench_trainer",
         "bench_corruptions",
+        "bench_corruption_fidelity",
         "bench_knn",
         "bench_dense_memory",
     ):

@@ -82,7 +82,7 @@ class ZeroShot(Task):
     name: str = "zeroshot-imagenet"
     dataset: str = "imagenet"
     eval_split: str = "val"
-    # a named set, or a text file of one template per line, each with {} (docs/tasks.md)
+    # a named set, or a text file of one template per line, each with {} (docs/data.md)
     templates: str = setting("clip_paper", TEMPLATES)
     first_alias: bool = False  # only the first comma-separated alias of a class name
     text_tower: str = ""  # a saved LiT tower; empty: the backbone's own text tower
@@ -95,9 +95,9 @@ class ZeroShot(Task):
         """The settings, and the content of the files they name: a templates file or a saved
         tower edited in place must not reuse rows measured with the old one."""
         config = super().config()
-        if is_template_file(self.templates):
+        if is_template_file(self.templates) and Path(self.templates).is_file():
             config["templates_id"] = names_id(templates(self.templates))
-        if self.text_tower:
+        if self.text_tower and Path(self.text_tower).is_file():
             config["text_tower_id"] = weights_id(self.text_tower)
         return config
 

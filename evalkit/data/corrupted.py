@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from evalkit.data import DataKind
-from evalkit.data.corruptions import NAMES, SEVERITIES, corrupt
+from evalkit.data.corruptions import CORRUPTIONS_VERSION, NAMES, SEVERITIES, corrupt
 from evalkit.data.folder import ImageFolder
 from evalkit.errors import EvalkitError
 
@@ -44,8 +44,11 @@ def _write_embedded(base: Path) -> Path:
     from evalkit.data.embedded import ShapesSpec, write_once, write_shapes
 
     clean = write_shapes(ShapesSpec(), base) / "val"
-    spec = {"kind": "imagenet-c", "per_class": STAND_IN_PER_CLASS, "source": clean.parent.name}
-    target = Path(base) / f"imagenet-c-{clean.parent.name}-n{STAND_IN_PER_CLASS}"
+    spec = {"kind": "imagenet-c", "per_class": STAND_IN_PER_CLASS, "source": clean.parent.name,
+            "corruptions": CORRUPTIONS_VERSION}  # fmt: skip
+    target = (
+        Path(base) / f"imagenet-c-{clean.parent.name}-n{STAND_IN_PER_CLASS}-v{CORRUPTIONS_VERSION}"
+    )
     return write_once(target, lambda tmp: _fill(clean, tmp), spec)
 
 

@@ -10,10 +10,9 @@ image). Where the original needs something we do not have, we say what stands in
   pixel, as ImageMagick's motion blur does (the original calls ImageMagick);
 - ``glass_blur`` shuffles pixels locally with one random offset per pixel and iteration (the
   original swaps pixel pairs in a sequential Python loop, which cannot be batched);
-- ``frost`` blends a procedural ice texture (the original blends crops of six frost photos
-  that are not redistributed);
-- ``elastic_transform`` smooths its displacement fields with an FFT Gaussian (periodic
-  borders) instead of a reflecting filter.
+- ``frost`` blends crops of the original's frost photographs when the ``imagecorruptions``
+  package is installed (they are not redistributed here), else a procedural ice texture
+  matched to their average brightness and tint;
 Values are truncated to uint8, as the original script's ``np.uint8`` does.
 """
 
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from PIL import Image
 from evalkit.errors import EvalkitError, did_you_mean
 
 SEVERITIES = (1, 2, 3, 4, 5)
+# 2: motion blur on whole-pixel taps, the fog fractal's wibble², elastic's reflecting
+# smoothing, frost from the photographs or a texture of their brightness (stand-ins rewritten)
+CORRUPTIONS_VERSION = 2
 REFERENCE_SIZE = 224  # the pixel-sized parameters are for 224-px images
 
 
@@ -78,16 +81,24 @@ def sample(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, padding: str = "
 
 
 def line_blur(x: torch.Tensor, radius: float, sigma: float, angles: torch.Tensor) -> torch.Tensor:
-    """Motion blur: a Gaussian-weighted mean of the pixels on a line of ``2·radius + 1`` taps
-    from each pixel, at ``angles`` (degrees, one per image)."""
+    """Motion blur as ImageMagick's (and the original's port of it): ``2·radius + 1`` taps
+    with one-sided Gaussian weights, tap ``i`` the pixel ``i`` steps along ``angles``
+    (degrees, one per image) rounded to whole pixels, borders repeated; taps that would leave
+    the image stop the line."""
     n, _, h, w = x.shape
-    xs, ys = _grid(n, h, w)
-    theta = torch.deg2rad(angles).view(n, 1, 1)
     taps = int(2 * round(radius) + 1)
     weights = torch.exp(-(torch.arange(taps, dtype=torch.float32) ** 2) / (2 * sigma**2))
+    weights = weights / weights.sum()
+    rows, cols = torch.arange(h), torch.arange(w)
     out = torch.zeros_like(x)
-    for i, weight in enumerate(weights / weights.sum()):
-        out += weight * sample(x, xs - i * torch.cos(theta), ys - i * torch.sin(theta), "border")
+    for image in range(n):
+        theta = math.radians(float(angles[image]))
+        for i, weight in enumerate(weights):
+            dy, dx = math.ceil(i * math.sin(theta) - 0.5), math.ceil(i * math.cos(theta) - 0.5)
+            if abs(dy) >= h or abs(dx) >= w:
+                break
+            taken = x[image][:, (rows + dy).clamp(0, h - 1)][:, :, (cols + dx).clamp(0, w - 1)]
+            out[image] += weight * taken
     return out
 
 
@@ -102,14 +113,15 @@ def clipped_zoom(x: torch.Tensor, factor: float) -> torch.Tensor:
 
 def plasma_fractal(size: int, decay: float, generator: np.random.Generator) -> np.ndarray:
     """A square fractal height map in [0, 1] of side ``size`` (a power of two) by the
-    diamond-square algorithm on a torus; ``decay`` divides the random offsets at each finer
-    scale (larger: smoother)."""
+    diamond-square algorithm on a torus. As in the original, a level's random offsets are
+    ``wibble · U(-wibble, wibble)`` (amplitude ``wibble²``) and ``wibble`` is divided by
+    ``decay`` at each finer level, so the amplitude falls by ``decay²`` per level."""
     maps = np.zeros((size, size))
     step, wibble = size, 100.0
     while step >= 2:
         half = step // 2
         corners = maps[0:size:step, 0:size:step].copy()
-        offsets = generator.uniform(-wibble, wibble, (3, *corners.shape))
+        offsets = wibble * generator.uniform(-wibble, wibble, (3, *corners.shape))
         right, below = np.roll(corners, -1, 1), np.roll(corners, -1, 0)
         diagonal = np.roll(below, -1, 1)
         maps[half::step, half::step] = (corners + right + below + diagonal) / 4 + offsets[0]
@@ -203,11 +215,48 @@ def snow(x, c, gen):
 
 
 def frost(x, c, gen):
-    return c[0] * x + c[1] * frost_texture(x.shape, gen)
+    photos = frost_photos()
+    texture = frost_crops(x.shape, photos, gen) if photos else frost_texture(x.shape, gen)
+    return c[0] * x + c[1] * texture
+
+
+def frost_photos() -> list:
+    """The original's frost photographs, where the ``imagecorruptions`` package is installed
+    (it is found, not imported); as the original, only the first five are drawn from."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("imagecorruptions")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(list(spec.submodule_search_locations)[0]) / "frost"
+    names = ("frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg")
+    return [folder / name for name in names if (folder / name).is_file()]
+
+
+def frost_crops(shape, photos: list, gen: torch.Generator) -> torch.Tensor:
+    """Per image a random photograph, cropped at a random place to the image's size; a
+    photograph smaller than the image is first enlarged (bicubic) to cover it, by 10% more."""
+    n, _, h, w = shape
+    crops = []
+    for _ in range(n):
+        photo = Image.open(photos[int(torch.randint(len(photos), (1,), generator=gen))]).convert(
+            "RGB"
+        )
+        if photo.height < h or photo.width < w:
+            scale = 1.1 * max(h / photo.height, w / photo.width)
+            photo = photo.resize(
+                (math.ceil(photo.width * scale), math.ceil(photo.height * scale)), Image.BICUBIC
+            )
+        top = int(torch.randint(photo.height - h, (1,), generator=gen)) if photo.height > h else 0
+        left = int(torch.randint(photo.width - w, (1,), generator=gen)) if photo.width > w else 0
+        crops.append(np.asarray(photo.crop((left, top, left + w, top + h))))
+    return torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2).float() / 255
 
 
 def frost_texture(shape, gen: torch.Generator) -> torch.Tensor:
-    """Ice on glass: a fractal haze with bright crystal streaks, bluish white."""
+    """Without the photographs: ice on glass, a fractal haze with bright crystal streaks,
+    bluish white, its brightness and tint set to the five photographs' average (mean 0.64;
+    red, green, blue 0.57, 0.66, 0.70)."""
     n, _, h, w = shape
     rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
     size = 2 ** math.ceil(math.log2(max(h, w, 8)))
@@ -215,9 +264,12 @@ def frost_texture(shape, gen: torch.Generator) -> torch.Tensor:
     streaks = (torch.rand((n, 1, h, w), generator=gen) > 0.985).float()
     angles = torch.rand(n, generator=gen) * 180
     streaks = line_blur(streaks, 6 * max(1.0, h / REFERENCE_SIZE), 3.0, angles) * 6
-    ice = (0.6 * haze[:, None].float() ** 1.5 + streaks).clamp(0, 1)
-    tint = torch.tensor([0.85, 0.92, 1.0]).view(1, 3, 1, 1)
-    return ice * tint
+    ice = (FROST_BASE + FROST_SPREAD * haze[:, None].float() + 0.3 * streaks).clamp(0, 1)
+    return (ice * FROST_TINT.view(1, 3, 1, 1)).clamp(0, 1)
+
+
+FROST_BASE, FROST_SPREAD = 0.38, 0.5
+FROST_TINT = torch.tensor([0.87, 1.0, 1.07])
 
 
 def fog(x, c, gen):
@@ -245,7 +297,7 @@ def elastic_transform(x, c, gen):
     alpha, sigma, jitter = (v * _scale(x) for v in c)
     x = _random_affine(x, jitter, gen)
     noise = torch.rand((2, n, h, w), generator=gen) * 2 - 1
-    dx, dy = (fft_gaussian(field, sigma) * alpha for field in noise)
+    dx, dy = (reflect_gaussian(field, sigma).float() * alpha for field in noise)
     xs, ys = _grid(n, h, w)
     return sample(x, xs + dx, ys + dy)
 
@@ -265,13 +317,27 @@ def _random_affine(x, jitter: float, gen) -> torch.Tensor:
     return torch.cat(out)
 
 
-def fft_gaussian(field: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Gaussian smoothing of (N, H, W) fields in the frequency domain (periodic borders)."""
-    h, w = field.shape[-2:]
-    fy = torch.fft.fftfreq(h)[:, None]
-    fx = torch.fft.fftfreq(w)[None, :]
-    response = torch.exp(-2 * (math.pi * sigma) ** 2 * (fx**2 + fy**2))
-    return torch.fft.ifft2(torch.fft.fft2(field) * response).real
+def reflect_gaussian(field: torch.Tensor, sigma: float, truncate: float = 3.0) -> torch.Tensor:
+    """Gaussian smoothing of (N, H, W) fields as scikit-image's ``gaussian(mode="reflect",
+    truncate=3)`` does: the kernel cut at ``truncate`` σ and the borders mirrored
+    (``d c b a | a b c d | d c b a``) as often as a kernel wider than the image needs."""
+    rows, cols = (_reflect_matrix(n, sigma, truncate) for n in field.shape[-2:])
+    return rows @ field.double() @ cols.T
+
+
+def _reflect_matrix(n: int, sigma: float, truncate: float) -> torch.Tensor:
+    """The (n, n) matrix of 1-D smoothing with mirrored borders."""
+    radius = int(truncate * sigma + 0.5)
+    offsets = np.arange(-radius, radius + 1)
+    kernel = np.exp(-0.5 * (offsets / sigma) ** 2)
+    kernel /= kernel.sum()
+    source = np.arange(n)[:, None] + offsets[None, :]
+    period = 2 * n
+    folded = np.mod(source, period)
+    folded = np.where(folded >= n, period - 1 - folded, folded)
+    matrix = np.zeros((n, n))
+    np.add.at(matrix, (np.repeat(np.arange(n), len(offsets)), folded.ravel()), np.tile(kernel, n))
+    return torch.from_numpy(matrix)
 
 
 def pixelate(x, c, gen):
