@@ -376,6 +376,8 @@ def show_effects(records, args, console) -> None:
     table = Table("#", "where", "paper effect", "ours", "effect", "agrees?")
     for r in records:
         effect = "–" if r["our_effect"] is None else f"{r['our_effect']:+.3g}"
+        if r.get("interval"):
+            effect += " [{:+.3g}, {:+.3g}]".format(*r["interval"])
         table.add_row(str(r["row"]), r["where"], r["paper_effect"], r["ours"], effect,
                       {True: "yes", False: "no", None: "n/a"}[r["agrees"]])  # fmt: skip
     console.print(table)

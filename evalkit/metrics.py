@@ -187,3 +187,59 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
     optimizer.step(closure)
     return log_t.exp().item()
+
+
+# --- uncertainty of a metric over the test items (effect-table verdicts) --------------------
+
+BOOTSTRAP_DRAWS = 200
+
+
+def accuracy_stderr(hits: torch.Tensor) -> float:
+    """Binomial standard error, in percentage points, of the accuracy of ``hits`` (bools)."""
+    n = len(hits)
+    p = float(hits.double().mean()) if n else 0.0
+    return 100.0 * math.sqrt(p * (1 - p) / n) if n else math.nan
+
+
+def mean_stderr(values) -> float:
+    """Standard error of the mean of per-item values (sample standard deviation / √n)."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
+
+
+def bootstrap_stderr(statistic, n: int, *, seed: int = 0, draws: int = BOOTSTRAP_DRAWS) -> float:
+    """Standard deviation of ``statistic(indices)`` over ``draws`` resamplings of the ``n``
+    test items with replacement: the standard error of a statistic that is not a mean of
+    per-item values (mIoU, ECE)."""
+    rng = np.random.default_rng(seed)
+    values = [statistic(rng.integers(0, n, n)) for _ in range(draws)]
+    return float(np.std(values, ddof=1))
+
+
+def miou_bootstrap_stderr(intersections: np.ndarray, unions: np.ndarray, *, seed: int = 0) -> float:
+    """mIoU's standard error (percentage points) over images: ``intersections`` and
+    ``unions`` are (images, classes) counts, summed over the resampled images as
+    ``segmentation_scores`` sums the confusion."""
+
+    def miou(rows: np.ndarray) -> float:
+        inter, union = intersections[rows].sum(0), unions[rows].sum(0)
+        present = union > 0
+        return 100.0 * float((inter[present] / union[present]).mean()) if present.any() else 0.0
+
+    return bootstrap_stderr(miou, len(intersections), seed=seed)
+
+
+def ece_bootstrap_stderr(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, *,
+                         seed: int = 0) -> float:  # fmt: skip
+    """ECE's standard error over the images (equal-width bins)."""
+    confidence, predicted = probs.double().max(dim=1)
+    correct = (predicted == labels).double().numpy()
+    confidence = confidence.numpy()
+    index = np.clip(np.searchsorted(np.arange(1, bins + 1) / bins, confidence), 0, bins - 1)
+
+    def ece(rows: np.ndarray) -> float:
+        b = index[rows]
+        gap = np.bincount(b, correct[rows] - confidence[rows], minlength=bins)
+        return float(np.abs(gap).sum() / len(rows))
+
+    return bootstrap_stderr(ece, len(labels), seed=seed)

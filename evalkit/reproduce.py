@@ -20,29 +20,31 @@ finished writes the table from their rows.
 
 from __future__ import annotations
 
-import json
+import math
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from evalkit.effect_table import write_table
 from evalkit.errors import EvalkitError
 
 LARGE, SMALL = "large", "small"
-# Parameters of the paper's models (Table 1 and the models compared), for the scaling plot.
-PAPER_PARAMS = {"ViT-L/32": 0.31e9, "ViT-G": 1.84e9, "ViT-e": 3.9e9, "ViT-22B": 21.74e9}
 # The backbones that are the paper's models at scale ``paper`` (``--backbone ROLE=SPEC`` changes one)
 PAPER_BACKBONES = {"ViT-L/32": "timm/vit_large_patch32_384", "ViT-G": "vit22b/g",
                    "ViT-e": "vit22b/e", "ViT-22B": "vit22b"}  # fmt: skip
 # The paper's settings where they are known (docs/protocols.md); the others are the usual
 # published recipes for the protocol, named in the comments.
 _PAPER_TIMING = ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000", "timed_steps=20")
-# ADE20k fine-tuned at the paper's 504 px, UperNet, 40k iterations at batch 16, sliding windows
-_PAPER_ADE = ("finetune=true", "image_size=504", "head=upernet", "finetune_steps=40000",
+# ADE20k: the backbone fine-tuned with a linear decoder at the paper's 504 px (its
+# data-fraction table); 40k iterations at batch 16 and sliding windows from mmseg's recipe
+_PAPER_ADE = ("finetune=true", "image_size=504", "head=linear", "finetune_steps=40000",
               "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg")  # fmt: skip
-# depth: the DPT/DINOv2 head schedule, 38,400 iterations at batch 16
-_PAPER_DEPTH = ("steps=38400", "batch_size=16", "image_size=448")
+# depth: the DPT/DINOv2 head schedule, 38,400 iterations at batch 16; DPT's fusion width 256
+_PAPER_DEPTH = ("steps=38400", "batch_size=16", "image_size=448", "channels=256")
 PAPER_SETTINGS = {
     # ~8B diverged without QK-norm after a few thousand steps; ViT-e is the family's nearest size
     "qk-norm-stability": ("size=e", "image=224", "patch=14", "steps=5000", "batch_size=1024",
@@ -54,8 +56,9 @@ PAPER_SETTINGS = {
     "parallel-efficiency": _PAPER_TIMING,
     "imagenet-linear": (),
     # LiT: 5,000 steps at batch 4,096 (the public lit_coco recipe), a ViT-B-sized text tower
+    # (image features: the model's own MAP head; ViT-22B has no class token for LiT's)
     "lit-objectnet": ("steps=5000", "batch_size=4096", "width=768", "text_layers=12", "heads=12",
-                      "warmup=500"),
+                      "warmup=500", "pool=map"),
     "ade20k-1/16": _PAPER_ADE,
     "ade20k-1/1": _PAPER_ADE,
     "waymo-depth-dpt": _PAPER_DEPTH,
@@ -67,7 +70,7 @@ PAPER_SETTINGS = {
     "imagenet-c-ece": ("finetune=true", "finetune_resolution=384", "finetune_steps=20000",
                        "finetune_batch_size=64", "finetune_accumulate=8"),
     # a ViT-B/16 student, consistent teaching: 90 ImageNet epochs at batch 1,024
-    "distill-imagenet": ("student=b", "student_image=224", "student_patch=16", "steps=112000",
+    "distill-imagenet": ("student=b", "student_image=384", "student_patch=16", "steps=112000",
                          "batch_size=1024", "warmup=5000"),
 }  # fmt: skip
 
@@ -86,6 +89,10 @@ class Scale:
     timed: str = "ti"  # the efficiency rows' model
     quality_steps: int = 100  # the efficiency rows' training budget per variant
     paper: bool = False  # the paper's models, real data, a sweep
+    seeds: int = 2  # per scaling measure whose training depends on the seed (``ONE_SEED``)
+
+    def seeds_for(self, task: str) -> int:
+        return 1 if task in ONE_SEED else self.seeds
 
     def settings(self) -> dict[str, tuple[str, ...]]:
         """Settings per task at this scale."""
@@ -113,6 +120,14 @@ class Scale:
         }
 
 
+# Scaling measures run with one seed, and why; their interval is over the test items alone.
+ONE_SEED = {
+    "imagenet-linear": "the probe's fit does not depend on the seed (pinned optimum)",
+    "imagenet-c-ece": "the probe's fit does not depend on the seed (pinned optimum)",
+    "ade20k-1/16": "fine-tuning the backbone twice does not fit the tiny budget",
+    "ade20k-1/1": "fine-tuning the backbone twice does not fit the tiny budget",
+}
+
 SCALES = {
     "tiny": Scale("tiny"),
     "smoke": Scale(
@@ -125,8 +140,9 @@ SCALES = {
         image_size=32,
         timed="test",
         quality_steps=4,
+        seeds=1,
     ),
-    "paper": Scale("paper", ladder=("", ""), paper=True),
+    "paper": Scale("paper", ladder=("", ""), paper=True, seeds=1),
 }  # fmt: skip
 
 
@@ -138,9 +154,45 @@ class Measure:
     on: str = "none"  # none | small | large
 
 
-# measure name → metric → value (and "<metric>/stderr" where the row has a standard error)
+# measure name → metric → value (and "<metric>/stderr" where the row has a standard error,
+# "<metric>/seeds" how many seeds the value is the mean of)
 Values = dict[str, dict[str, float]]
-Outcome = tuple[str, float | None, bool | None, str]  # our values, our effect, agrees, note
+Z95 = 1.96  # a 95% interval is the effect ± 1.96 standard errors
+
+
+class Outcome(NamedTuple):
+    """A row's verdict: our values, our effect, whether it points the paper's way (None: within
+    noise, or not comparable), why, the effect's 95% interval, and the value the effect is
+    relative to (None: the effect is already relative)."""
+
+    ours: str
+    effect: float | None
+    agrees: bool | None
+    note: str
+    interval: tuple[float, float] | None = None
+    relative_to: float | None = None
+
+
+def verdict(ours: str, effect: float, stderr: float | None, *, paper_sign: int = 1,
+            relative_to: float | None = None) -> Outcome:  # fmt: skip
+    """Agrees or disagrees only when the 95% interval leaves out zero; else within noise."""
+    if stderr is None or math.isnan(stderr):
+        return Outcome(ours, effect, None, "no uncertainty measured", None, relative_to)
+    low, high = effect - Z95 * stderr, effect + Z95 * stderr
+    interval = (low, high)
+    if low <= 0 <= high:
+        return Outcome(ours, effect, None, f"within noise (95%: {low:+.3g} to {high:+.3g})",
+                       interval, relative_to)  # fmt: skip
+    agrees = (low > 0) == (paper_sign > 0)
+    note = "" if agrees else "points against the paper's effect beyond noise"
+    return Outcome(ours, effect, agrees, note, interval, relative_to)
+
+
+def difference_stderr(values: Values, metric: str) -> float | None:
+    """The standard error of large − small: the two models' errors added in quadrature
+    (independent fits; on the same test items this overstates it, never understates)."""
+    errors = [values[m].get(f"{metric}/stderr") for m in (SMALL, LARGE)]
+    return None if None in errors else math.sqrt(sum(e * e for e in errors))
 
 
 @dataclass(frozen=True)
@@ -154,10 +206,11 @@ class EffectRow:
     measures: dict[str, Measure]
     judge: Callable[[Values], Outcome]
     setup: str = ""
-    # (paper model, value) of the two models compared, and our metric, for the scaling plot
+    # (paper model, value) of the two models compared
     paper_points: tuple = ()
-    plotted: str = ""
     pictures: bool = False  # copy the runs' curves / diagrams beside the table
+    # the paper's effect as a relative change in its favourable direction (None: no number)
+    paper_relative: float | None = None
 
     @property
     def scaling(self) -> bool:
@@ -170,15 +223,16 @@ class EffectRow:
         return tuple(m for m, _ in self.paper_points) or ("ViT-e", "ViT-22B")
 
 
-def scaling(task: str, metric: str, *, lower_is_better: bool = False):
-    """Measures and judge of a scaling row: the larger ladder size against the smaller."""
+def scaling(task: str, metric: str, *, lower_is_better: bool = False, paper_sign: int = 1):
+    """Measures and judge of a scaling row: the larger ladder size against the smaller, the
+    effect signed so that positive is better; ``paper_sign`` is the paper's effect's sign."""
     measures = {SMALL: Measure(task, SMALL), LARGE: Measure(task, LARGE)}
 
     def judge(values: Values) -> Outcome:
         small, large = values[SMALL][metric], values[LARGE][metric]
         effect = (small - large) if lower_is_better else (large - small)
-        text = f"{small:.3g} → {large:.3g}"
-        return text, effect, effect > 0, "" if effect > 0 else "the larger model is not better here"
+        return verdict(f"{small:.3g} → {large:.3g}", effect, difference_stderr(values, metric),
+                       paper_sign=paper_sign, relative_to=abs(small) or None)  # fmt: skip
 
     return measures, judge
 
@@ -190,15 +244,17 @@ def _stability(values: Values) -> Outcome:
     with_qk = row[f"max_attention_logit/qk_norm/lr={highest:g}"]
     ratio = without / with_qk if with_qk else float("inf")
     text = f"max logit at lr {highest:g}: {without:.3g} without, {with_qk:.3g} with QK-norm"
-    return text, ratio, ratio >= 10, "" if ratio >= 10 else "logits did not grow 10× without it"
+    return Outcome(
+        text, ratio, ratio >= 10, "" if ratio >= 10 else "logits did not grow 10× without it"
+    )
 
 
 def _keep_lr(values: Values) -> Outcome:
     gains = {k.split("/")[1]: v for k, v in values["ablation"].items() if k.startswith("gain/")}
     text = ", ".join(f"{size}: {gain:+.3f}" for size, gain in gains.items())
     worst = min(gains.values())
-    return (f"loss(lowered) − loss(kept): {text}", worst, worst >= 0,
-            "" if worst >= 0 else "a lowered LR trained better at some size")  # fmt: skip
+    return Outcome(f"loss(lowered) − loss(kept): {text}", worst, worst >= 0,
+                   "" if worst >= 0 else "a lowered LR trained better at some size")  # fmt: skip
 
 
 def _speedup(first: str, second: str):
@@ -210,45 +266,49 @@ def _speedup(first: str, second: str):
         speedup, noise = row["speedup"], 2 * row.get("speedup/stderr", 0.0)
         losses = f"final loss {row[f'final_loss/{first}']:.3f} vs {row[f'final_loss/{second}']:.3f}"
         text = f"{speedup:.3f}× ± {noise / 2:.3f} images/s ({losses})"
+        interval = (speedup - 1 - noise, speedup - 1 + noise)
         if abs(speedup - 1) <= noise:
-            return text, speedup - 1, None, f"within timing noise on this device (±{noise:.3f})"
+            return Outcome(text, speedup - 1, None, f"within timing noise on this device (±{noise:.3f})",
+                           interval)  # fmt: skip
         note = "" if speedup > 1 else f"{first} was slower on this device"
-        return text, speedup - 1, speedup > 1, note
+        return Outcome(text, speedup - 1, speedup > 1, note, interval)
 
     return judge
 
 
 def _ade_full(values: Values) -> Outcome:
-    small, large = values[SMALL]["miou"], values[LARGE]["miou"]
-    note = ("not comparable: the paper's effect is ViT-22B against ViT-G at full data; "
-            "ours is the ladder's larger size against its smaller")  # fmt: skip
-    return f"{small:.3g} → {large:.3g}", large - small, None, note
+    """The paper's ViT-22B is behind ViT-G at full data (a negative effect): judged by the
+    rule of the other scaling rows, with the reminder of what is compared."""
+    outcome = scaling("ade20k-1/1", "miou", paper_sign=-1)[1](values)
+    caveat = "the paper compares ViT-22B with ViT-G; here the ladder's sizes"
+    return outcome._replace(note="; ".join(n for n in (outcome.note, caveat) if n))
 
 
 def _depth(values: Values) -> Outcome:
-    gains = {head: values[f"{SMALL}-{head}"]["mse"] - values[f"{LARGE}-{head}"]["mse"]
-             for head in ("dpt", "linear")}  # fmt: skip
+    """Both heads' MSE must fall with size: agrees when each head's interval is above zero,
+    disagrees when one is below it, else within noise; the effect shown is the smaller gain."""
+    heads = {}
+    for head in ("dpt", "linear"):
+        pair = {SMALL: values[f"{SMALL}-{head}"], LARGE: values[f"{LARGE}-{head}"]}
+        gain = pair[SMALL]["mse"] - pair[LARGE]["mse"]
+        heads[head] = verdict(
+            "", gain, difference_stderr(pair, "mse"), relative_to=pair[SMALL]["mse"]
+        )
     text = ", ".join(f"{h}: {values[f'{SMALL}-{h}']['mse']:.3g} → {values[f'{LARGE}-{h}']['mse']:.3g}"
-                     for h in gains)  # fmt: skip
-    agrees = all(g > 0 for g in gains.values())
-    return (
-        text,
-        min(gains.values()),
-        agrees,
-        "" if agrees else "MSE did not fall with size for every head",
-    )
+                     for h in heads)  # fmt: skip
+    weakest = min(heads.values(), key=lambda o: o.effect)
+    answers = [o.agrees for o in heads.values()]
+    agrees = False if False in answers else (None if None in answers else True)
+    notes = "; ".join(f"{h}: {o.note}" for h, o in heads.items() if o.note)
+    return weakest._replace(ours=text, agrees=agrees, note=notes)
 
 
 def _distill(values: Values) -> Outcome:
     row = values["distill"]
-    gain = row["gain"]
     text = (f"teacher {row['top1/teacher']:.3g}, distilled {row['top1/distilled']:.3g}, "
             f"label-only {row['top1/label_only']:.3g}")  # fmt: skip
-    return (
-        text,
-        gain,
-        gain > 0,
-        "" if gain > 0 else "the distilled student did not beat the label-only one",
+    return verdict(
+        text, row["gain"], row.get("gain/stderr"), relative_to=row["top1/label_only"] or None
     )
 
 
@@ -272,36 +332,40 @@ def rows() -> list[EffectRow]:
         EffectRow(3, "no QKV / LayerNorm biases", "ViT-22B", "images/s",
                   "+3% utilisation", "faster, same quality", {"ablation": Measure("bias-efficiency")},
                   _speedup("without", "with"), "vit22b/{timed} at 32 px, interleaved timing",
-                  pictures=True),
+                  pictures=True, paper_relative=0.03),
         EffectRow(4, "parallel attention + MLP", "ViT-22B", "images/s", "~15% faster",
                   "faster, same quality", {"ablation": Measure("parallel-efficiency")},
                   _speedup("parallel", "sequential"), "vit22b/{timed} at 32 px, interleaved timing",
-                  pictures=True),
+                  pictures=True, paper_relative=0.15),
         EffectRow(5, "scale ViT-e → ViT-22B", "ImageNet linear probe", "top-1",
                   "89.26 → 89.51", "+0.25", lin, lin_judge,
-                  paper_points=(("ViT-e", 89.26), ("ViT-22B", 89.51)), plotted="top1"),
+                  paper_points=(("ViT-e", 89.26), ("ViT-22B", 89.51)),
+                  paper_relative=(89.51 - 89.26) / 89.26),
         EffectRow(6, "scale LiT-e → LiT-22B", "ObjectNet zero-shot", "top-1", "84.9 → 87.6",
                   "+2.7", lit, lit_judge, paper_points=(("ViT-e", 84.9), ("ViT-22B", 87.6)),
-                  plotted="top1"),
+                  paper_relative=(87.6 - 84.9) / 84.9),
         EffectRow(7, "scale ViT-G → ViT-22B", "ADE20k 1/16, fine-tuned", "mIoU", "42.4 → 44.7",
                   "+2.3", ade, ade_judge, paper_points=(("ViT-G", 42.4), ("ViT-22B", 44.7)),
-                  plotted="miou"),
+                  paper_relative=(44.7 - 42.4) / 42.4),
         EffectRow(8, "scale ViT-G → ViT-22B", "ADE20k 1/1, fine-tuned", "mIoU", "55.6 → 54.9",
-                  "−0.7 (ViT-22B behind)", scaling("ade20k-1/1", "miou")[0], _ade_full,
-                  paper_points=(("ViT-G", 55.6), ("ViT-22B", 54.9)), plotted="miou"),
+                  "−0.7 (ViT-22B behind)", scaling("ade20k-1/1", "miou", paper_sign=-1)[0], _ade_full,
+                  paper_points=(("ViT-G", 55.6), ("ViT-22B", 54.9)),
+                  paper_relative=(54.9 - 55.6) / 55.6),
         EffectRow(9, "scale ViT-e → ViT-22B", "Waymo depth (DPT, linear)", "MSE",
-                  "DPT 0.024 → 0.021, linear 0.053 → 0.039", "lower", depth, _depth),
+                  "DPT 0.024 → 0.021, linear 0.053 → 0.039", "lower", depth, _depth,
+                  paper_relative=(0.024 - 0.021) / 0.024),  # the smaller of the two heads' gains
         EffectRow(10, "scale ViT-e → ViT-22B", "Kinetics-400, frozen", "top-1", "86.5 → 88.0",
                   "+1.5", video, video_judge, paper_points=(("ViT-e", 86.5), ("ViT-22B", 88.0)),
-                  plotted="top1"),
+                  paper_relative=(88.0 - 86.5) / 86.5),
         EffectRow(11, "scale ViT-L/32 → ViT-22B", "ImageNet-C calibration", "ECE",
                   "0.05 → 0.01 (fine-tuned, 384 px)", "lower", ece, ece_judge,
                   "frozen probe, temperature not applied",
-                  paper_points=(("ViT-L/32", 0.05), ("ViT-22B", 0.01)), plotted="ece/mean",
-                  pictures=True),
+                  paper_points=(("ViT-L/32", 0.05), ("ViT-22B", 0.01)),
+                  pictures=True, paper_relative=(0.05 - 0.01) / 0.05),
         EffectRow(12, "distil from ViT-22B", "ImageNet, ViT-B/16 student", "top-1",
                   "86.7 → 88.6", "+1.9", {"distill": Measure("distill-imagenet", LARGE)},
-                  _distill, "ladder teacher, tiny student, consistent teaching"),
+                  _distill, "ladder teacher, tiny student, consistent teaching",
+                  paper_relative=(88.6 - 86.7) / 86.7),
     ]  # fmt: skip
 
 
@@ -312,7 +376,6 @@ class Reproduction:
     cache: Path | None = None
     progress: bool = False
     ladder: dict[str, str] = field(default_factory=dict)  # size → weights path
-    params: dict[str, int] = field(default_factory=dict)  # size → parameters
     # scale paper: the paper's model → backbone spec, and → weights
     backbones: dict[str, str] = field(default_factory=lambda: dict(PAPER_BACKBONES))
     weights: dict[str, str] = field(default_factory=dict)
@@ -339,24 +402,27 @@ class Reproduction:
                             progress=self.progress)  # fmt: skip
         summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
         self.ladder = {s["size"]: s["weights"] for s in summaries}
-        self.params = {s["size"]: s["params"] for s in summaries}
         return sum(s["seconds"] for s in summaries)
 
-    def job(self, effect: EffectRow, measure: Measure):
+    def job(self, effect: EffectRow, measure: Measure, seed: int = 0):
         """The ``evalkit run`` job of a measure: the ablations' own models, a ladder size, or
         (scale paper) the backbone standing for one of the row's paper models."""
         from evalkit.sweep import Job
 
         overrides = tuple(self.scale.settings().get(measure.task, ()))
         if measure.on == "none":
-            return Job(measure.task, "none", overrides=overrides)
+            return Job(measure.task, "none", seed=seed, overrides=overrides)
         which = 0 if measure.on == SMALL else 1
         if self.scale.paper:
             model = effect.models[which]
-            return Job(measure.task, self.backbones[model], overrides=overrides,
+            return Job(measure.task, self.backbones[model], seed=seed, overrides=overrides,
                        weights=self.weights.get(model))  # fmt: skip
         size = self.scale.ladder[which]
-        return Job(measure.task, f"vit22b/{size}", overrides=overrides, weights=self.ladder[size])
+        return Job(measure.task, f"vit22b/{size}", seed=seed, overrides=overrides,
+                   weights=self.ladder[size])  # fmt: skip
+
+    def seeds(self, measure: Measure) -> int:
+        return 1 if measure.on == "none" else self.scale.seeds_for(measure.task)
 
     def measure(self, job) -> tuple[dict[str, float], float, list[str]]:
         """The metrics of one job (rows reused when on disk), its seconds of compute and the
@@ -369,7 +435,8 @@ class Reproduction:
         else:
             rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
                                weights=job.weights, overrides=job.overrides, data="embedded",
-                               out=self.runs, progress=self.progress, cache_dir=self.cache)  # fmt: skip
+                               seeds=(job.seed,), out=self.runs, progress=self.progress,
+                               cache_dir=self.cache)  # fmt: skip
         seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
         pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
         values = {r["metric"]: r["value"] for r in rows}
@@ -379,16 +446,22 @@ class Reproduction:
         return values, seconds, list(pictures)
 
     def row(self, effect: EffectRow) -> dict:
-        values, seconds, drawn = {}, 0.0, []
+        values, seeds, seconds, drawn = {}, {}, 0.0, []
         for name, measure in effect.measures.items():
-            values[name], spent, pictures = self.measure(self.job(effect, measure))
-            seconds += spent
-            drawn += pictures
-        ours, value, agrees, note = effect.judge(values)
-        return {"row": effect.number, "plot": self.plot(effect, values), "changed": effect.changed,
+            per_seed = []
+            for seed in range(self.seeds(measure)):
+                measured, spent, pictures = self.measure(self.job(effect, measure, seed))
+                per_seed.append(measured)
+                seconds += spent
+                drawn += pictures if seed == 0 else []
+            values[name], seeds[name] = over_seeds(per_seed), len(per_seed)
+        outcome = effect.judge(values)
+        return {"row": effect.number, "changed": effect.changed,
                 "where": effect.where, "metric": effect.metric, "paper": effect.paper,
-                "paper_effect": effect.paper_effect, "setup": self.setup(effect), "ours": ours,
-                "our_effect": value, "agrees": agrees, "note": note, "seconds": round(seconds, 1),
+                "paper_effect": effect.paper_effect, "setup": self.setup(effect), "ours": outcome.ours,
+                "our_effect": outcome.effect, "interval": outcome.interval, "agrees": outcome.agrees,
+                "note": outcome.note, "seeds": seeds, "relative": relative(effect, outcome),
+                "departures": departures(effect, self.scale), "seconds": round(seconds, 1),
                 "pictures": self.copy_pictures(effect, drawn) if effect.pictures else []}  # fmt: skip
 
     def setup(self, effect: EffectRow) -> str:
@@ -399,19 +472,6 @@ class Reproduction:
         if effect.setup:
             return effect.setup.format(timed=self.scale.timed)
         return f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}"
-
-    def plot(self, effect: EffectRow, values: Values) -> dict:
-        """The scaling plot's points: the paper's two models, and ours at their parameters."""
-        if not effect.paper_points:
-            return {}
-        if self.scale.paper:
-            params = [PAPER_PARAMS[m] for m in effect.models]
-        else:
-            params = [self.params[size] for size in self.scale.ladder]
-        return {"paper": [[PAPER_PARAMS[m], v] for m, v in effect.paper_points],
-                "ours": [[params[i], values[which][effect.plotted]]
-                         for i, which in enumerate((SMALL, LARGE))],
-                "metric": effect.plotted}  # fmt: skip
 
     def copy_pictures(self, effect: EffectRow, drawn: list[str]) -> list[str]:
         """The row's pictures copied beside the table (the runs folder is not committed)."""
@@ -425,6 +485,89 @@ class Reproduction:
                 shutil.copyfile(path, self.out / name)
                 names.append(name)
         return names
+
+
+def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """One measure's metrics over its seeds: the mean, and a standard error that adds the
+    test items' (the mean of the seeds' variances: the same items every seed) and the seeds'
+    spread (their variance over the number of seeds)."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    out = {}
+    for metric in (m for m in per_seed[0] if not m.endswith("/stderr")):
+        values = [seed[metric] for seed in per_seed]
+        out[metric] = statistics.mean(values)
+        items = [seed.get(f"{metric}/stderr") for seed in per_seed]
+        if None not in items:
+            sampling = statistics.mean(e * e for e in items)
+            out[f"{metric}/stderr"] = math.sqrt(
+                sampling + statistics.variance(values) / len(values)
+            )
+    return out
+
+
+def relative(effect: EffectRow, outcome: Outcome) -> dict:
+    """The paper's effect and ours as relative changes in the paper's favourable direction
+    (ours with its interval), for the picture; None where a row has no such number."""
+    scale = outcome.relative_to
+    ours = (
+        outcome.effect
+        if scale is None
+        else (None if outcome.effect is None else outcome.effect / scale)
+    )
+    interval = outcome.interval
+    if interval is not None and scale is not None:
+        interval = (interval[0] / scale, interval[1] / scale)
+    return {
+        "paper": effect.paper_relative,
+        "ours": ours if effect.paper_relative is not None else None,
+        "interval": interval if effect.paper_relative is not None else None,
+    }
+
+
+# What stays different from the paper, per row: (scales it applies at, what and why).
+DEPARTURES = {
+    3: (
+        (
+            "all",
+            "both variants keep centred LayerNorms: the ablation isolates the biases, while "
+            "ViT-22B also drops centring",
+        ),
+    ),
+    6: (
+        (
+            "tiny",
+            "image features mean-pooled (LiT pools the class token; at scale paper the "
+            "model's MAP head, as ViT-22B has no class token)",
+        ),
+        ("all", "text tower and schedule from the public LiT recipe; the paper's are not public"),
+    ),
+    7: (("tiny", "64 px and 100 fine-tuning steps (the paper: 504 px)"),),
+    8: (("tiny", "64 px and 100 fine-tuning steps (the paper: 504 px)"),),
+    9: (
+        ("all", "no gradient loss (DINOv2's KITTI recipe adds one, weight 0.5)"),
+        (
+            "all",
+            "the linear head batch-normalises the patch tokens alone; DINOv2's also "
+            "concatenates the class token",
+        ),
+        ("tiny", "DPT fusion width 64 (scale paper: 256, DPT's)"),
+    ),
+    11: (
+        ("all", "the temperature is fitted on the hold-out that also chose the probe's L2"),
+        (
+            "tiny",
+            "severities 1, 3 and 5 only; a frozen probe, not a classifier fine-tuned at 384 px",
+        ),
+        ("paper", "ViT-L/32 is timm's vit_large_patch32_384, not Plex's ViT-L/32"),
+    ),
+    12: (("tiny", "a 32-px student of the ladder's test size (the paper: ViT-B/16 at 384 px)"),),
+}
+
+
+def departures(effect: EffectRow, scale: Scale) -> list[str]:
+    at = "paper" if scale.paper else "tiny"
+    return [text for where, text in DEPARTURES.get(effect.number, ()) if where in ("all", at)]
 
 
 def selected(only) -> list[EffectRow]:
@@ -459,72 +602,5 @@ def tabulate(job: Reproduction, effects: list[EffectRow], ladder_s: float, start
     summary = {"scale": job.scale.name, "ladder": list(job.scale.ladder), "ladder_seconds": ladder_s,
                "rows_seconds": rows_s, "compute_seconds": round(ladder_s + rows_s, 1),
                "wall_seconds": round(time.perf_counter() - start, 1), "rows": records}  # fmt: skip
-    write(summary, job.out)
+    write_table(summary, job.out)
     return records
-
-
-def write(summary: dict, out: Path):
-    """``effects-<scale>.json`` and ``.md`` under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"effects-{summary['scale']}"
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    header = ("| # | what changed | where | metric | paper values | paper effect | our setup | "
-              "our values | our effect | agrees? | s |")  # fmt: skip
-    models = (f"Ladder {' → '.join(summary['ladder'])}" if any(summary["ladder"])
-              else "The paper's models (our setup column names the backbones)")  # fmt: skip
-    lines = [f"# The effect table at scale `{summary['scale']}`", "",
-             f"{models}. Compute: ladder {summary['ladder_seconds']:.0f} s "
-             f"+ rows {summary['rows_seconds']:.0f} s = {summary['compute_seconds']:.0f} s (each "
-             f"counted when it ran; this invocation took {summary['wall_seconds']:.0f} s, reusing "
-             f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.", "",
-             header, "|" + "---|" * 11]  # fmt: skip
-    for r in summary["rows"]:
-        agrees = {True: "yes", False: "no", None: "n/a"}[r["agrees"]]
-        effect = "–" if r["our_effect"] is None else f"{r['our_effect']:+.3g}"
-        note = f" ({r['note']})" if r["note"] else ""
-        lines.append(f"| {r['row']} | {r['changed']} | {r['where']} | {r['metric']} | {r['paper']} | "
-                     f"{r['paper_effect']} | {r['setup']} | {r['ours']} | {effect} | {agrees}{note} | "
-                     f"{r['seconds']:.0f} |")  # fmt: skip
-    picture = scaling_plot(summary["rows"], out / f"{name}.png")
-    if picture:
-        lines += [
-            "",
-            f"![Scaling rows: the paper's two models and our two ladder sizes]({picture.name})",
-        ]
-    lines += pictures_section(summary["rows"])
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
-
-
-def pictures_section(records: list[dict]) -> list[str]:
-    """Markdown embedding each row's copied curves and diagrams under the row's heading."""
-    lines = []
-    for r in records:
-        if r.get("pictures"):
-            lines += ["", f"### Row {r['row']}: {r['changed']} ({r['where']})", ""]
-            lines += [f"![row {r['row']}]({name})" for name in r["pictures"]]
-    return ["", "## Curves and diagrams", *lines] if lines else []
-
-
-def scaling_plot(records: list[dict], path: Path) -> Path | None:
-    """One panel per scaling row: the metric against parameters, the paper's two models
-    (left axis) and our two ladder sizes (right axis), both on a log scale of parameters."""
-    plotted = [r for r in records if r.get("plot")]
-    if not plotted:
-        return None
-    from evalkit.plots import pyplot, save_figure
-
-    fig, axes = pyplot().subplots(1, len(plotted), figsize=(3.6 * len(plotted), 3.4), squeeze=False)
-    for ax, record in zip(axes[0], plotted, strict=True):
-        paper, ours = (list(zip(*record["plot"][k], strict=True)) for k in ("paper", "ours"))
-        ax.plot(*paper, "o-", color="tab:blue", label="paper")
-        ax.set_xscale("log")
-        ax.set_ylabel("paper", color="tab:blue")
-        top = ax.twiny()  # our ladder's parameters along the top
-        top.set_xscale("log")
-        top.set_xlabel("parameters (ours)", fontsize=7)
-        twin = top.twinx()
-        twin.plot(*ours, "s--", color="tab:orange", label="ours")
-        twin.set_ylabel("ours", color="tab:orange")
-        ax.set_title(f"{record['row']}. {record['where']}\n{record['plot']['metric']}", fontsize=8)
-        ax.set_xlabel("parameters (paper)")
-    return save_figure(fig, path, dpi=90)

@@ -30,6 +30,7 @@ from evalkit.data.corruptions import NAMES, SEVERITIES
 from evalkit.metrics import (
     ECE_BINS,
     brier_score,
+    ece_bootstrap_stderr,
     expected_calibration_error,
     fit_temperature,
     negative_log_likelihood,
@@ -102,17 +103,24 @@ class Calibration(LinearProbe):
         extra = {**scorer.extra, "temperature": temperature, "bins": self.bins}
         clean_logits, clean_labels = scorer.score(self.dataset, self.eval_split)
         clean = scores(clean_logits, clean_labels, temperature, self.bins)
+        noise = {
+            "clean": ece_bootstrap_stderr(torch.softmax(clean_logits, 1), clean_labels, self.bins)
+        }
         diagrams = {"clean": reliability(torch.softmax(clean_logits, 1), clean_labels, self.bins)}
         if not self.corrupted:
             extra["picture"] = self.plot(diagrams, backbone, ctx)
             for metric, value in clean.items():
-                yield self.metric(metric, value, len(clean_labels), ctx, extra)
+                stderr = noise["clean"] if metric == "ece" else None
+                yield self.metric(metric, value, len(clean_labels), ctx, extra, stderr)
             return
         by_set, sizes = {}, {}
         for corruption in self.corruptions:
             for severity in self.severities:
                 logits, labels = scorer.score("imagenet-c", split_name(corruption, severity))
                 by_set[(corruption, severity)] = scores(logits, labels, temperature, self.bins)
+                noise[(corruption, severity)] = ece_bootstrap_stderr(
+                    torch.softmax(logits, 1), labels, self.bins
+                )
                 sizes[(corruption, severity)] = len(labels)
                 diagrams[f"{corruption}/{severity}"] = reliability(
                     torch.softmax(logits, 1), labels, self.bins
@@ -127,11 +135,12 @@ class Calibration(LinearProbe):
                 if metric.endswith("/clean")
                 else (counts[int(level)] if level.isdigit() else sum(counts.values()))
             )
-            yield self.metric(metric, value, n, ctx, extra)
+            yield self.metric(metric, value, n, ctx, extra, ece_noise(metric, noise))
 
-    def metric(self, name: str, value: float, n: int, ctx, extra: dict) -> Metric:
+    def metric(self, name: str, value: float, n: int, ctx, extra: dict, stderr=None) -> Metric:
         lower = not name.startswith("top1")
-        return Metric(name, value, higher_is_better=not lower, n=n, seeds=[ctx.seed], extra=extra)
+        return Metric(name, value, higher_is_better=not lower, stderr=stderr, n=n,
+                      seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def plot(self, diagrams: dict, backbone, ctx) -> str | None:
         if ctx.artifacts is None:
@@ -153,6 +162,21 @@ def scores(logits: torch.Tensor, labels: torch.Tensor, temperature: float, bins:
         "brier": brier_score(probs, labels),
         "top1": percent(topk_hits(logits, labels, 1)),
     }
+
+
+def ece_noise(metric: str, noise: dict) -> float | None:
+    """The standard error of an ECE summary: a set's own by bootstrap over its images; for a
+    mean over sets, the mean of theirs — the bound for sets that share their images (the
+    corrupted sets are the same images), never smaller than the truth."""
+    if not metric.startswith("ece/"):
+        return None
+    level = metric.removeprefix("ece/")
+    if level == "clean":
+        return noise["clean"]
+    sets = [
+        v for k, v in noise.items() if k != "clean" and (level == "mean" or f"s{k[1]}" == level)
+    ]
+    return statistics.mean(sets) if sets else None
 
 
 def corrupted_summary(by_set: dict, severities, clean: dict) -> dict:

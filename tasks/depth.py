@@ -28,7 +28,7 @@ from evalkit.data import open_dataset
 from evalkit.data.dense import DEPTH, frame_size
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
-from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop
+from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr
 from evalkit.task import Metric, one_of, setting
 from evalkit.training.loop import sampled_batches
 
@@ -119,7 +119,7 @@ class Depth(DenseSettings):
             values = [errors[metric] for errors in per_image]
             yield Metric(
                 metric, float(np.mean(values)), higher_is_better=metric not in LOWER_IS_BETTER,
-                n=len(per_image), seeds=[ctx.seed], extra=extra,
+                stderr=mean_stderr(values), n=len(per_image), seeds=[ctx.seed], extra=extra,
             )  # fmt: skip
 
     def build_head(self, dims: list[int]):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from evalkit.backbones.base import build_transform
 from evalkit.data import open_dataset
+from evalkit.metrics import accuracy_stderr, mean_stderr
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.planner import forward_flops, training_flops
 from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Rule, Stage, one_of, setting
@@ -87,22 +88,25 @@ class Distillation(LinearProbe):
         cached = teacher.score(self.dataset, self.train_split)[0] if self.mode == "cached" else None
         test = open_dataset(self.dataset, self.eval_split, ctx.data, transform=teacher.transform,
                             classes=teacher.classes)  # fmt: skip
-        top1 = {"teacher": percent(teacher_logits.argmax(1) == labels)}
+        right = {"teacher": teacher_logits.argmax(1) == labels}
         agreement = {}
         for kind in ("distilled", "label_only"):
             student = Student(self, kind, teacher, cached, normalisation)
             logits = student.evaluate(student.train(train, ctx), test, ctx)
-            top1[kind] = percent(logits.argmax(1) == labels)
+            right[kind] = logits.argmax(1) == labels
             agreement[kind] = percent(logits.argmax(1) == teacher_logits.argmax(1))
+        top1 = {kind: percent(hits) for kind, hits in right.items()}
         extra = {**teacher.extra, "mode": self.mode, "temperature": self.temperature,
                  "mixup": self.mixup and self.mode == "consistent", "student": self.student,
                  "student_image": self.student_image, "student_steps": self.steps,
                  "label_weight": self.label_weight}  # fmt: skip
         n = len(labels)
         for kind, value in top1.items():
-            yield Metric(f"top1/{kind}", value, n=n, seeds=[ctx.seed], extra=extra)
-        yield Metric("gain", top1["distilled"] - top1["label_only"], n=n, seeds=[ctx.seed],
-                     extra=extra)  # fmt: skip
+            yield Metric(f"top1/{kind}", value, stderr=accuracy_stderr(right[kind]), n=n,
+                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+        paired = 100.0 * (right["distilled"].double() - right["label_only"].double())  # same images
+        yield Metric("gain", top1["distilled"] - top1["label_only"], stderr=mean_stderr(paired.numpy()),
+                     n=n, seeds=[ctx.seed], extra=extra)  # fmt: skip
         for kind, value in agreement.items():
             yield Metric(f"agreement/{kind}", value, n=n, seeds=[ctx.seed], extra=extra)
 

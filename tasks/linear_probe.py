@@ -35,7 +35,7 @@ from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest, FeatureSet
 from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
-from evalkit.metrics import topk_hits
+from evalkit.metrics import accuracy_stderr, topk_hits
 from evalkit.progress import ProgressBar
 from evalkit.task import (
     FRACTION,
@@ -189,13 +189,9 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
             "num_classes": num_classes,
         }
         for k in (1, 5):
-            yield Metric(
-                f"top{k}",
-                percent(test_hits(model, data.test_rows(), space, k)),
-                n=len(test.labels),
-                seeds=[ctx.seed],
-                extra=extra,
-            )
+            row_hits = test_hits(model, data.test_rows(), space, k)
+            yield Metric(f"top{k}", percent(row_hits), stderr=accuracy_stderr(row_hits),
+                         n=len(test.labels), seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def plan(self, inputs) -> list[Stage]:
         """Resident: the raw, standardised and sliced training features plus the eval split
@@ -249,8 +245,8 @@ def finetuned_classification(task: LinearProbe, backbone, ctx):
     save_classifications(ctx, logits, labels, test, space)
     for k in (1, 5):
         row_hits = scored_hits(logits, labels, space, k)
-        yield Metric(f"top{k}", percent(row_hits), n=len(labels), seeds=[ctx.seed],
-                     extra=tuned.extra)  # fmt: skip
+        yield Metric(f"top{k}", percent(row_hits), stderr=accuracy_stderr(row_hits), n=len(labels),
+                     seeds=[ctx.seed], extra=tuned.extra)  # fmt: skip
 
 
 @dataclass

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from evalkit.data import open_dataset
 from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
-from evalkit.metrics import confusion_matrix, segmentation_scores
+from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
 from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, Stage, one_of, setting
 from evalkit.training.loop import sampled_batches
 
@@ -116,7 +116,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
             predict, extra = self.fine_tuned(backbone, ctx, (train_set, val_set), indices)
         else:
             predict, extra = self.frozen(backbone, ctx, train_set, val_set, subset)
-        confusion, pictures, per_image = self.evaluate(predict, val_set)
+        confusion, pictures, per_image, overlaps = self.evaluate(predict, val_set)
         scores = segmentation_scores(confusion)
         ctx.save_predictions({"image": image_ids(val_set), **per_image})
         extra |= {
@@ -133,8 +133,10 @@ class Segmentation(FinetuneSettings, DenseSettings):
                       "eval_stride": self.eval_stride or self.image_size * 2 // 3}  # fmt: skip
         if path := picture_path(ctx, self.name, backbone.info.name, self.head):
             extra["picture"] = str(save_picture_grid(pictures, path))
+        stderr = {"miou": miou_bootstrap_stderr(*overlaps, seed=ctx.seed)}
         for metric in self.metrics():
-            yield Metric(metric, scores[metric], n=len(val_set), seeds=[ctx.seed], extra=extra)
+            yield Metric(metric, scores[metric], stderr=stderr.get(metric), n=len(val_set),
+                         seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def frozen(self, backbone, ctx, train_set, val_set, subset):
         """A head on the frozen backbone: trained on cached grids when they fit
@@ -247,18 +249,22 @@ class Segmentation(FinetuneSettings, DenseSettings):
         image i's logits."""
         confusion = np.zeros((ADE_CLASSES, ADE_CLASSES), dtype=np.int64)
         pictures, per_image = [], {"miou": [], "pixel_acc": []}
+        overlaps = ([], [])  # per image: each class's intersection and union (mIoU's stderr)
         for i in range(len(dataset)):
             target = dataset.target(i)
             logits = predict(i)
             pred = resize_to(logits.float(), target.shape).argmax(1)[0].cpu().numpy()
             own = confusion_matrix(pred, target, ADE_CLASSES)
             confusion += own
+            inter = np.diag(own)
+            overlaps[0].append(inter)
+            overlaps[1].append(own.sum(0) + own.sum(1) - inter)
             for name, value in segmentation_scores(own).items():
                 if name in per_image:
                     per_image[name].append(value)
             if i < PICTURES:
                 pictures.append([dataset.original(i), colour_labels(pred), colour_labels(target)])
-        return confusion, pictures, per_image
+        return confusion, pictures, per_image, tuple(np.stack(o) for o in overlaps)
 
 
 def windowed(windows: SlidingWindows, logits_of):

@@ -27,6 +27,7 @@ from evalkit.errors import EvalkitError
 from evalkit.features import FeatureRequest
 from evalkit.heads.linear import Standardizer
 from evalkit.heads.video import HEADS, HeadConfig, build_head
+from evalkit.metrics import accuracy_stderr
 from evalkit.task import (
     LAYERS,
     NON_NEGATIVE,
@@ -139,7 +140,7 @@ class VideoClassification(Task):
         for k in (1, 5):
             top = probabilities.topk(min(k, probabilities.shape[1]), dim=1).indices
             right = (top == clip_labels[:, None]).any(dim=1)
-            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right),
+            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def open(self, split: str, backbone, ctx, *, views: tuple[int, int], classes=None):

@@ -41,6 +41,7 @@ from evalkit.heads.text import (
     save_tower,
     tokenizer,
 )
+from evalkit.metrics import accuracy_stderr
 from evalkit.task import (
     LAYERS,
     NON_NEGATIVE,
@@ -139,7 +140,7 @@ class ZeroShot(Task):
                  "candidates": len(space.candidates or space.names)}  # fmt: skip
         for k, found in hits.items():
             right = torch.cat(found)
-            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right),
+            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def classifier(self, text, names, ctx, tower_id: str | None) -> torch.Tensor:

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from evalkit.errors import EvalkitError
 
@@ -43,6 +44,23 @@ def test_imagenet_c_ece_averages_corruptions_then_severities(fake, ctx, tmp_path
     assert 0 <= rows["ece/clean"].value <= 1 and rows["ece/clean"].extra["temperature"] > 0
     assert Path(rows["ece/mean"].extra["picture"]).read_bytes()[:4] == b"\x89PNG"
     assert task.reference == {}  # the paper's ECE is of a fine-tuned classifier
+
+
+def test_scores_with_the_temperature_are_the_metrics_of_the_scaled_logits():
+    from evalkit.metrics import expected_calibration_error, negative_log_likelihood
+    from evalkit.tasks.calibration import scores
+
+    generator = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(500, 6, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 6, (500,), generator=generator)
+    scaled = scores(logits, labels, 2.5, 15)
+    assert scaled["ece_ts"] == pytest.approx(
+        expected_calibration_error(torch.softmax(logits / 2.5, 1), labels)
+    )
+    assert scaled["nll_ts"] == pytest.approx(negative_log_likelihood(logits / 2.5, labels))
+    assert scaled["ece_ts"] < scaled["ece"]  # confident random logits: cooling them helps
+    plain = scores(logits, labels, 1.0, 15)
+    assert plain["ece_ts"] == plain["ece"] and plain["nll_ts"] == plain["nll"]
 
 
 def test_imagenet_ece_temperature_scaling_lowers_the_nll(fake, ctx):

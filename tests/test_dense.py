@@ -66,6 +66,16 @@ def test_depth_errors_by_hand():
     assert depth_errors(pred, gt, np.zeros_like(valid)) is None
 
 
+def test_delta_counts_under_and_over_prediction_alike():
+    """δ uses max(pred / gt, gt / pred): predicting 1.2× too deep or 1.2× too shallow is the
+    same ratio, inside 1.25; 1.3× either way is outside."""
+    gt = np.full((1, 4), 10.0)
+    pred = np.array([[12.0, 10.0 / 1.2, 13.0, 10.0 / 1.3]])
+    errors = depth_errors(pred, gt, np.ones_like(gt, dtype=bool))
+    assert errors["delta1"] == pytest.approx(2 / 4)
+    assert errors["delta1.1"] == 0.0
+
+
 def test_eval_crops():
     garg = eval_crop((375, 1242), "garg")
     rows, cols = np.nonzero(garg)

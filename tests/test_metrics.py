@@ -1,4 +1,5 @@
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from evalkit.heads.linear import (
     logistic_path,
     ridge_fewshot_accuracy,
 )
-from evalkit.metrics import topk_accuracy
+from evalkit.metrics import confusion_matrix, expected_calibration_error, topk_accuracy
 
 BIG_VISION_BIAS = 100.0  # big_vision's few-shot probe appends this constant feature
 
@@ -180,16 +181,44 @@ def test_fitted_temperature_minimises_the_nll():
     assert fitted == pytest.approx(2.0, abs=0.15)  # the temperature the labels were drawn at
 
 
+def reference_ece(confidences: list[float], correct: list[bool], bins: int) -> float:
+    """ECE by its definition, one item at a time, bins found with exact fractions: an item
+    belongs to the first bin whose upper edge b/bins is at least its confidence."""
+    from fractions import Fraction
+
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(confidences):
+        b = next(b for b in range(1, bins + 1) if Fraction(c) <= Fraction(b, bins))
+        members.setdefault(b, []).append(i)
+    total = 0.0
+    for items in members.values():
+        accuracy = sum(correct[i] for i in items) / len(items)
+        confidence = sum(confidences[i] for i in items) / len(items)
+        total += len(items) / len(confidences) * abs(accuracy - confidence)
+    return total
+
+
 @given(st.lists(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3), min_size=1, max_size=60),
-       st.integers(0, 2))  # fmt: skip
-def test_ece_is_between_zero_and_one(rows, label):
+       st.lists(st.integers(0, 2), min_size=60, max_size=60), st.sampled_from([2, 5, 15]))  # fmt: skip
+def test_ece_equals_its_definition_item_by_item(rows, labels, bins):
     from evalkit.metrics import expected_calibration_error
 
     probs = torch.tensor(rows, dtype=torch.float64) + 1e-9
     probs = probs / probs.sum(dim=1, keepdim=True)
-    labels = torch.full((len(rows),), label)
-    for scheme in ("width", "mass"):
-        assert 0.0 <= expected_calibration_error(probs, labels, scheme=scheme) <= 1.0 + 1e-12
+    labels = torch.tensor(labels[: len(rows)])
+    confidence, predicted = probs.max(dim=1)
+    expected = reference_ece(confidence.tolist(), (predicted == labels).tolist(), bins)
+    assert expected_calibration_error(probs, labels, bins) == pytest.approx(expected, abs=1e-12)
+
+
+def test_ece_averages_the_items_that_share_a_bin():
+    from evalkit.metrics import expected_calibration_error
+
+    # 0.74 right and 0.78 wrong share (0.7333, 0.8]: accuracy 0.5, confidence 0.76
+    probs = torch.tensor([[0.74, 0.26], [0.78, 0.22], [0.95, 0.05]], dtype=torch.float64)
+    labels = torch.tensor([0, 1, 0])
+    expected = 2 / 3 * abs(0.5 - 0.76) + 1 / 3 * abs(1.0 - 0.95)
+    assert expected_calibration_error(probs, labels) == pytest.approx(expected)
 
 
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=6))
@@ -240,3 +269,37 @@ def test_few_shot_bias_feature_escapes_the_regularisation():
     xt = (2.0 * yt - 1).double()[:, None]
     assert ridge_fewshot_accuracy(x, y, xt, yt, num_classes=2, l2=1e5) == 0.5
     assert ridge_fewshot_accuracy(x, y, xt, yt, num_classes=2, l2=1e-3) == 1.0
+
+
+# --- uncertainty over the test items -----------------------------------------------------
+
+
+def test_accuracy_and_mean_standard_errors_by_hand():
+    from evalkit.metrics import accuracy_stderr, mean_stderr
+
+    hits = torch.tensor([True] * 30 + [False] * 70)
+    assert accuracy_stderr(hits) == pytest.approx(100 * math.sqrt(0.3 * 0.7 / 100))
+    assert mean_stderr([1.0, 2.0, 3.0, 4.0]) == pytest.approx(statistics.stdev([1, 2, 3, 4]) / 2)
+
+
+def test_bootstrap_statistics_are_the_metrics_themselves():
+    """Resampled at the identity, the bootstrap statistics are mIoU and ECE as computed for
+    the whole set; identical images have no spread; spread shrinks like 1/√n."""
+    from evalkit.metrics import bootstrap_stderr, ece_bootstrap_stderr, miou_bootstrap_stderr
+
+    rng = np.random.default_rng(0)
+    pred, target = rng.integers(0, 4, (6, 20, 20)), rng.integers(0, 4, (6, 20, 20))
+    confusions = [confusion_matrix(p, t, 4) for p, t in zip(pred, target, strict=True)]
+    inter = np.stack([np.diag(c) for c in confusions])
+    union = np.stack([c.sum(0) + c.sum(1) - np.diag(c) for c in confusions])
+    same = np.repeat(inter[:1], 6, 0), np.repeat(union[:1], 6, 0)
+    assert miou_bootstrap_stderr(*same) == pytest.approx(0.0, abs=1e-9)
+    assert miou_bootstrap_stderr(inter, union) > 0
+    probs = torch.softmax(torch.randn(400, 5, generator=torch.Generator().manual_seed(0)) * 2, 1)
+    labels = torch.randint(0, 5, (400,), generator=torch.Generator().manual_seed(1))
+    assert 0 < ece_bootstrap_stderr(probs, labels) < expected_calibration_error(probs, labels)
+    values = np.random.default_rng(1).normal(size=4000)
+    small = bootstrap_stderr(lambda rows: values[:1000][rows].mean(), 1000)
+    large = bootstrap_stderr(lambda rows: values[rows].mean(), 4000)
+    assert small / large == pytest.approx(2.0, rel=0.25)
+    assert small == pytest.approx(values[:1000].std() / math.sqrt(1000), rel=0.2)

@@ -110,9 +110,18 @@ def test_qk_norm_stability_task_reports_every_run(fake, ctx, tmp_path):
     picture = Path(rows["lr_sensitivity/qk_norm"].extra["picture"])
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(rows) == set(task.metrics())
-    assert rows["lr_sensitivity/qk_norm"].value >= 0
-    curve = rows["max_attention_logit/no_qk_norm/lr=1"].extra["max_logit_curve"]
-    assert curve and all(math.isfinite(v) or v == math.inf for v in curve)
+    for variant in ("qk_norm", "no_qk_norm"):  # the definition: mean over LRs of min(final,
+        # initial) − the best of them, from the rows' own final losses
+        finals = rows[f"lr_sensitivity/{variant}"].extra["final_loss_by_lr"]
+        assert set(finals) == {"0.001", "1"}
+        expected = sum(finals.values()) / 2 - min(finals.values())
+        assert rows[f"lr_sensitivity/{variant}"].value == pytest.approx(expected)
+        for lr, final in finals.items():
+            assert final == pytest.approx(min(rows[f"final_loss/{variant}/lr={lr}"].value, final))
+    row = rows["max_attention_logit/no_qk_norm/lr=1"]
+    curve = row.extra["max_logit_curve"]
+    assert curve and not any(math.isnan(v) for v in curve) and min(curve) > 0
+    assert curve[0] == row.extra["first_max_logit"] and row.value >= 0
 
 
 def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
