@@ -83,7 +83,9 @@ def effects_picture(records: list[dict], path: Path) -> Path | None:
     fig, ax = pyplot().subplots(figsize=(8.5, 0.45 * len(records) + 1.4))
     labels = []
     for y, r in enumerate(reversed(records)):
-        labels.append(f"{r['row']}. {r['where']}")
+        labels.append(
+            f"{r['row']}. {r['where'] if r['changed'].startswith('scale') else r['changed']}"
+        )
         rel = r.get("relative") or {}
         if rel.get("paper") is None or rel.get("ours") is None:
             ax.text(0, y, f"no number to compare: {VERDICTS[r['agrees']]}", va="center", fontsize=8,
@@ -97,6 +99,7 @@ def effects_picture(records: list[dict], path: Path) -> Path | None:
             ax.plot([low, high], [y - 0.15] * 2, "-", color=COLOURS[r["agrees"]], lw=2)
         ax.plot(100 * rel["ours"], y - 0.15, "o", color=COLOURS[r["agrees"]])
     ax.axvline(0, color="black", lw=0.8)
+    ax.set_ylim(-0.7, len(records) - 0.3)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlabel("relative change, % (positive: the paper's better direction; symlog beyond ±10%)")

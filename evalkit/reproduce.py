@@ -542,8 +542,8 @@ DEPARTURES = {
         ),
         ("all", "text tower and schedule from the public LiT recipe; the paper's are not public"),
     ),
-    7: (("tiny", "64 px and 100 fine-tuning steps (the paper: 504 px)"),),
-    8: (("tiny", "64 px and 100 fine-tuning steps (the paper: 504 px)"),),
+    7: (("tiny", "small images and a few fine-tuning steps (the paper: 504 px, 40k steps)"),),
+    8: (("tiny", "small images and a few fine-tuning steps (the paper: 504 px, 40k steps)"),),
     9: (
         ("all", "no gradient loss (DINOv2's KITTI recipe adds one, weight 0.5)"),
         (
@@ -561,7 +561,7 @@ DEPARTURES = {
         ),
         ("paper", "ViT-L/32 is timm's vit_large_patch32_384, not Plex's ViT-L/32"),
     ),
-    12: (("tiny", "a 32-px student of the ladder's test size (the paper: ViT-B/16 at 384 px)"),),
+    12: (("tiny", "a small student at 32 px (the paper: ViT-B/16 at 384 px)"),),
 }
 
 
