@@ -1,0 +1,65 @@
+"""The ``evalkit`` command: parses arguments and calls the API, printing with rich; no
+evaluation logic lives here. Each command is a module holding its parser and its handler:
+``run``, ``listing`` (ls, backbones), ``results`` (table, compare, errors), ``convert``,
+``plan`` (plan, check-data), ``cache``, ``pretrain``, ``reproduce`` (reproduce, sweep) and
+``prepare``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from evalkit.cli import cache, convert, listing, plan, prepare, pretrain, reproduce, results, run
+from evalkit.errors import EvalkitError
+
+# In ``evalkit --help`` order: each command's parser builder and handler.
+COMMANDS = {
+    "run": (run.add_run, run.cmd_run),
+    "ls": (listing.add_ls, listing.cmd_ls),
+    "table": (results.add_table, results.cmd_table),
+    "compare": (results.add_compare, results.cmd_compare),
+    "backbones": (listing.add_backbones, listing.cmd_backbones),
+    "convert": (convert.add_convert, convert.cmd_convert),
+    "check-data": (plan.add_check_data, plan.cmd_check_data),
+    "plan": (plan.add_plan, plan.cmd_plan),
+    "cache": (cache.add_cache, cache.cmd_cache),
+    "pretrain": (pretrain.add_pretrain_command, pretrain.cmd_pretrain),
+    "errors": (results.add_errors_command, results.cmd_errors),
+    "sweep": (reproduce.add_sweep_command, reproduce.cmd_sweep),
+    "reproduce": (reproduce.add_reproduce_command, reproduce.cmd_reproduce),
+    "prepare": (prepare.add_prepare_command, prepare.cmd_prepare),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evalkit", description="Evaluate frozen vision backbones."
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    try:
+        return COMMANDS[args.command][1](args, console)
+    except EvalkitError as exc:
+        if args.debug:
+            raise
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: finished rows and cached features are kept")
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

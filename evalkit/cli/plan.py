@@ -1,0 +1,113 @@
+"""``evalkit plan`` and ``evalkit check-data``: what a run will cost, and whether its data is sound, before it runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_check_data(sub) -> None:
+    """check the data a task would read"""
+    check = sub.add_parser(
+        "check-data",
+        help="check the data a task would read, without a backbone; exit 2 on problems",
+    )
+    check.add_argument("--task", required=True)
+    check.add_argument("--data", default="auto", help="auto | folder | hf | embedded")
+    check.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    check.add_argument("--cache-dir", type=Path, help="where embedded stand-ins are written")
+    check.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_plan(sub) -> None:
+    """what a run will cost"""
+    plan = sub.add_parser(
+        "plan", help="what a run will cost (passes, disk, RAM, device memory), before it runs"
+    )
+    plan.add_argument("--task", required=True)
+    plan.add_argument("--backbone", required=True)
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--data", default="auto")
+    plan.add_argument("--data-dir", type=Path)
+    plan.add_argument("--cache-dir", type=Path)
+    plan.add_argument("--device", default=None)
+    plan.add_argument("--dtype", choices=("fp32", "bf16"))
+    plan.add_argument("--cache-dtype", choices=("fp32", "bf16", "fp16"))
+    plan.add_argument("--batch-size", type=int, default=64)
+    plan.add_argument("--tp", type=int, default=1)
+    plan.add_argument(
+        "--target", default="this",
+        help="where the run goes: this (this machine), 1xA100-80GB, 8xA100-80GB, 8xH100-80GB, "
+        "1xH200, or gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]; memory is checked per rank and host",
+    )  # fmt: skip
+
+
+def cmd_check_data(args, console) -> int:
+    from evalkit.data import DataConfig
+    from evalkit.data.check import check_dataset
+    from evalkit.identity import cache_root
+    from evalkit.runner import resolve_task
+
+    task = resolve_task(args.task)
+    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
+    progress = not args.quiet and sys.stderr.isatty()
+    reports = [check_dataset(name, tuple(splits.values()), config, progress=progress)
+               for name, splits in task.reads().items()]  # fmt: skip
+    for report in reports:
+        print_data_report(report, console)
+    return 2 if any(r.problems for r in reports) else 0
+
+
+def print_data_report(report, console):
+    from rich.table import Table
+
+    table = Table("split", "images", "classes", "smallest", "largest", title=report.dataset)
+    for split in report.splits:
+        size = lambda s: f"{s[0]}×{s[1]}" if s else "–"  # noqa: E731
+        classes = f"{len(split.classes)} ({min(split.classes.values(), default=0)}–" \
+            f"{max(split.classes.values(), default=0)} images each)" if split.classes else "–"  # fmt: skip
+        table.add_row(split.split, str(split.images), classes, size(split.smallest),
+                      size(split.largest))  # fmt: skip
+    console.print(table)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for problem in report.problems:
+        console.print(f"[bold red]problem:[/] {problem}", highlight=False, soft_wrap=True)
+    verdict = f"{len(report.problems)} problem(s)" if report.problems else "no problems"
+    console.print(f"{report.dataset}: {verdict}")
+
+
+def cmd_plan(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.data import DataConfig
+    from evalkit.identity import cache_root
+    from evalkit.parallel.planner import human as flops
+    from evalkit.plan import human, parse_target, plan_run, stage_flops
+    from evalkit.runner import resolve_task
+
+    task = resolve_task(args.task, args.overrides)
+    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
+    options = {k: getattr(args, k) for k in ("device", "dtype", "cache_dtype", "batch_size", "tp")}
+    target = None if args.target == "this" else parse_target(args.target)
+    stages, budget, sizes, shape = plan_run(
+        task, args.backbone, config, options | {"target": target}
+    )
+    table = Table("stage", "mode", "forward passes", "FLOPs", "cache disk", "host RAM",
+                  "device / rank", title=f"{task.name} on {args.backbone}")  # fmt: skip
+    for s in stages:
+        table.add_row(s.name, s.mode, f"{s.forward_passes:,}", flops(stage_flops(s, shape)),
+                      human(s.cache_bytes), human(s.host_bytes), human(s.device_bytes))  # fmt: skip
+    console.print(table)
+    total = sum(stage_flops(s, shape) for s in stages)
+    console.print(f"compute: {flops(total, 'FLOP')} in all", highlight=False)
+    console.print(f"splits: {sizes}", highlight=False, soft_wrap=True)
+    device = human(budget.device) if budget.device is not None else "no accelerator"
+    console.print(f"{budget.name}: RAM {human(budget.host)} per host, device {device}, "
+                  f"cache disk free {human(budget.disk)}", highlight=False)  # fmt: skip
+    console.print(f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} "
+                  "per host", highlight=False)  # fmt: skip
+    for problem in budget.problems:
+        console.print(f"[bold red]does not fit:[/] {problem}", highlight=False, soft_wrap=True)
+    console.print(f"{'does not fit' if budget.problems else 'fits'} {budget.name}")
+    return 0

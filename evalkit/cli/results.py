@@ -1,0 +1,256 @@
+"""``evalkit table``, ``evalkit compare`` and ``evalkit errors``: result rows as tables, gates between two sets of rows, and the eval items a model got wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+
+def add_table(sub) -> None:
+    """render result rows as a paper-style table"""
+    table = sub.add_parser("table", help="render result rows as a paper-style table")
+    table.add_argument("paths", nargs="+", type=Path)
+    table.add_argument(
+        "--pivot", default="backbone,task", help="ROWS,COLUMNS (backbone,task or task,backbone)"
+    )
+    table.add_argument("--format", choices=("md", "csv"), default="md")
+    table.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
+
+
+def add_compare(sub) -> None:
+    """compare two sets of rows"""
+    compare = sub.add_parser(
+        "compare", help="compare two sets of rows; exit 1 on any change beyond the tolerance"
+    )
+    compare.add_argument("base", type=Path)
+    compare.add_argument("new", type=Path)
+    compare.add_argument(
+        "--tolerance", type=float, default=0.5, help="allowed change, in metric units"
+    )
+    compare.add_argument(
+        "--tolerances", type=Path,
+        help="per-metric tolerances (TOML; default: BASE/tolerances.toml when BASE has one)",
+    )  # fmt: skip
+    compare.add_argument(
+        "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
+    )
+    compare.add_argument(
+        "--junit", type=Path, metavar="FILE",
+        help="also write a JUnit XML report: one test case per metric",
+    )  # fmt: skip
+    compare.add_argument(
+        "--format", choices=("table", "github"), default="table",
+        help="github: print GitHub Actions ::error annotations after the table",
+    )  # fmt: skip
+    compare.add_argument(
+        "--update-baselines",
+        action="store_true",
+        help="replace BASE (a folder of rows) with NEW's rows after showing the comparison",
+    )
+    compare.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        default=True,
+        help="exit 1 when a metric regressed or is missing (the default)",
+    )
+    compare.add_argument(
+        "--no-fail",
+        dest="fail_on_regression",
+        action="store_false",
+        help="report only; always exit 0",
+    )
+
+
+def add_errors_command(sub) -> None:
+    errors = sub.add_parser(
+        "errors", help="a run's most confused classes and worst images (--save-predictions)"
+    )
+    errors.add_argument("run_dir", type=Path, help="the --out folder of the run")
+    errors.add_argument("--task", required=True)
+    errors.add_argument("--backbone", help="only this backbone's predictions")
+    errors.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+
+
+def cmd_table(args, console) -> int:
+    from evalkit.results import load_rows, pivot_table
+
+    rows = load_rows(args.paths)
+    if not rows:
+        raise EvalkitError(
+            f"no result rows in {', '.join(map(str, args.paths))} (expected *.jsonl from evalkit run)"
+        )
+    index, _, columns = args.pivot.partition(",")
+    if {index, columns} != {"backbone", "task"}:
+        raise EvalkitError(f"--pivot expects backbone,task or task,backbone, got {args.pivot!r}")
+    rows = [{**row, "task": table_task(row)} for row in rows]
+    frame = pivot_table(rows, index=index, columns=columns, references=references_for(rows))
+    text = frame.to_csv() if args.format == "csv" else markdown(frame, index)
+    if args.output:
+        args.output.write_text(text)
+        console.print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+FINETUNED = " (fine-tuned)"
+
+
+def table_task(row) -> str:
+    """A row's task as tables name it: fine-tuned runs apart from frozen ones."""
+    return row["task"] + (FINETUNED if row.get("config", {}).get("finetune") else "")
+
+
+def references_for(rows) -> dict:
+    """The paper's numbers for the tasks present, as each was run: frozen numbers beside
+    frozen runs, fine-tuned ones beside fine-tuned runs (tasks unknown here have none)."""
+    from evalkit.runner import resolve_task
+
+    refs = {}
+    for label in {r["task"] for r in rows}:
+        name = label.removesuffix(FINETUNED)
+        overrides = ["finetune=true"] if label.endswith(FINETUNED) else []
+        try:
+            refs[label] = resolve_task(name, overrides).reference
+        except EvalkitError:
+            refs[label] = {}
+    return refs
+
+
+def markdown(frame, index_name: str) -> str:
+    header = [index_name, *frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [
+        "| " + " | ".join([str(i), *map(str, row)]) + " |"
+        for i, row in zip(frame.index, frame.values, strict=True)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit.results import (
+        FAILING,
+        Tolerances,
+        compare,
+        github_annotations,
+        junit_xml,
+        load_rows,
+    )
+
+    for path in (args.base, args.new):
+        if not path.exists():
+            raise EvalkitError(f"no such rows file or folder: {path}")
+    given = args.tolerances or args.base / "tolerances.toml"
+    if args.tolerances and not given.is_file():
+        raise EvalkitError(f"no tolerances file {given}")
+    tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
+    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=tolerance,
+                      one_sided=args.one_sided)  # fmt: skip
+    table = Table("task", "backbone", "metric", "base", "new", "delta", "status")
+    colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
+
+    def fmt(v):
+        return "–" if v is None else f"{v:.2f}"
+
+    for rec in records:
+        status = rec["status"]
+        table.add_row(
+            rec["task"],
+            rec["backbone"],
+            rec["metric"],
+            fmt(rec["base"]),
+            fmt(rec["new"]),
+            "–" if rec["delta"] is None else f"{rec['delta']:+.2f}",
+            f"[{colours.get(status, 'white')}]{status}[/]",
+        )
+    console.print(table)
+    if args.junit:
+        write_report(args.junit, junit_xml(records))
+    if args.format == "github":
+        print(github_annotations(records), end="")
+    if args.update_baselines:
+        update_baselines(args.base, args.new)
+        console.print(f"baselines in {args.base} replaced by the rows of {args.new}")
+        return 0
+    bad = [r for r in records if r["status"] in FAILING]
+    console.print(
+        f"{len(bad)} change(s) beyond their tolerances (up or down"
+        f"{'; gains tolerated' if args.one_sided else ''})"
+        if bad
+        else "no changes beyond tolerance"
+    )
+    return 1 if bad and args.fail_on_regression else 0
+
+
+def write_report(path: Path, text: str):
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise EvalkitError(f"cannot write the report {path}: {exc.strerror}") from None
+
+
+def update_baselines(base: Path, new: Path):
+    """BASE (a folder of rows files) becomes a copy of NEW's rows files: the one way baselines
+    change, asked for by name."""
+    import shutil
+
+    if not base.is_dir():
+        raise EvalkitError(f"--update-baselines needs BASE to be a folder of rows, got {base}")
+    for old in base.rglob("*.jsonl"):  # rows only: BASE/tolerances.toml stays
+        old.unlink()
+    if not new.is_dir():
+        shutil.copyfile(new, base / new.name)
+        return
+    for source in sorted(new.rglob("*.jsonl")):
+        target = base / source.relative_to(new)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+
+
+def cmd_errors(args, console) -> int:
+    import pandas as pd
+    from rich.table import Table
+
+    slug = args.task.replace("/", "_")
+    files = sorted((args.run_dir / "predictions").glob(f"{slug}--*.parquet"))
+    if args.backbone:
+        files = [
+            f for f in files if f.name.startswith(f"{slug}--{args.backbone.replace('/', '_')}--")
+        ]
+    if not files:
+        raise EvalkitError(
+            f"no predictions of {args.task} under {args.run_dir}/predictions: rerun it with "
+            "evalkit run ... --save-predictions"
+        )
+    for path in files:
+        frame = pd.read_parquet(path)
+        console.print(f"[bold]{path.name}[/bold]: {len(frame)} images")
+        for title, rows in error_tables(frame, args.top):
+            table = Table(*rows.columns, title=title)
+            for values in rows.itertuples(index=False):
+                table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values))
+            console.print(table)
+    return 0
+
+
+def error_tables(frame, top: int):
+    """(title, DataFrame) pairs: for classification the most confused (label, prediction)
+    pairs and the most confident mistakes; for dense tasks the images of lowest mIoU."""
+    if "miou" in frame:
+        worst = frame.nsmallest(top, "miou")[["image", "miou", "pixel_acc"]]
+        return [("images of lowest mIoU", worst)]
+    names = dict(zip(frame["label"], frame["label_name"], strict=False))
+    wrong = frame[~frame["correct"]].assign(
+        predicted=lambda f: [names.get(p, str(p)) for p in f["prediction"]],
+        confidence=lambda f: [scores[0] for scores in f["top5_scores"]],
+    )
+    pairs = (wrong.groupby(["label_name", "predicted"]).size().rename("images")
+             .nlargest(top).reset_index())  # fmt: skip
+    confident = wrong.nlargest(top, "confidence")[
+        ["image", "label_name", "predicted", "confidence"]
+    ]
+    return [("most confused classes", pairs), ("most confident mistakes", confident)]

@@ -1,0 +1,201 @@
+"""``evalkit run``: tasks on backbones, result rows written; its parser and handler."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def add_run(sub) -> None:
+    run = sub.add_parser("run", help="run tasks on backbones and write result rows")
+    add_jobs_arguments(run)
+    add_data_arguments(run)
+    add_execution_arguments(run)
+
+
+def add_jobs_arguments(run) -> None:
+    """What to run: tasks, backbones, weights, settings."""
+    run.add_argument(
+        "--task",
+        dest="tasks",
+        metavar="TASK",
+        action="append",
+        required=True,
+        help="task name (repeatable)",
+    )
+    run.add_argument(
+        "--backbone",
+        dest="backbones",
+        metavar="BACKBONE",
+        action="append",
+        default=[],
+        help="e.g. timm/vit_tiny_patch16_224 (repeatable); tasks that train their own models "
+        "(the ablations) need none",
+    )
+    run.add_argument("--weights", help="local checkpoint (.safetensors, .pt, .pth)")
+    run.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="published weights of timm/<model>.<tag> or open_clip/<arch>:<tag>, from the "
+        "Hugging Face cache (HF_HUB_OFFLINE=1: the cache only)",
+    )
+
+
+def add_data_arguments(run) -> None:
+    """Where data comes from and where rows and features go."""
+    run.add_argument(
+        "--data", default="auto", help="auto | folder | hf | embedded (built-in stand-in data)"
+    )
+    run.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    run.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="identify data files by their bytes, not size and modification time (slower)",
+    )
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a task setting (repeatable)",
+    )
+    run.add_argument("--out", type=Path, default=Path("results/runs"), help="where result rows go")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="rerun even if the rows exist, and run even when `evalkit plan` says it does not fit",
+    )
+    run.add_argument(
+        "--save-predictions",
+        action="store_true",
+        help="also write each image's predictions as Parquet under <out>/predictions/",
+    )
+    run.add_argument(
+        "--no-cache", action="store_true", help="do not read or write the feature cache"
+    )
+    run.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="feature/data cache (default: $EVALKIT_CACHE or ~/.cache/evalkit)",
+    )
+
+
+def add_execution_arguments(run) -> None:
+    """How to run: batches, device, precision, seeds, sharding."""
+    run.add_argument("--batch-size", type=int, default=64)
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="data-loading processes (default: up to 8 on large data, none on small)",
+    )
+    run.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)"
+    )
+    run.add_argument(
+        "--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on cuda, fp32 on cpu"
+    )
+    run.add_argument(
+        "--cache-dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default=None,
+        help="how cached features are stored (default: the --dtype of the run)",
+    )
+    run.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        help="seed of a run (repeatable: one run per seed; default 0); a backbone without "
+        "weights is initialised from the first",
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--tp", type=int, default=1, help="tensor-parallel ranks for vit22b (under torchrun)"
+    )
+    run.add_argument(
+        "--fsdp", action="store_true", help="vit22b: also shard weights over data-parallel ranks"
+    )
+    run.add_argument(
+        "--model-arg",
+        dest="model_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="backbone option, e.g. qk_norm=false or parallel=false (vit22b), img_size=384 (timm)",
+    )
+    run.add_argument(
+        "--random-init",
+        action="store_true",
+        help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
+    )
+
+
+def cmd_run(args, console) -> int:
+    from rich.table import Table
+
+    from evalkit import runner
+
+    spec = run_spec(args)
+    if not is_main_process():
+        console = quiet_console()
+    for name in spec.tasks:
+        if note := runner.alias_note(name):
+            console.print(f"[yellow]note:[/] {note}")
+    table = Table("task", "backbone", "metric", "value", "n", "")
+    for job in runner.run(spec, on_backbone=lambda b: warn_random_init(b, console)):
+        for row in job.rows:
+            table.add_row(*summary_cells(row, skipped=job.skipped))
+    console.print(table)
+    console.print(f"rows: {spec.out}/")
+    return 0
+
+
+def run_spec(args):
+    """The command line as a ``RunSpec``: argument names are its field names."""
+    from dataclasses import fields
+
+    from evalkit.backbones.options import parse_model_args
+    from evalkit.runner import RunSpec
+
+    given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
+    given["model_args"] = parse_model_args(args.model_args)
+    given["seeds"] = tuple(args.seed or (0,))
+    given["progress"] = not args.quiet and sys.stderr.isatty()
+    return RunSpec(**given)
+
+
+def is_main_process() -> bool:
+    """Rank 0 prints (torchrun sets RANK before the process group exists)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def quiet_console():
+    from rich.console import Console
+
+    return Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
+
+
+def warn_random_init(backbone, console):
+    if backbone.info.random_init:
+        console.print(
+            f"[bold yellow]warning:[/] {backbone.info.name} has random weights (no --weights "
+            "given); its numbers say nothing about a trained model"
+        )
+
+
+def summary_cells(row, *, skipped: bool) -> list[str]:
+    from evalkit.results import number, own_spread
+
+    spread = f" ± {number(own_spread(row))}" if own_spread(row) is not None else ""
+    return [
+        row["task"],
+        row["backbone"],
+        row["metric"],
+        f"{number(row['value'])}{spread}",
+        str(row.get("n") or ""),
+        "skipped: same task, settings, backbone, weights, data and seed on disk (--force reruns)"
+        if skipped
+        else "",
+    ]
