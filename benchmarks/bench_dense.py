@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from benchmarks.bench_extraction import TensorImages
 from benchmarks.common import peak_rss_mb, report
 from evalkit.backbones import BackboneOptions, load_backbone
-from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 from evalkit.heads.dense import LinearSegmentation, UperNetSegmentation
 from evalkit.tasks.dense import tap_layers
 

@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.common import best_time, report
 from evalkit import load_backbone
-from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 
 
 class TensorImages(torch.utils.data.Dataset):

@@ -50,9 +50,9 @@ def synthetic(n: int, d: int, classes: int, seed: int = 0):
 def resnet_features():
     """Features of a seeded random timm/resnet18 on the embedded stand-in (train, val)."""
     from evalkit import load_backbone
+    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.identity import cache_root
     from evalkit.data import DataConfig, open_dataset
-    from evalkit.features import ExtractSettings, FeatureRequest, extract_features
-    from evalkit.identity import cache_root
 
     backbone = load_backbone("timm/resnet18")
     config = DataConfig(source="embedded", cache=cache_root())

@@ -28,7 +28,7 @@ CLASSES, SHARD = 100, 4096
 
 def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32):
     """Synthetic class-structured features, written as the feature cache writes them."""
-    from evalkit.features import _save_shard
+    from evalkit.cache.features import _save_shard
 
     gen = torch.Generator().manual_seed(seed)
     means = torch.randn(CLASSES, dim, generator=gen) * 0.08
@@ -44,7 +44,7 @@ def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32
 def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
     """Run the probe on the cached train split, score the held-out test split, and report
     peak RSS."""
-    from evalkit.features import FeatureSet
+    from evalkit.cache.features import FeatureSet
     from evalkit.heads.linear import fit_logistic, hits
     from evalkit.tasks.linear_probe import LinearProbe, ProbeData, percent, stratified_holdout
 

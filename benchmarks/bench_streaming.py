@@ -1,7 +1,7 @@
 """Peak RSS of training on a cached split that is streamed, for a small and an 8× larger split:
 LiT's text tower on 10k vs 80k caption pairs, and the video head on 1k vs 8k clips. Each size
 runs in a fresh process on feature shards written like the cache's (safetensors, 1,024 rows),
-with the task's own order and reader (``evalkit.train``) and ``resident_gb=0`` behaviour.
+with the task's own order and reader (``evalkit.heads.train``) and ``resident_gb=0`` behaviour.
 
 Target: the larger split's peak RSS within 10% of the smaller's (the baseline, same run).
 Run: ``python -m benchmarks.bench_streaming``.
@@ -41,7 +41,7 @@ def write_shards(folder: Path, rows: int, frames: int) -> list[Path]:
 
 def lit_steps(feats) -> None:
     from evalkit.heads.text import LitModel, TowerConfig, tokenizer
-    from evalkit.train import ShardedOrder, ShardReader
+    from evalkit.heads.train import ShardedOrder, ShardReader
 
     order = ShardedOrder.of(feats.starts, torch.ones(len(feats), dtype=torch.bool), 256, 0)
     reader = ShardReader(feats, 2 * order.window, resident=False)
@@ -58,8 +58,8 @@ def lit_steps(feats) -> None:
 
 
 def video_steps(feats) -> None:
+    from evalkit.heads.train import ShardedOrder, ShardReader
     from evalkit.heads.video import HeadConfig, build_head
-    from evalkit.train import ShardedOrder, ShardReader
 
     order = ShardedOrder.of(feats.starts, torch.ones(len(feats), dtype=torch.bool), 64, 0)
     reader = ShardReader(feats, 2 * order.window, resident=False)
@@ -74,7 +74,7 @@ def video_steps(feats) -> None:
 
 
 def child(kind: str, folder: str) -> dict:
-    from evalkit.features import FeatureSet
+    from evalkit.cache.features import FeatureSet
 
     feats = FeatureSet(sorted(Path(folder).glob("shard-*.safetensors")), from_cache=True)
     (lit_steps if kind == "lit" else video_steps)(feats)

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import report
-from evalkit.results import load_rows
+from evalkit.core.results import load_rows
 
 FAMILIES = (
     "imagenet-linear",

@@ -11,13 +11,13 @@ __version__ = "0.1.0"
 
 
 def list_tasks() -> list[str]:
-    from evalkit.catalog import TASKS
+    from evalkit.core.catalog import TASKS
 
     return TASKS.names()
 
 
 def get_task(name: str, overrides=()):
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     return resolve_task(name, overrides)
 
@@ -34,11 +34,11 @@ def run(tasks, backbones, **options) -> list[dict]:
     """Run each task on each backbone; returns the result rows (also appended under ``out``).
 
     ``tasks`` and ``backbones`` are a name or a list of names; ``options`` are the fields of
-    ``evalkit.runner.RunSpec`` (``seeds``, ``overrides``, ``weights``, ``model_args``, ``data``,
+    ``evalkit.core.runner.RunSpec`` (``seeds``, ``overrides``, ``weights``, ``model_args``, ``data``,
     ``data_dir``, ``out``, ``device``, ``dtype``, ...), the same as the command line's options.
     """
-    from evalkit.runner import RunSpec
-    from evalkit.runner import run as run_spec
+    from evalkit.core.runner import RunSpec
+    from evalkit.core.runner import run as run_spec
 
     spec = RunSpec(tasks=tasks, backbones=backbones, **options)
     return [row for job in run_spec(spec) for row in job.rows]

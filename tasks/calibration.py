@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.core.task import Metric, Rule, Stage, extraction_stage, setting
 from evalkit.data.corrupted import split_name
 from evalkit.data.corruptions import NAMES, SEVERITIES
 from evalkit.metrics import (
@@ -37,7 +38,6 @@ from evalkit.metrics import (
     reliability,
     topk_hits,
 )
-from evalkit.task import Metric, Rule, Stage, extraction_stage, setting
 
 from .classifier import Scorer
 from .linear_probe import LinearProbe, percent

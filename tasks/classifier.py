@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.cache.features import FeatureRequest
+from evalkit.core.task import resolve_pool
 from evalkit.data import open_dataset
-from evalkit.features import FeatureRequest
 from evalkit.heads.linear import fit_logistic
-from evalkit.task import resolve_pool
 
 from .linear_probe import FinetunedClassifier, ProbeData, predict, stratified_holdout
 

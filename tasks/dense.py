@@ -1,7 +1,7 @@
 """What the dense tasks share (segmentation.py, depth.py): frozen multi-layer patch grids from
 the feature cache (4 evenly spaced layers, e.g. [2, 5, 8, 11] of 12 — DPT's taps — extracted
 once and shared by every head, read a batch at a time), seeded hashed training subsets, a
-head trained by ``evalkit.train``, and a PNG picture grid (input / prediction / ground truth)
+head trained by ``evalkit.heads.train``, and a PNG picture grid (input / prediction / ground truth)
 of a few validation images written next to the rows."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from evalkit.cache.features import FeatureRequest, FeatureSet
+from evalkit.core.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
 from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest, FeatureSet
-from evalkit.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
-from evalkit.train import TrainConfig, seeded_build, train
+from evalkit.heads.train import TrainConfig, seeded_build, train
 
 
 @dataclass(frozen=True)

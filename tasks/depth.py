@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from evalkit.core.task import Metric, one_of, setting
 from evalkit.data import open_dataset
 from evalkit.data.dense import DEPTH, frame_size
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr
-from evalkit.task import Metric, one_of, setting
 from evalkit.training.loop import sampled_batches
 
 from .dense import (

@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.backbones.base import build_transform
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Rule, Stage, one_of, setting
 from evalkit.data import open_dataset
 from evalkit.metrics import accuracy_stderr, mean_stderr
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.planner import forward_flops, training_flops
-from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Rule, Stage, one_of, setting
 from evalkit.training.loop import Schedule, fit, sampled_batches
 from evalkit.training.pretrain import Classifier
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Stage, Task, one_of, setting
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.planner import training_flops
-from evalkit.task import NON_NEGATIVE, POSITIVE, Metric, Stage, Task, one_of, setting
 from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_accuracy
-from evalkit.task import BYTES, POSITIVE, Metric, Stage, setting
 
 from .linear_probe import SCORED_SETS, FrozenClassification
 

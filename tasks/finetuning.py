@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from evalkit.cache.identity import spec_key
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, setting
 from evalkit.errors import EvalkitError
-from evalkit.identity import spec_key
-from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, setting
 from evalkit.training.finetune import (
     EndToEnd,
     backbone_module,
@@ -96,7 +96,7 @@ def end_to_end(task, backbone, ctx, head_factory, *, layers, pool: str, dense: b
     its head seeded by the run's seed; checkpointed under the cache when there is one. With
     ``frozen`` the backbone itself is used, frozen, and only the head trains (no checkpoints:
     they would hold the whole backbone)."""
-    from evalkit.train import seeded_build
+    from evalkit.heads.train import seeded_build
 
     for name in task.datasets():  # the rows' data provenance; no features are extracted
         ctx.stats["data"][name] = ctx.data_identity(name)

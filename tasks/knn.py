@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.core.task import POSITIVE, Metric, Rule, one_of, setting
 from evalkit.heads.knn import TEMPERATURE, nearest, vote
-from evalkit.task import POSITIVE, Metric, Rule, one_of, setting
 
 from .linear_probe import FrozenClassification, percent, save_classifications, scored_hits
 

@@ -30,14 +30,8 @@ from typing import NamedTuple
 import torch
 
 from evalkit.backbones.base import POOLS, build_transform
-from evalkit.data import open_dataset
-from evalkit.data.shifted import open_scored
-from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest, FeatureSet
-from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
-from evalkit.metrics import accuracy_stderr, topk_hits
-from evalkit.progress import ProgressBar
-from evalkit.task import (
+from evalkit.cache.features import FeatureRequest, FeatureSet
+from evalkit.core.task import (
     FRACTION,
     LAYERS,
     NON_NEGATIVE,
@@ -51,8 +45,14 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
+from evalkit.data import open_dataset
+from evalkit.data.shifted import open_scored
+from evalkit.errors import EvalkitError
+from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
+from evalkit.heads.zeroshot import label_space_hits
+from evalkit.metrics import accuracy_stderr, topk_hits
+from evalkit.progress import ProgressBar
 from evalkit.training.loop import sampled_batches
-from evalkit.zeroshot import label_space_hits
 
 from .finetuning import FinetuneSettings, end_to_end, finetune_extra, resolution
 

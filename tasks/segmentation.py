@@ -28,11 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, Stage, one_of, setting
 from evalkit.data import open_dataset
 from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
-from evalkit.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, Stage, one_of, setting
 from evalkit.training.loop import sampled_batches
 
 from .dense import (

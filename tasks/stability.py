@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Stage, Task, setting
 from evalkit.data import open_dataset
+from evalkit.heads.train import seeded_build
 from evalkit.models.vit22b import SIZES, build, config
 from evalkit.parallel.planner import training_flops
-from evalkit.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Stage, Task, setting
-from evalkit.train import seeded_build
 from evalkit.training.loop import Diverged, Schedule, fit
 from evalkit.training.pretrain import Classifier
 from evalkit.training.probes import AttentionStats

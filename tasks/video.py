@@ -21,14 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.backbones.base import POOLS
-from evalkit.data import open_dataset
-from evalkit.data.video import MODES, Sampling, split_status
-from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest
-from evalkit.heads.linear import Standardizer
-from evalkit.heads.video import HEADS, HeadConfig, build_head
-from evalkit.metrics import accuracy_stderr
-from evalkit.task import (
+from evalkit.cache.features import FeatureRequest
+from evalkit.core.task import (
     LAYERS,
     NON_NEGATIVE,
     POSITIVE,
@@ -41,7 +35,13 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
-from evalkit.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
+from evalkit.data import open_dataset
+from evalkit.data.video import MODES, Sampling, split_status
+from evalkit.errors import EvalkitError
+from evalkit.heads.linear import Standardizer
+from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
+from evalkit.heads.video import HEADS, HeadConfig, build_head
+from evalkit.metrics import accuracy_stderr
 
 from .linear_probe import save_classifications
 

@@ -26,23 +26,9 @@ import torch
 
 from evalkit import distributed as mesh
 from evalkit.backbones.base import POOLS, text_tower
+from evalkit.cache.features import FeatureRequest
 from evalkit.checkpoints import weights_id
-from evalkit.data import open_dataset
-from evalkit.data.captions import UNREADABLE
-from evalkit.data.shifted import open_scored
-from evalkit.errors import EvalkitError
-from evalkit.features import FeatureRequest
-from evalkit.heads.text import (
-    LOSSES,
-    LitModel,
-    LitText,
-    TowerConfig,
-    load_tower,
-    save_tower,
-    tokenizer,
-)
-from evalkit.metrics import accuracy_stderr
-from evalkit.task import (
+from evalkit.core.task import (
     LAYERS,
     NON_NEGATIVE,
     POSITIVE,
@@ -55,8 +41,21 @@ from evalkit.task import (
     resolve_pool,
     setting,
 )
-from evalkit.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
-from evalkit.zeroshot import (
+from evalkit.data import open_dataset
+from evalkit.data.captions import UNREADABLE
+from evalkit.data.shifted import open_scored
+from evalkit.errors import EvalkitError
+from evalkit.heads.text import (
+    LOSSES,
+    LitModel,
+    LitText,
+    TowerConfig,
+    load_tower,
+    save_tower,
+    tokenizer,
+)
+from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
+from evalkit.heads.zeroshot import (
     TEMPLATE_SETS,
     Prompting,
     class_embeddings,
@@ -66,6 +65,7 @@ from evalkit.zeroshot import (
     stored_class_embeddings,
     templates,
 )
+from evalkit.metrics import accuracy_stderr
 
 from .linear_probe import save_classifications
 

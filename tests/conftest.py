@@ -18,9 +18,9 @@ def data_cache(tmp_path_factory):
 
 @pytest.fixture()
 def ctx(data_cache, tmp_path):
+    from evalkit.cache.features import ExtractSettings
+    from evalkit.core.task import TaskContext
     from evalkit.data import DataConfig
-    from evalkit.features import ExtractSettings
-    from evalkit.task import TaskContext
 
     return TaskContext(
         data=DataConfig(source="embedded", cache=data_cache),

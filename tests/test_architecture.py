@@ -19,8 +19,8 @@ import torch
 
 import evalkit
 from evalkit.cli import main
+from evalkit.core.results import load_rows
 from evalkit.errors import EvalkitError
-from evalkit.results import load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {"time", "wall_s", "images_per_s", "peak_mem_mb", "git_sha"}
@@ -96,7 +96,8 @@ def test_seeds_make_one_job_each(cli_env):
 
 
 def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
-    from evalkit import distributed, runner
+    from evalkit import distributed
+    from evalkit.core import runner
 
     torn_down = []
     monkeypatch.setattr(distributed, "teardown", lambda: torn_down.append(True))
@@ -108,8 +109,8 @@ def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
 
 
 def test_every_catalog_entry_builds_its_own_name():
-    from evalkit.catalog import TASKS
-    from evalkit.runner import resolve_task
+    from evalkit.core.catalog import TASKS
+    from evalkit.core.runner import resolve_task
 
     for name in TASKS.names(with_aliases=True):
         entry = TASKS.get(name)
@@ -126,8 +127,8 @@ PLUGIN = '''
 import torch
 from dataclasses import dataclass
 from evalkit.data import DataKind, open_dataset
-from evalkit.task import Metric, Task, resolve_pool
-from evalkit.features import FeatureRequest
+from evalkit.core.task import Metric, Task, resolve_pool
+from evalkit.cache.features import FeatureRequest
 from evalkit.backbones.base import BackboneInfo, Features, Preprocess
 
 
@@ -227,7 +228,7 @@ class Clips(torch.utils.data.Dataset):
 
 
 def test_clips_go_through_the_image_path_and_cache_per_clip(fake, tmp_path):
-    from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 
     clips = Clips(frames=4)
     settings = ExtractSettings(cache_dir=tmp_path, batch_size=3, shard_size=4, progress=False)
@@ -329,3 +330,38 @@ def test_docstrings_and_docs_cite_only_files_in_the_repository():
                 continue
             candidates = [ROOT / name, ROOT / "docs" / name, path.parent / name]
             assert any(c.exists() for c in candidates), f"{path.relative_to(ROOT)} cites {name}"
+
+
+# --- the house: what a newcomer sees --------------------------------------------------------
+
+HOUSE_ROOT_MODULES = 12
+HOUSE_FILE_LINES = 500
+HOUSE_README_LINES = 250
+
+
+def test_the_package_root_holds_few_modules_and_no_file_is_long():
+    root_modules = sorted(p.name for p in (ROOT / "evalkit").glob("*.py"))
+    assert len(root_modules) <= HOUSE_ROOT_MODULES, root_modules
+    long = [str(p.relative_to(ROOT)) for folder in ("evalkit", "tasks", "tests", "benchmarks")
+            for p in (ROOT / folder).rglob("*.py") if len(p.read_text().splitlines()) > HOUSE_FILE_LINES]  # fmt: skip
+    assert not long, long
+    assert len((ROOT / "README.md").read_text().splitlines()) <= HOUSE_README_LINES
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    import re
+
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in link.findall(page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} → {target}")
+    assert not broken, broken
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"docs/{p.name}" in readme for p in (ROOT / "docs").glob("*.md")), (
+        "link every docs page"
+    )

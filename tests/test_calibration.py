@@ -27,7 +27,7 @@ def test_imagenet_c_stand_in_has_the_layout_and_a_clear_error(ctx):
 
 
 def test_imagenet_c_ece_averages_corruptions_then_severities(fake, ctx, tmp_path):
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     ctx.artifacts = tmp_path / "pictures"
     task = resolve_task("imagenet-c-ece", ["corruptions=fog,contrast", "severities=1,5"])
@@ -64,7 +64,7 @@ def test_scores_with_the_temperature_are_the_metrics_of_the_scaled_logits():
 
 
 def test_imagenet_ece_temperature_scaling_lowers_the_nll(fake, ctx):
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     rows = {m.metric: m for m in resolve_task("imagenet-ece").run(fake, ctx)}
     assert rows["nll_ts"].value <= rows["nll"].value + 0.05  # fitted on held-out train images
@@ -73,7 +73,7 @@ def test_imagenet_ece_temperature_scaling_lowers_the_nll(fake, ctx):
 
 def test_finetuned_calibration_sets_the_paper_number_beside_it(ctx):
     from evalkit import load_backbone
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     task = resolve_task("imagenet-ece", ["finetune=true", "finetune_steps=2",
                                          "finetune_batch_size=8", "finetune_resolution=32"])  # fmt: skip
@@ -84,7 +84,7 @@ def test_finetuned_calibration_sets_the_paper_number_beside_it(ctx):
 
 
 def test_calibration_settings_are_checked():
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     with pytest.raises(EvalkitError, match="corruptions=smoke"):
         resolve_task("imagenet-c-ece", ["corruptions=smoke"])

@@ -47,7 +47,7 @@ def test_mixup_keeps_the_larger_share_and_mixes_labels_alike():
 
 @pytest.mark.parametrize("mode", ["consistent", "cached"])
 def test_distillation_runs_both_students_against_one_teacher(fake, ctx, mode):
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     task = resolve_task("distill-imagenet", [f"mode={mode}", "steps=4", "batch_size=8",
                                              "student=test", "warmup=1", "l2_grid=1e-2,1e-3",
@@ -67,7 +67,7 @@ def test_distillation_runs_both_students_against_one_teacher(fake, ctx, mode):
 
 
 def test_distillation_settings_are_checked():
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     with pytest.raises(EvalkitError, match="mode=soft"):
         resolve_task("distill-imagenet", ["mode=soft"])

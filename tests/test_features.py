@@ -8,14 +8,14 @@ import time
 
 import torch
 
-from evalkit.data import DataConfig, open_dataset
-from evalkit.features import (
+from evalkit.cache.features import (
     ExtractSettings,
     FeatureRequest,
     cache_key,
     extract_features,
     list_cache,
 )
+from evalkit.data import DataConfig, open_dataset
 
 
 def _val(backbone, data_cache):
@@ -97,7 +97,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from evalkit import load_backbone
     from evalkit.data import DataConfig, open_dataset
-    from evalkit.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
     delay, data_cache, cache, out = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     bb = load_backbone("fake", model_kwargs={"delay": delay})
     ds = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache), transform=bb.transform())
@@ -215,7 +215,7 @@ def test_streamed_probe_matches_resident(fake, ctx, tmp_path):
     import dataclasses
 
     from evalkit import get_task
-    from evalkit.runner import run_task
+    from evalkit.core.runner import run_task
 
     resident, _ = run_task(get_task("imagenet-linear"), fake, ctx, out_dir=tmp_path)
     task = get_task("imagenet-linear", ["resident_gb=0"])
@@ -233,7 +233,7 @@ def test_cache_stores_the_chosen_dtype_and_probes_agree(fake, ctx, tmp_path):
     import dataclasses
 
     from evalkit import get_task
-    from evalkit.runner import run_task
+    from evalkit.core.runner import run_task
 
     dataset = _val(fake, ctx.data.cache)
     half = ExtractSettings(cache_dir=tmp_path / "c", cache_dtype="bf16", progress=False)

@@ -142,7 +142,7 @@ def test_an_oversized_image_is_one_line_naming_the_file_and_the_limit(
 
 def test_square_resize_is_an_option_and_its_own_cache_entry(fake, ctx, tmp_path):
     from evalkit import get_task
-    from evalkit.runner import run_task
+    from evalkit.core.runner import run_task
 
     [shorter, _], _ = run_task(get_task("imagenet-linear"), fake, ctx, out_dir=tmp_path)
     [square, _], _ = run_task(get_task("imagenet-linear", ["resize=square"]), fake, ctx,
@@ -245,7 +245,7 @@ def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monke
 
 
 def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monkeypatch):
-    from evalkit import plan
+    from evalkit.core import plan
 
     tiny = plan.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
     monkeypatch.setattr(plan.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny))

@@ -44,7 +44,7 @@ def test_decayed_groups_by_hand():
 
 def test_finetuned_classification_row_and_untouched_backbone(ctx):
     from evalkit import load_backbone
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     backbone = load_backbone("vit22b/test")
     before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
@@ -65,7 +65,7 @@ def test_finetuned_classification_row_and_untouched_backbone(ctx):
 
 def test_finetuned_classification_resumes_to_the_same_numbers(ctx):
     from evalkit import load_backbone
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     backbone = load_backbone("vit22b/test")
     task = resolve_task("imagenet-linear", ["finetune=true", "finetune_steps=4",
@@ -102,7 +102,7 @@ def test_finetuned_ade20k_end_to_end_and_table(cli_env, small_scenes, capsys):
 
 def test_finetune_refuses_a_resolution_the_backbone_cannot_take(ctx):
     from evalkit import load_backbone
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     backbone = load_backbone("timm/vit_tiny_patch16_224")
     task = resolve_task("imagenet-linear", ["finetune=true", "finetune_resolution=64"])
@@ -111,7 +111,7 @@ def test_finetune_refuses_a_resolution_the_backbone_cannot_take(ctx):
 
 
 def test_finetune_settings_are_validated():
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     with pytest.raises(EvalkitError, match="layer_decay=1.5 is out of range"):
         resolve_task("ade20k-1/16", ["layer_decay=1.5"])

@@ -50,7 +50,7 @@ def test_chunking_does_not_change_the_neighbours():
 
 
 def test_knn_task_writes_a_row_per_k(fake, ctx):
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     task = resolve_task("imagenet-knn", ["ks=1,20", "chunk=100", "query_chunk=50"])
     rows = {m.metric: m for m in task.run(fake, ctx)}
@@ -63,8 +63,8 @@ def test_knn_task_writes_a_row_per_k(fake, ctx):
 
 
 def test_knn_settings_are_checked():
+    from evalkit.core.runner import resolve_task
     from evalkit.errors import EvalkitError
-    from evalkit.runner import resolve_task
 
     with pytest.raises(EvalkitError, match="ks=0"):
         resolve_task("imagenet-knn", ["ks=0"])

@@ -71,7 +71,7 @@ def test_fits_say_whether_they_converged():
 
 def test_linear_probe_rows_record_every_fit(fake, ctx, tmp_path):
     from evalkit import get_task
-    from evalkit.runner import run_task
+    from evalkit.core.runner import run_task
 
     task = get_task("imagenet-linear", ["max_iter=2", "l2_grid=1e-2,1e-4"])
     [row, _], _ = run_task(task, fake, ctx, out_dir=tmp_path)

@@ -186,7 +186,7 @@ def test_a_pickle_as_a_converter_input_runs_nothing(cli_env, payload):
 
 
 def test_a_pickle_in_the_classifier_store_runs_nothing(tmp_path, payload):
-    from evalkit.zeroshot import Prompting, stored_class_embeddings
+    from evalkit.heads.zeroshot import Prompting, stored_class_embeddings
 
     path, marker = payload
 

@@ -97,7 +97,7 @@ def test_torchrun_cli_matches_single_process(cli_env, data_cache):
         "-m", "evalkit", "run", *args, "--tp", "2", "--out", "two", "--cache-dir", "c2",
         cwd=cli_env, env_extra=env,
     )  # fmt: skip
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     one = {r["metric"]: r for r in load_rows([cli_env / "one"])}
     two = {r["metric"]: r for r in load_rows([cli_env / "two"])}
@@ -123,7 +123,7 @@ evalkit.run("imagenet-linear", "vit22b/test", data="embedded", tp=2, out="api", 
 
 def api_rows_match_cli_rows_under_torchrun(cli_env: Path, env: dict):
     """The Python API under torchrun writes the rows the CLI wrote under torchrun."""
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     (cli_env / "api_run.py").write_text(API_SCRIPT)
     torchrun(str(cli_env / "api_run.py"), cwd=cli_env, env_extra=env)
@@ -191,7 +191,7 @@ def finetuned(cwd: Path, name: str) -> tuple[dict, list[dict]]:
     """A fine-tuning run's metrics and its training log (loss and grad norm of each step)."""
     import torch
 
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     rows = {r["metric"]: r["value"] for r in load_rows([cwd / name])}
     trainer = next((cwd / f"cache-{name}" / "finetune").glob("*/checkpoint-*/trainer.pt"))
@@ -224,7 +224,7 @@ def test_fine_tuning_on_two_ranks_equals_one_process(cli_env, data_cache):
 
 
 def load_rows_of(path: Path) -> list[dict]:
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     return load_rows([path])
 
@@ -232,7 +232,7 @@ def load_rows_of(path: Path) -> list[dict]:
 def test_fsdp_extraction_on_two_ranks_equals_one_process(cli_env, data_cache):
     """Under FSDP2 a rank with fewer shards to extract (here: none) keeps running forwards
     until the other is done, so the gathers stay in step instead of hanging."""
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["run", "--task", "imagenet-5shot", "--backbone", "vit22b/test", "--data", "embedded",
@@ -254,7 +254,7 @@ def test_distillation_on_two_ranks_equals_one_process(cli_env, data_cache):
     """The teacher sharded (FSDP2 or tensor parallel) while the student trains data-parallel
     in the same job: teacher, distilled and label-only numbers of one process. Mixup pairs
     each image with the one before it in the whole batch, across the ranks' shares."""
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "evalkit", *DISTILL, "--out", "one", "--cache-dir",

@@ -66,7 +66,7 @@ def cli_probe(cwd: Path, threads: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     subprocess.run([sys.executable, "-m", "evalkit", "run", *args, "--out", out,
                     "--cache-dir", cache], cwd=cwd, env=env, check=True, timeout=600)  # fmt: skip
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     return {r["metric"]: (r["value"], r["extra"]["l2"], r["extra"]["holdout_top1_by_l2"])
             for r in load_rows([cwd / out])}  # fmt: skip

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from evalkit.cli import main
-from evalkit.reproduce import rows
+from evalkit.reproduction.rows import rows
 
 SCALE = "paper"  # the paper scale's files, named without citing them
 

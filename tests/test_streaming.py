@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import evalkit
-from evalkit.train import ShardedOrder
+from evalkit.heads.train import ShardedOrder
 
 
 def _order(seed=0, batch=48, window=None):

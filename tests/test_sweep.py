@@ -9,7 +9,7 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
-from evalkit.sweep import Resources, plan_from_args, plan_from_toml
+from evalkit.reproduction.sweep import Resources, plan_from_args, plan_from_toml
 
 SMALL = ["--task", "imagenet-1shot", "--backbone", "fake", "--data", "embedded", "--out", "sweep"]
 
@@ -77,8 +77,8 @@ def test_sweep_errors(cli_env):
 
 
 def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(tmp_path):
-    from evalkit.runner import hash_json, resolve_task
-    from evalkit.sweep import Job, Plan, finished, job_rows
+    from evalkit.core.runner import hash_json, resolve_task
+    from evalkit.reproduction.sweep import Job, Plan, finished, job_rows
 
     task = resolve_task("imagenet-linear", ())
     row = {"task": task.name, "backbone": "vit22b/22b", "seed": 0,

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from evalkit import get_task
+from evalkit.core.runner import run_task
 from evalkit.errors import EvalkitError
-from evalkit.runner import run_task
 from evalkit.tasks.fewshot import kshot_indices
 from evalkit.tasks.linear_probe import stratified_holdout
 

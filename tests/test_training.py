@@ -191,7 +191,7 @@ def test_efficiency_ablation_times_both_variants_interleaved(fake, ctx, switch, 
 
 def test_ablations_run_without_a_backbone_and_other_tasks_ask_for_one(cli_env, capsys):
     from evalkit.cli import main
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     small = ["--set", "lrs=1e-3", "--set", "steps=4", "--set", "warmup=1", "--set", "batch_size=8"]
     assert (

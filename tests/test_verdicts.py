@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from evalkit.reproduce import LARGE, SMALL, over_seeds, rows
+from evalkit.reproduction.reproduce import over_seeds
+from evalkit.reproduction.rows import LARGE, SMALL, rows
 
 JUDGES = {r.number: r.judge for r in rows()}
 

@@ -198,8 +198,8 @@ def _trend_sequences(n=256, frames=8, dim=16, seed=0):
     "kind, at_least, at_most", [("temporal", 0.9, 1.0), ("attentive", 0.9, 1.0), ("mean", 0.0, 0.7)]
 )
 def test_only_heads_that_see_frame_order_learn_a_trend(kind, at_least, at_most):
+    from evalkit.heads.train import TrainConfig, train
     from evalkit.heads.video import HeadConfig, build_head
-    from evalkit.train import TrainConfig, train
 
     x, y = _trend_sequences()
     xt, yt = _trend_sequences(seed=1)

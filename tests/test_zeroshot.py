@@ -15,7 +15,7 @@ from PIL import Image
 
 from evalkit.data.shifted import LabelSpace, folder_space, numbered_space
 from evalkit.errors import EvalkitError
-from evalkit.zeroshot import (
+from evalkit.heads.zeroshot import (
     Prompting,
     canonicalize,
     class_embeddings,
@@ -321,7 +321,7 @@ class CountingTower:
 
 
 def test_class_embeddings_are_stored_once_per_tower_names_and_templates(tmp_path):
-    from evalkit.zeroshot import stored_class_embeddings
+    from evalkit.heads.zeroshot import stored_class_embeddings
 
     tower, prompting = (
         CountingTower(),
@@ -354,7 +354,7 @@ def test_linear_probe_scores_a_shifted_set_in_its_label_space(fake, ctx):
 
 def test_cli_lit_then_zero_shot_with_its_tower(cli_env, capsys):
     from evalkit.cli import main
-    from evalkit.results import load_rows
+    from evalkit.core.results import load_rows
 
     small = [f"--set={k}={v}" for k, v in SMALL.items()]
     args = ["--backbone", "fake", "--data", "embedded", "--quiet", "--out", "rows"]

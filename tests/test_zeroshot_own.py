@@ -12,7 +12,7 @@ from PIL import Image
 
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
-from evalkit.zeroshot import names_id, templates
+from evalkit.heads.zeroshot import names_id, templates
 
 
 def own_set(root):

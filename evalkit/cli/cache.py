@@ -16,8 +16,8 @@ def add_cache(sub) -> None:
 def cmd_cache(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.features import clear_cache, list_cache
-    from evalkit.identity import cache_root
+    from evalkit.cache.features import clear_cache, list_cache
+    from evalkit.cache.identity import cache_root
 
     root = args.cache_dir or cache_root()
     if args.action == "clear":

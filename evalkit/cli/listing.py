@@ -24,7 +24,7 @@ def cmd_ls(args, console) -> int:
     from rich.table import Table
 
     if args.what == "tasks":
-        from evalkit.catalog import TASKS as registry
+        from evalkit.core.catalog import TASKS as registry
 
         examples = {}
     else:

@@ -43,10 +43,10 @@ def add_plan(sub) -> None:
 
 
 def cmd_check_data(args, console) -> int:
+    from evalkit.cache.identity import cache_root
+    from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
     from evalkit.data.check import check_dataset
-    from evalkit.identity import cache_root
-    from evalkit.runner import resolve_task
 
     task = resolve_task(args.task)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
@@ -80,11 +80,11 @@ def print_data_report(report, console):
 def cmd_plan(args, console) -> int:
     from rich.table import Table
 
+    from evalkit.cache.identity import cache_root
+    from evalkit.core.plan import human, parse_target, plan_run, stage_flops
+    from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
-    from evalkit.identity import cache_root
     from evalkit.parallel.planner import human as flops
-    from evalkit.plan import human, parse_target, plan_run, stage_flops
-    from evalkit.runner import resolve_task
 
     task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())

@@ -51,7 +51,7 @@ def add_resource_arguments(parser) -> None:
 
 
 def resources_from(args):
-    from evalkit.sweep import Resources
+    from evalkit.reproduction.sweep import Resources
 
     return Resources(gpus=args.gpus_per_job, nodes=args.nodes, tp=args.tp, fsdp=args.fsdp,
                      partition=args.partition, timeout_min=args.timeout_min,
@@ -60,7 +60,7 @@ def resources_from(args):
 
 
 def cmd_reproduce(args, console) -> int:
-    from evalkit.reproduce import reproduce
+    from evalkit.reproduction.reproduce import reproduce
 
     try:
         only = {int(r) for r in args.rows.split(",")} if args.rows else None
@@ -86,9 +86,9 @@ def reproduce_paper(args, only, console) -> int:
     """Estimate, run (or submit) the jobs that are not done, and write the table once they are."""
     import time
 
-    from evalkit import paper_scale, sweep
-    from evalkit.plan import parse_target
-    from evalkit.reproduce import tabulate
+    from evalkit.core.plan import parse_target
+    from evalkit.reproduction import paper_scale, sweep
+    from evalkit.reproduction.reproduce import tabulate
 
     run = paper_scale.PaperRun(args.data_dir, args.out, pairs(args.weights, "--weights"),
                                pairs(args.backbone, "--backbone"), only)  # fmt: skip
@@ -169,7 +169,7 @@ def add_sweep_command(sub) -> None:
 
 
 def cmd_sweep(args, console) -> int:
-    from evalkit import sweep
+    from evalkit.reproduction import sweep
 
     try:
         seeds = tuple(int(s) for s in args.seeds.split(",") if s)
@@ -195,7 +195,7 @@ def cmd_sweep(args, console) -> int:
 
 def dry_run(plan, jobs, executor: str) -> int:
     """Print what would run: the Slurm batch script, or each job's command."""
-    from evalkit import sweep
+    from evalkit.reproduction import sweep
 
     if executor == "slurm" and jobs:
         print(sweep.batch_script(plan, jobs))
@@ -208,7 +208,7 @@ def dry_run(plan, jobs, executor: str) -> int:
 def execute(plan, jobs, executor: str, console) -> int:
     """Run the jobs here one after another, or submit them through submitit (Slurm returns at
     once); 1 when a job failed."""
-    from evalkit import sweep
+    from evalkit.reproduction import sweep
 
     if executor == "local":
         failed = [job for job, code in sweep.run_local(plan, jobs, console.print) if code]

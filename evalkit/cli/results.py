@@ -73,7 +73,7 @@ def add_errors_command(sub) -> None:
 
 
 def cmd_table(args, console) -> int:
-    from evalkit.results import load_rows, pivot_table
+    from evalkit.core.results import load_rows, pivot_table
 
     rows = load_rows(args.paths)
     if not rows:
@@ -105,7 +105,7 @@ def table_task(row) -> str:
 def references_for(rows) -> dict:
     """The paper's numbers for the tasks present, as each was run: frozen numbers beside
     frozen runs, fine-tuned ones beside fine-tuned runs (tasks unknown here have none)."""
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     refs = {}
     for label in {r["task"] for r in rows}:
@@ -131,7 +131,7 @@ def markdown(frame, index_name: str) -> str:
 def cmd_compare(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.results import (
+    from evalkit.core.results import (
         FAILING,
         Tolerances,
         compare,

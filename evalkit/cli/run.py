@@ -135,7 +135,7 @@ def add_execution_arguments(run) -> None:
 def cmd_run(args, console) -> int:
     from rich.table import Table
 
-    from evalkit import runner
+    from evalkit.core import runner
 
     spec = run_spec(args)
     if not is_main_process():
@@ -157,7 +157,7 @@ def run_spec(args):
     from dataclasses import fields
 
     from evalkit.backbones.options import parse_model_args
-    from evalkit.runner import RunSpec
+    from evalkit.core.runner import RunSpec
 
     given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
     given["model_args"] = parse_model_args(args.model_args)
@@ -186,7 +186,7 @@ def warn_random_init(backbone, console):
 
 
 def summary_cells(row, *, skipped: bool) -> list[str]:
-    from evalkit.results import number, own_spread
+    from evalkit.core.results import number, own_spread
 
     spread = f" ± {number(own_spread(row))}" if own_spread(row) is not None else ""
     return [

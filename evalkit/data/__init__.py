@@ -127,7 +127,7 @@ def verifies_content(dataset) -> bool:
 
 def data_identity(name: str, config: DataConfig) -> str:
     """Identity of every file under dataset ``name``'s root (one walk): what a run read."""
-    from evalkit.identity import tree_identity
+    from evalkit.cache.identity import tree_identity
 
     kind = data_kind(name)
     return tree_identity(dataset_root(kind, config), content=config.verify)

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
-from evalkit.identity import files_identity
 
 ADE_DIR = "ADEChallengeData2016"
 ADE_SPLITS = {"train": "training", "val": "validation"}

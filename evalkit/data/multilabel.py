@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
-from evalkit.identity import files_identity
 
 STAND_IN_IMAGES = 3000
 

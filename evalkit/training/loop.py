@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
+from evalkit.cache.identity import read_json, write_json
 from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.errors import EvalkitError
-from evalkit.identity import read_json, write_json
 from evalkit.progress import ProgressBar
 
 OPTIMIZERS = ("adamw", "adafactor")

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
+from evalkit.cache.identity import library_versions, write_json
 from evalkit.checkpoints import save_checkpoint
 from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
-from evalkit.identity import library_versions, write_json
 from evalkit.models.vit22b import SIZES, ViT, build, config
 from evalkit.training.loop import Schedule, fit, full_state, sampled_batches
 
@@ -166,7 +166,7 @@ def shard(model: Classifier, *, fsdp: bool) -> Classifier:
 
 def _finished(folder: Path, schedule: Schedule) -> dict | None:
     """The provenance of a size already trained with this schedule, or None."""
-    from evalkit.identity import read_json
+    from evalkit.cache.identity import read_json
 
     record = folder / "provenance.json"
     if not (record.exists() and (folder / "model.safetensors").exists()):

@@ -1,5 +1,5 @@
 """The built-in tasks, each declared once: a name, the task class and the settings that make
-the variant. Listing them imports nothing heavy; ``evalkit.runner.resolve_task`` builds
+the variant. Listing them imports nothing heavy; ``evalkit.core.runner.resolve_task`` builds
 ``Class(name=<name>, **settings)``. Plugins add tasks under the entry-point group
 ``evalkit.tasks`` (a Task class that takes ``name=`` and its defaults for the rest).
 """

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
+from evalkit.cache.identity import file_stamp, library_versions, read_json, spec_key, write_json
 from evalkit.errors import EvalkitError, warn
-from evalkit.identity import file_stamp, library_versions, read_json, spec_key, write_json
 from evalkit.progress import ProgressBar
 
 FORMAT_VERSION = 2  # 2: checksummed shards, keys from feature_spec

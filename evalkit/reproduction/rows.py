@@ -1,50 +1,41 @@
-"""``evalkit reproduce``: the paper's 12-row effect table, measured (docs/protocols.md, "Effect
-table"; the paper's numbers are in each task's module).
-
-Each row names what changed, the paper's values and effect, and the runs that measure the same
-change here: the four ablation tasks train their own small models; the scaling rows compare two
-sizes of a pretraining ladder of the built-in family (``evalkit pretrain``: the smaller stands
-in for ViT-e, the larger for ViT-22B) on the embedded stand-ins. Every value in the table comes
-from a result row written by ``evalkit run``; a row whose effect does not point the paper's way
-says so, and a row that cannot be compared says why. Runs go to ``<out>/runs-<scale>/`` and the
-ladder to the cache, so a rerun (also after a crash) reuses everything already finished.
-
-Scales: ``tiny`` (CPU-sized settings, embedded data), ``smoke`` (the same rows with a few
-steps each: it checks the machinery, its numbers mean nothing) and ``paper``: the paper's models
-(built-in ViT-e, ViT-G and ViT-22B, timm's ViT-L/32, each loading the weights the user gives) on
-the real data sets with the paper's settings where they are known (``PAPER_SETTINGS``), run as a
-sweep (``evalkit.sweep``: locally or as a Slurm job array); each row's compute is estimated
-beforehand from the tasks' plans and the planner's FLOPs (``estimate``). A rerun after the jobs
-finished writes the table from their rows.
-"""
+"""The paper's effect table as data (docs/protocols.md, "Effect table"): its 12 rows, each with
+what changed, the paper's values and effect, the runs that measure it here and the judge that
+gives the verdict — agrees or disagrees only beyond the effect's 95% interval —, the scales it
+runs at (``tiny``, ``smoke``, ``paper`` with the paper's settings where they are known) and the
+departures from the paper each row keeps."""
 
 from __future__ import annotations
 
 import math
-import shutil
-import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import NamedTuple
 
-from evalkit.effect_table import write_table
 from evalkit.errors import EvalkitError
 
 LARGE, SMALL = "large", "small"
+
+
 # The backbones that are the paper's models at scale ``paper`` (``--backbone ROLE=SPEC`` changes one)
 PAPER_BACKBONES = {"ViT-L/32": "timm/vit_large_patch32_384", "ViT-G": "vit22b/g",
                    "ViT-e": "vit22b/e", "ViT-22B": "vit22b"}  # fmt: skip
+
+
 # The paper's settings where they are known (docs/protocols.md); the others are the usual
 # published recipes for the protocol, named in the comments.
 _PAPER_TIMING = ("size=g", "image=224", "patch=14", "batch_size=64", "steps=1000", "timed_steps=20")
+
+
 # ADE20k: the backbone fine-tuned with a linear decoder at the paper's 504 px (its
 # data-fraction table); 40k iterations at batch 16 and sliding windows from mmseg's recipe
 _PAPER_ADE = ("finetune=true", "image_size=504", "head=linear", "finetune_steps=40000",
               "finetune_batch_size=16", "eval_mode=slide", "augment=mmseg")  # fmt: skip
+
+
 # depth: the DPT/DINOv2 head schedule, 38,400 iterations at batch 16; DPT's fusion width 256
 _PAPER_DEPTH = ("steps=38400", "batch_size=16", "image_size=448", "channels=256")
+
+
 PAPER_SETTINGS = {
     # ~8B diverged without QK-norm after a few thousand steps; ViT-e is the family's nearest size
     "qk-norm-stability": ("size=e", "image=224", "patch=14", "steps=5000", "batch_size=1024",
@@ -128,6 +119,7 @@ ONE_SEED = {
     "ade20k-1/1": "fine-tuning the backbone twice does not fit the tiny budget",
 }
 
+
 SCALES = {
     "tiny": Scale("tiny"),
     "smoke": Scale(
@@ -157,6 +149,8 @@ class Measure:
 # measure name → metric → value (and "<metric>/stderr" where the row has a standard error,
 # "<metric>/seeds" how many seeds the value is the mean of)
 Values = dict[str, dict[str, float]]
+
+
 Z95 = 1.96  # a 95% interval is the effect ± 1.96 standard errors
 
 
@@ -369,162 +363,6 @@ def rows() -> list[EffectRow]:
     ]  # fmt: skip
 
 
-@dataclass
-class Reproduction:
-    scale: Scale
-    out: Path = Path("results/paper")
-    cache: Path | None = None
-    progress: bool = False
-    ladder: dict[str, str] = field(default_factory=dict)  # size → weights path
-    # scale paper: the paper's model → backbone spec, and → weights
-    backbones: dict[str, str] = field(default_factory=lambda: dict(PAPER_BACKBONES))
-    weights: dict[str, str] = field(default_factory=dict)
-    plan: object = None  # scale paper: the sweep whose rows the table is written from
-    read: dict = field(default_factory=dict)  # its rows files, each read once
-
-    @property
-    def runs(self) -> Path:
-        return self.out / f"runs-{self.scale.name}"
-
-    def pretrain_ladder(self) -> float:
-        """The ladder's checkpoints (trained once; a rerun reuses them); returns the seconds
-        the ladder took when it was trained."""
-        from evalkit.data import DataConfig
-        from evalkit.identity import cache_root
-        from evalkit.training.loop import Schedule
-        from evalkit.training.pretrain import PretrainSpec, pretrain
-
-        root = Path(self.cache or cache_root())
-        sizes = tuple(dict.fromkeys(self.scale.ladder))
-        spec = PretrainSpec(sizes=sizes, out=root / "reproduce" / f"ladder-{self.scale.name}",
-                            schedule=Schedule(steps=self.scale.pretrain_steps, batch_size=64,
-                                              warmup=max(1, self.scale.pretrain_steps // 10)),
-                            progress=self.progress)  # fmt: skip
-        summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
-        self.ladder = {s["size"]: s["weights"] for s in summaries}
-        return sum(s["seconds"] for s in summaries)
-
-    def job(self, effect: EffectRow, measure: Measure, seed: int = 0):
-        """The ``evalkit run`` job of a measure: the ablations' own models, a ladder size, or
-        (scale paper) the backbone standing for one of the row's paper models."""
-        from evalkit.sweep import Job
-
-        overrides = tuple(self.scale.settings().get(measure.task, ()))
-        if measure.on == "none":
-            return Job(measure.task, "none", seed=seed, overrides=overrides)
-        which = 0 if measure.on == SMALL else 1
-        if self.scale.paper:
-            model = effect.models[which]
-            return Job(measure.task, self.backbones[model], seed=seed, overrides=overrides,
-                       weights=self.weights.get(model))  # fmt: skip
-        size = self.scale.ladder[which]
-        return Job(measure.task, f"vit22b/{size}", seed=seed, overrides=overrides,
-                   weights=self.ladder[size])  # fmt: skip
-
-    def seeds(self, measure: Measure) -> int:
-        return 1 if measure.on == "none" else self.scale.seeds_for(measure.task)
-
-    def measure(self, job) -> tuple[dict[str, float], float, list[str]]:
-        """The metrics of one job (rows reused when on disk), its seconds of compute and the
-        pictures it drew."""
-        import evalkit
-        from evalkit.sweep import job_rows
-
-        if self.plan is not None:  # the sweep ran it
-            rows = job_rows(self.plan, job, self.read)
-        else:
-            rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
-                               weights=job.weights, overrides=job.overrides, data="embedded",
-                               seeds=(job.seed,), out=self.runs, progress=self.progress,
-                               cache_dir=self.cache)  # fmt: skip
-        seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
-        pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
-        values = {r["metric"]: r["value"] for r in rows}
-        values |= {
-            f"{r['metric']}/stderr": r["stderr"] for r in rows if r.get("stderr") is not None
-        }
-        return values, seconds, list(pictures)
-
-    def row(self, effect: EffectRow) -> dict:
-        values, seeds, seconds, drawn = {}, {}, 0.0, []
-        for name, measure in effect.measures.items():
-            per_seed = []
-            for seed in range(self.seeds(measure)):
-                measured, spent, pictures = self.measure(self.job(effect, measure, seed))
-                per_seed.append(measured)
-                seconds += spent
-                drawn += pictures if seed == 0 else []
-            values[name], seeds[name] = over_seeds(per_seed), len(per_seed)
-        outcome = effect.judge(values)
-        return {"row": effect.number, "changed": effect.changed,
-                "where": effect.where, "metric": effect.metric, "paper": effect.paper,
-                "paper_effect": effect.paper_effect, "setup": self.setup(effect), "ours": outcome.ours,
-                "our_effect": outcome.effect, "interval": outcome.interval, "agrees": outcome.agrees,
-                "note": outcome.note, "seeds": seeds, "relative": relative(effect, outcome),
-                "departures": departures(effect, self.scale), "seconds": round(seconds, 1),
-                "pictures": self.copy_pictures(effect, drawn) if effect.pictures else []}  # fmt: skip
-
-    def setup(self, effect: EffectRow) -> str:
-        if self.scale.paper:
-            if not effect.scaling:
-                return "paper settings"
-            return " → ".join(self.backbones[m] for m in effect.models)
-        if effect.setup:
-            return effect.setup.format(timed=self.scale.timed)
-        return f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}"
-
-    def copy_pictures(self, effect: EffectRow, drawn: list[str]) -> list[str]:
-        """The row's pictures copied beside the table (the runs folder is not committed)."""
-        names = []
-        self.out.mkdir(parents=True, exist_ok=True)
-        for drawing in drawn:
-            # rows store the path as the run saw it; the file is under this run folder
-            path = self.runs / "pictures" / Path(drawing).name
-            if path.is_file():
-                name = f"effects-{self.scale.name}-row{effect.number}-{path.name}"
-                shutil.copyfile(path, self.out / name)
-                names.append(name)
-        return names
-
-
-def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, float]:
-    """One measure's metrics over its seeds: the mean, and a standard error that adds the
-    test items' (the mean of the seeds' variances: the same items every seed) and the seeds'
-    spread (their variance over the number of seeds)."""
-    if len(per_seed) == 1:
-        return per_seed[0]
-    out = {}
-    for metric in (m for m in per_seed[0] if not m.endswith("/stderr")):
-        values = [seed[metric] for seed in per_seed]
-        out[metric] = statistics.mean(values)
-        items = [seed.get(f"{metric}/stderr") for seed in per_seed]
-        if None not in items:
-            sampling = statistics.mean(e * e for e in items)
-            out[f"{metric}/stderr"] = math.sqrt(
-                sampling + statistics.variance(values) / len(values)
-            )
-    return out
-
-
-def relative(effect: EffectRow, outcome: Outcome) -> dict:
-    """The paper's effect and ours as relative changes in the paper's favourable direction
-    (ours with its interval), for the picture; None where a row has no such number."""
-    scale = outcome.relative_to
-    ours = (
-        outcome.effect
-        if scale is None
-        else (None if outcome.effect is None else outcome.effect / scale)
-    )
-    interval = outcome.interval
-    if interval is not None and scale is not None:
-        interval = (interval[0] / scale, interval[1] / scale)
-    return {
-        "paper": effect.paper_relative,
-        "ours": ours if effect.paper_relative is not None else None,
-        "interval": interval if effect.paper_relative is not None else None,
-    }
-
-
 # What stays different from the paper, per row: (scales it applies at, what and why).
 DEPARTURES = {
     3: (
@@ -575,32 +413,3 @@ def selected(only) -> list[EffectRow]:
     if not effects:
         raise EvalkitError(f"no effect-table rows {sorted(only)}: rows are 1 to 12")
     return effects
-
-
-def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
-              progress=False, echo=print) -> list[dict]:  # fmt: skip
-    """Measure every row (or the numbers in ``only``), write the table, return its records."""
-    if scale == "paper":
-        raise EvalkitError("scale paper runs as a sweep: evalkit reproduce --scale paper --dry-run")
-    if scale not in SCALES:
-        raise EvalkitError(f"unknown scale {scale!r}: choose from {', '.join(SCALES)}")
-    effects = selected(only)
-    job = Reproduction(SCALES[scale], Path(out), cache, progress)
-    start = time.perf_counter()
-    ladder_s = job.pretrain_ladder() if any(r.scaling for r in effects) else 0.0
-    return tabulate(job, effects, ladder_s, start, echo)
-
-
-def tabulate(job: Reproduction, effects: list[EffectRow], ladder_s: float, start: float,
-             echo=print) -> list[dict]:  # fmt: skip
-    """Every row measured (or read) and judged, the table written; the records."""
-    records = []
-    for effect in effects:
-        echo(f"row {effect.number}: {effect.changed} ({effect.where})")
-        records.append(job.row(effect))
-    rows_s = round(sum(r["seconds"] for r in records), 1)
-    summary = {"scale": job.scale.name, "ladder": list(job.scale.ladder), "ladder_seconds": ladder_s,
-               "rows_seconds": rows_s, "compute_seconds": round(ladder_s + rows_s, 1),
-               "wall_seconds": round(time.perf_counter() - start, 1), "rows": records}  # fmt: skip
-    write_table(summary, job.out)
-    return records

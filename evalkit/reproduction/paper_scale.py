@@ -1,10 +1,10 @@
 """``evalkit reproduce --scale paper``: the effect table's runs at the paper's scale, as one
-sweep (docs/protocols.md, "Effect table"; ``evalkit.reproduce`` holds the rows).
+sweep (docs/protocols.md, "Effect table"; ``evalkit.reproduction.rows`` holds the rows).
 
 The scaling rows compare the backbones standing for the paper's two models of each row
 (``reproduce.PAPER_BACKBONES``, weights from ``--weights MODEL=PATH``), the ablation rows train
 their own models at ``reproduce.PAPER_SETTINGS``. Every (task, backbone, settings) run is one
-job of an ``evalkit.sweep`` plan on the real data (``--data-dir``), run here one after another or
+job of an ``evalkit.reproduction.sweep`` plan on the real data (``--data-dir``), run here one after another or
 submitted to Slurm as a job array. Before anything runs, each row's compute is estimated from
 the tasks' plans (the forward passes of each stage, the planner's FLOPs per image) and written
 beside the table (``compute-<scale>``, Markdown): FLOPs, and GPU-hours at an assumed share of a
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.reproduce import PAPER_BACKBONES, SCALES, EffectRow, Reproduction, selected
+from evalkit.reproduction.reproduce import Reproduction
+from evalkit.reproduction.rows import PAPER_BACKBONES, SCALES, EffectRow, selected
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class PaperRun:
 
     def reproduction(self, resources) -> tuple[Reproduction, list[EffectRow]]:
         """The reproduction with its sweep plan set, and the rows it covers."""
-        from evalkit.sweep import Plan
+        from evalkit.reproduction.sweep import Plan
 
         for model in {**self.weights, **self.backbones}:
             if model not in PAPER_BACKBONES:
@@ -82,9 +83,9 @@ def estimate(job: Reproduction, effects: list[EffectRow], data_dir: Path | None,
              target=None) -> list[dict]:  # fmt: skip
     """Per row: its jobs' FLOPs from the tasks' plans (split sizes from ``data_dir`` when the
     data is there, else the dataset cards) and, on ``target``, each job's placement."""
+    from evalkit.core.plan import plan_inputs, stage_flops
+    from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
-    from evalkit.plan import plan_inputs, stage_flops
-    from evalkit.runner import resolve_task
 
     config = DataConfig(source="auto", root=data_dir)
     flops, placed = {}, {}
@@ -110,7 +111,7 @@ def place(task, backbone: str, config, target) -> dict:
     """Where one job fits on ``target``: GPUs, nodes, and what stops it when nothing does."""
     import math
 
-    from evalkit.plan import placement, plan_inputs
+    from evalkit.core.plan import placement, plan_inputs
 
     def inputs_of(tp: int, dp: int):
         try:

@@ -6,7 +6,7 @@ first job and torn down in ``finally``), loading each backbone once, and a fresh
 per job, so a job's provenance counts only its own images. A job is identified by the key of
 its ``job_spec`` (task and settings, backbone and options, weights, dtypes, data, seed); rows are
 appended as each metric finishes, and a rerun skips a job whose metrics are all on disk under
-that key unless ``force`` is set. A job that ``evalkit.plan`` says does not fit this machine is
+that key unless ``force`` is set. A job that ``evalkit.core.plan`` says does not fit this machine is
 refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
 a job that crashed resumes from its finished shards.
 """
@@ -29,14 +29,14 @@ import torch
 
 from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone
-from evalkit.catalog import TASKS
+from evalkit.cache.features import STORAGE, ExtractSettings, backbone_spec
+from evalkit.cache.identity import cache_root, spec_key
+from evalkit.core.catalog import TASKS
+from evalkit.core.plan import unfit
+from evalkit.core.results import Row, append_row, load_rows, rows_file
+from evalkit.core.task import Task, TaskContext
 from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError
-from evalkit.features import STORAGE, ExtractSettings, backbone_spec
-from evalkit.identity import cache_root, spec_key
-from evalkit.plan import unfit
-from evalkit.results import Row, append_row, load_rows, rows_file
-from evalkit.task import Task, TaskContext
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
 from evalkit.errors import EvalkitError
-from evalkit.task import BYTES, PlanInputs, Shape, Stage
 
 # Published split sizes, used when the data is not on this machine.
 DATASET_CARDS = {

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evalkit.data import DataConfig, data_identity
-from evalkit.errors import EvalkitError, did_you_mean
-from evalkit.features import (
+from evalkit.cache.features import (
     STORAGE,
     ExtractSettings,
     FeatureRequest,
     FeatureSet,
     extract_features,
 )
+from evalkit.data import DataConfig, data_identity
+from evalkit.errors import EvalkitError, did_you_mean
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def _listed(value) -> list:
 
 def check(plan: Plan):
     """Unknown task names and settings fail before anything starts."""
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     for job in plan.jobs:
         resolve_task(job.task, job.overrides)
@@ -156,7 +156,7 @@ def check(plan: Plan):
 
 def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
     """Rows of every metric of ``job`` are already under the plan's output folder."""
-    from evalkit.runner import resolve_task
+    from evalkit.core.runner import resolve_task
 
     metrics = {r["metric"] for r in job_rows(plan, job, read)}
     return metrics >= set(resolve_task(job.task, job.overrides).metrics())
@@ -166,8 +166,8 @@ def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     """The newest row of each metric of ``job`` (same task, settings, backbone, weights, seed)
     under the plan's output folder. ``read`` keeps each rows file read once."""
     from evalkit.backbones import row_name, row_weights_id
-    from evalkit.results import load_rows, rows_file
-    from evalkit.runner import hash_json, resolve_task
+    from evalkit.core.results import load_rows, rows_file
+    from evalkit.core.runner import hash_json, resolve_task
 
     task = resolve_task(job.task, job.overrides)
     path = rows_file(plan.out, task.name)

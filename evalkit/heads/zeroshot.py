@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from evalkit.cache.identity import spec_key
 from evalkit.errors import EvalkitError
-from evalkit.identity import spec_key
 
 TEMPLATE_SETS: dict[str, list[str]] = json.loads(
     resources.files("evalkit.data").joinpath("meta", "templates.json").read_text()

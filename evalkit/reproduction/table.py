@@ -1,5 +1,5 @@
 """The effect table's Markdown, JSON and picture (docs/protocols.md, "Effect table"), written
-from the records ``evalkit.reproduce`` measures: per row the paper's values and effect, ours
+from the records ``evalkit.reproduction.reproduce`` measures: per row the paper's values and effect, ours
 with its 95% interval and the seeds it averages, the verdict, the departures from the paper,
 and the seconds it cost; the picture sets the paper's effect and ours side by side."""
 

@@ -1,0 +1,227 @@
+"""``evalkit reproduce``: the paper's 12-row effect table, measured (docs/protocols.md, "Effect
+table"; the paper's numbers are in each task's module).
+
+Each row names what changed, the paper's values and effect, and the runs that measure the same
+change here: the four ablation tasks train their own small models; the scaling rows compare two
+sizes of a pretraining ladder of the built-in family (``evalkit pretrain``: the smaller stands
+in for ViT-e, the larger for ViT-22B) on the embedded stand-ins. Every value in the table comes
+from a result row written by ``evalkit run``; a row whose effect does not point the paper's way
+says so, and a row that cannot be compared says why. Runs go to ``<out>/runs-<scale>/`` and the
+ladder to the cache, so a rerun (also after a crash) reuses everything already finished.
+
+Scales: ``tiny`` (CPU-sized settings, embedded data), ``smoke`` (the same rows with a few
+steps each: it checks the machinery, its numbers mean nothing) and ``paper``: the paper's models
+(built-in ViT-e, ViT-G and ViT-22B, timm's ViT-L/32, each loading the weights the user gives) on
+the real data sets with the paper's settings where they are known (``PAPER_SETTINGS``), run as a
+sweep (``evalkit.reproduction.sweep``: locally or as a Slurm job array); each row's compute is estimated
+beforehand from the tasks' plans and the planner's FLOPs (``estimate``). A rerun after the jobs
+finished writes the table from their rows.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+from evalkit.reproduction.rows import (
+    PAPER_BACKBONES,
+    SCALES,
+    SMALL,
+    EffectRow,
+    Measure,
+    Outcome,
+    Scale,
+    departures,
+    selected,
+)
+from evalkit.reproduction.table import write_table
+
+
+@dataclass
+class Reproduction:
+    scale: Scale
+    out: Path = Path("results/paper")
+    cache: Path | None = None
+    progress: bool = False
+    ladder: dict[str, str] = field(default_factory=dict)  # size → weights path
+    # scale paper: the paper's model → backbone spec, and → weights
+    backbones: dict[str, str] = field(default_factory=lambda: dict(PAPER_BACKBONES))
+    weights: dict[str, str] = field(default_factory=dict)
+    plan: object = None  # scale paper: the sweep whose rows the table is written from
+    read: dict = field(default_factory=dict)  # its rows files, each read once
+
+    @property
+    def runs(self) -> Path:
+        return self.out / f"runs-{self.scale.name}"
+
+    def pretrain_ladder(self) -> float:
+        """The ladder's checkpoints (trained once; a rerun reuses them); returns the seconds
+        the ladder took when it was trained."""
+        from evalkit.cache.identity import cache_root
+        from evalkit.data import DataConfig
+        from evalkit.training.loop import Schedule
+        from evalkit.training.pretrain import PretrainSpec, pretrain
+
+        root = Path(self.cache or cache_root())
+        sizes = tuple(dict.fromkeys(self.scale.ladder))
+        spec = PretrainSpec(sizes=sizes, out=root / "reproduce" / f"ladder-{self.scale.name}",
+                            schedule=Schedule(steps=self.scale.pretrain_steps, batch_size=64,
+                                              warmup=max(1, self.scale.pretrain_steps // 10)),
+                            progress=self.progress)  # fmt: skip
+        summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
+        self.ladder = {s["size"]: s["weights"] for s in summaries}
+        return sum(s["seconds"] for s in summaries)
+
+    def job(self, effect: EffectRow, measure: Measure, seed: int = 0):
+        """The ``evalkit run`` job of a measure: the ablations' own models, a ladder size, or
+        (scale paper) the backbone standing for one of the row's paper models."""
+        from evalkit.reproduction.sweep import Job
+
+        overrides = tuple(self.scale.settings().get(measure.task, ()))
+        if measure.on == "none":
+            return Job(measure.task, "none", seed=seed, overrides=overrides)
+        which = 0 if measure.on == SMALL else 1
+        if self.scale.paper:
+            model = effect.models[which]
+            return Job(measure.task, self.backbones[model], seed=seed, overrides=overrides,
+                       weights=self.weights.get(model))  # fmt: skip
+        size = self.scale.ladder[which]
+        return Job(measure.task, f"vit22b/{size}", seed=seed, overrides=overrides,
+                   weights=self.ladder[size])  # fmt: skip
+
+    def seeds(self, measure: Measure) -> int:
+        return 1 if measure.on == "none" else self.scale.seeds_for(measure.task)
+
+    def measure(self, job) -> tuple[dict[str, float], float, list[str]]:
+        """The metrics of one job (rows reused when on disk), its seconds of compute and the
+        pictures it drew."""
+        import evalkit
+        from evalkit.reproduction.sweep import job_rows
+
+        if self.plan is not None:  # the sweep ran it
+            rows = job_rows(self.plan, job, self.read)
+        else:
+            rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
+                               weights=job.weights, overrides=job.overrides, data="embedded",
+                               seeds=(job.seed,), out=self.runs, progress=self.progress,
+                               cache_dir=self.cache)  # fmt: skip
+        seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
+        pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
+        values = {r["metric"]: r["value"] for r in rows}
+        values |= {
+            f"{r['metric']}/stderr": r["stderr"] for r in rows if r.get("stderr") is not None
+        }
+        return values, seconds, list(pictures)
+
+    def row(self, effect: EffectRow) -> dict:
+        values, seeds, seconds, drawn = {}, {}, 0.0, []
+        for name, measure in effect.measures.items():
+            per_seed = []
+            for seed in range(self.seeds(measure)):
+                measured, spent, pictures = self.measure(self.job(effect, measure, seed))
+                per_seed.append(measured)
+                seconds += spent
+                drawn += pictures if seed == 0 else []
+            values[name], seeds[name] = over_seeds(per_seed), len(per_seed)
+        outcome = effect.judge(values)
+        return {"row": effect.number, "changed": effect.changed,
+                "where": effect.where, "metric": effect.metric, "paper": effect.paper,
+                "paper_effect": effect.paper_effect, "setup": self.setup(effect), "ours": outcome.ours,
+                "our_effect": outcome.effect, "interval": outcome.interval, "agrees": outcome.agrees,
+                "note": outcome.note, "seeds": seeds, "relative": relative(effect, outcome),
+                "departures": departures(effect, self.scale), "seconds": round(seconds, 1),
+                "pictures": self.copy_pictures(effect, drawn) if effect.pictures else []}  # fmt: skip
+
+    def setup(self, effect: EffectRow) -> str:
+        if self.scale.paper:
+            if not effect.scaling:
+                return "paper settings"
+            return " → ".join(self.backbones[m] for m in effect.models)
+        if effect.setup:
+            return effect.setup.format(timed=self.scale.timed)
+        return f"ladder {self.scale.ladder[0]} → {self.scale.ladder[1]}"
+
+    def copy_pictures(self, effect: EffectRow, drawn: list[str]) -> list[str]:
+        """The row's pictures copied beside the table (the runs folder is not committed)."""
+        names = []
+        self.out.mkdir(parents=True, exist_ok=True)
+        for drawing in drawn:
+            # rows store the path as the run saw it; the file is under this run folder
+            path = self.runs / "pictures" / Path(drawing).name
+            if path.is_file():
+                name = f"effects-{self.scale.name}-row{effect.number}-{path.name}"
+                shutil.copyfile(path, self.out / name)
+                names.append(name)
+        return names
+
+
+def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """One measure's metrics over its seeds: the mean, and a standard error that adds the
+    test items' (the mean of the seeds' variances: the same items every seed) and the seeds'
+    spread (their variance over the number of seeds)."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    out = {}
+    for metric in (m for m in per_seed[0] if not m.endswith("/stderr")):
+        values = [seed[metric] for seed in per_seed]
+        out[metric] = statistics.mean(values)
+        items = [seed.get(f"{metric}/stderr") for seed in per_seed]
+        if None not in items:
+            sampling = statistics.mean(e * e for e in items)
+            out[f"{metric}/stderr"] = math.sqrt(
+                sampling + statistics.variance(values) / len(values)
+            )
+    return out
+
+
+def relative(effect: EffectRow, outcome: Outcome) -> dict:
+    """The paper's effect and ours as relative changes in the paper's favourable direction
+    (ours with its interval), for the picture; None where a row has no such number."""
+    scale = outcome.relative_to
+    ours = (
+        outcome.effect
+        if scale is None
+        else (None if outcome.effect is None else outcome.effect / scale)
+    )
+    interval = outcome.interval
+    if interval is not None and scale is not None:
+        interval = (interval[0] / scale, interval[1] / scale)
+    return {
+        "paper": effect.paper_relative,
+        "ours": ours if effect.paper_relative is not None else None,
+        "interval": interval if effect.paper_relative is not None else None,
+    }
+
+
+def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
+              progress=False, echo=print) -> list[dict]:  # fmt: skip
+    """Measure every row (or the numbers in ``only``), write the table, return its records."""
+    if scale == "paper":
+        raise EvalkitError("scale paper runs as a sweep: evalkit reproduce --scale paper --dry-run")
+    if scale not in SCALES:
+        raise EvalkitError(f"unknown scale {scale!r}: choose from {', '.join(SCALES)}")
+    effects = selected(only)
+    job = Reproduction(SCALES[scale], Path(out), cache, progress)
+    start = time.perf_counter()
+    ladder_s = job.pretrain_ladder() if any(r.scaling for r in effects) else 0.0
+    return tabulate(job, effects, ladder_s, start, echo)
+
+
+def tabulate(job: Reproduction, effects: list[EffectRow], ladder_s: float, start: float,
+             echo=print) -> list[dict]:  # fmt: skip
+    """Every row measured (or read) and judged, the table written; the records."""
+    records = []
+    for effect in effects:
+        echo(f"row {effect.number}: {effect.changed} ({effect.where})")
+        records.append(job.row(effect))
+    rows_s = round(sum(r["seconds"] for r in records), 1)
+    summary = {"scale": job.scale.name, "ladder": list(job.scale.ladder), "ladder_seconds": ladder_s,
+               "rows_seconds": rows_s, "compute_seconds": round(ladder_s + rows_s, 1),
+               "wall_seconds": round(time.perf_counter() - start, 1), "rows": records}  # fmt: skip
+    write_table(summary, job.out)
+    return records
