@@ -208,9 +208,12 @@ def test_frost_blends_the_original_photographs_where_installed(tmp_path, monkeyp
     assert found <= {tuple(c) for c in colours} and len(found) > 1
 
 
-def test_non_monotone_corruptions_keep_the_originals_order(images):
+def test_non_monotone_corruptions_keep_the_originals_order(monkeypatch):
     """Elastic's first two severities move pixels furthest (a large affine jitter), as the
     original's do: measured on the original, 36.3, 44.3, 12.9, 13.3, 14.6."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # the benchmarks
     from benchmarks.bench_corruption_fidelity import analytic_images
 
     pictures = analytic_images()[:2]
