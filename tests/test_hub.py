@@ -1,7 +1,8 @@
 """Hub checkpoints offline: ``--pretrained`` timm and open_clip backbones load from a Hugging
 Face cache fabricated in the hub's own folder layout (random weights), with the checkpoint's
 own preprocessing and the file's content id as the weights id; a missing file is one line that
-names the repository, the file and how to place it."""
+names the repository, the file and how to place it. Nothing is downloaded: ``HF_HUB_OFFLINE``
+is set and any socket connection fails the test."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def hub_cache(tmp_path, monkeypatch):
     cache.mkdir(parents=True)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a hub test reached for the network")
+
+    monkeypatch.setattr("socket.socket.connect", no_network)  # the cache alone must answer
     return cache
 
 

@@ -214,19 +214,22 @@ def test_only_heads_that_see_frame_order_learn_a_trend(kind, at_least, at_most):
 # --- the task ---------------------------------------------------------------------------
 
 
+def _two_motions(root, *, train: int):
+    """Kinetics-style class folders of ``grow`` and ``shrink`` clips: ``train`` per class for
+    training, 2 for validation."""
+    for split, count in (("train", train), ("val", 2)):
+        for label, motion in enumerate(("grow", "shrink")):
+            for i in range(count):
+                seed = label * 10 + i + (split == "val") * 100
+                _clip(root / split / motion / f"{i}.mp4", motion, seed=seed)
+    return root
+
+
 def test_task_end_to_end_lists_bad_clips_and_reuses_cached_frames(fake, ctx, tmp_path):
     from evalkit.data import DataConfig
     from evalkit.tasks.video import VideoClassification
 
-    root = tmp_path / "data" / "kinetics400"
-    for split, count in (("train", 4), ("val", 2)):
-        for label, motion in enumerate(("grow", "shrink")):
-            for i in range(count):
-                _clip(
-                    root / split / motion / f"{i}.mp4",
-                    motion,
-                    seed=label * 10 + i + (split == "val") * 100,
-                )
+    root = _two_motions(tmp_path / "data" / "kinetics400", train=4)
     (root / "val" / "grow" / "broken.mp4").write_text("not a video")
     ctx.data = DataConfig(source="folder", root=tmp_path / "data")
     task = VideoClassification(frames=4, stride=4, segments=2, steps=20, batch_size=4, warmup=2)
@@ -250,15 +253,7 @@ def test_a_clip_with_one_undecodable_view_is_dropped_whole(fake, ctx, tmp_path, 
     from evalkit.data.video import Unreadable, VideoClips
     from evalkit.tasks.video import VideoClassification
 
-    root = tmp_path / "data" / "kinetics400"
-    for split, count in (("train", 3), ("val", 2)):
-        for label, motion in enumerate(("grow", "shrink")):
-            for i in range(count):
-                _clip(
-                    root / split / motion / f"{i}.mp4",
-                    motion,
-                    seed=label * 10 + i + (split == "val") * 100,
-                )
+    root = _two_motions(tmp_path / "data" / "kinetics400", train=3)
     _clip(root / "val" / "grow" / "short.mp4", "grow", seed=7, frames=6)  # both views padded
     view = VideoClips.view
 

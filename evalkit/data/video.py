@@ -24,6 +24,7 @@ under its label's folder (spaces in the label as spaces or underscores).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 from dataclasses import dataclass
@@ -114,7 +115,14 @@ def _frame_count(container, stream, path: Path) -> int:
     that never decode."""
     if stream.frames:
         return int(stream.frames)
-    with _av().open(str(path)) as counting:
+    return _packet_count(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=65536)
+def _packet_count(path: str, mtime_ns: int) -> int:
+    """A clip's video packets, counted once per file version: every temporal view of a clip
+    asks for its length, and counting reads the whole file."""
+    with _av().open(path) as counting:
         return sum(1 for packet in counting.demux(counting.streams.video[0]) if packet.size)
 
 
