@@ -28,7 +28,7 @@ CLASSES, SHARD = 100, 4096
 
 def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32):
     """Synthetic class-structured features, written as the feature cache writes them."""
-    from evalkit.cache.features import _save_shard
+    from evalkit.cache.shards import Place, save_shard
 
     gen = torch.Generator().manual_seed(seed)
     means = torch.randn(CLASSES, dim, generator=gen) * 0.08
@@ -38,7 +38,7 @@ def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32
             y = torch.randint(0, CLASSES, (min(SHARD, rows - start),), generator=gen)
             x = means[y] + torch.randn(len(y), dim, generator=gen)
             shard = {"pooled": x.to(storage), "labels": y}
-            _save_shard(folder / split / f"shard-{index:05d}.safetensors", shard)
+            save_shard(folder / split, Place(split, index, start, start + len(y)), shard)
 
 
 def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:

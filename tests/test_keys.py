@@ -32,6 +32,7 @@ NOT_IN_KEY = {
     "force": "reruns; does not change a number",
     "cache_dir": "where the cache lives",
     "no_cache": "whether the cache is used",
+    "verify_cache": "how hard cached shards are checked; a bad one is recomputed the same",
     "batch_size": "batching; features agree to float rounding",
     "workers": "loader processes",
     "device": "recorded in the row; features agree to float rounding (README: Feature cache)",
@@ -246,7 +247,7 @@ def test_table_keeps_two_weights_files_of_one_backbone_apart():
 
 
 def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
-    from evalkit.cache import features
+    from evalkit.cache import shards
 
     dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
                            transform=fake.transform())  # fmt: skip
@@ -257,8 +258,8 @@ def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
         os.utime(shard, ns=(old, old))
     extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
     checked = []
-    real = features._load_shard
-    monkeypatch.setattr(features, "_load_shard", lambda p: checked.append(p) or real(p))
+    real = shards.load_shard
+    monkeypatch.setattr(shards, "load_shard", lambda p, *a: checked.append(p) or real(p, *a))
     again = extract_features(
         fake, dataset, request=FeatureRequest(), settings=settings, split="val"
     )

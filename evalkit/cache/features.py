@@ -19,7 +19,6 @@ clip: ``pooled`` is then (N, T, D), and a shard holds whole clips.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,16 +30,14 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
-from evalkit.cache.identity import file_stamp, library_versions, read_json, spec_key, write_json
-from evalkit.errors import EvalkitError, warn
+from evalkit.cache import shards as files
+from evalkit.cache.identity import library_versions, spec_key, write_json
+from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
-FORMAT_VERSION = 2  # 2: checksummed shards, keys from feature_spec
-CHECKSUM = "evalkit_sha256"
+FORMAT_VERSION = 3  # 2: checksummed shards, keys from feature_spec; 3: shards know their place
 STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
-MANIFEST = "manifest.json"
-VERIFIED = "verified.json"  # shards whose checksum matched, by stamp
 META = "meta.json"
 
 
@@ -69,6 +66,7 @@ class ExtractSettings:
     cache_dtype: str = "fp32"  # what features are stored and returned in: fp32 | bf16 | fp16
     shard_size: int = 1024
     progress: bool = True
+    verify_cache: bool = False  # re-read every cached shard, whatever its stamp
 
 
 class FeatureSet:
@@ -83,7 +81,7 @@ class FeatureSet:
 
     def __init__(self, parts: list, *, from_cache=False, dataset_id=""):
         self.parts = parts  # per shard: a dict of tensors, or the Path of a verified file
-        part_labels = [_read_labels(p) for p in parts]
+        part_labels = [files.read_labels(p) for p in parts]
         self.labels = torch.cat(part_labels).long() if parts else torch.empty(0, dtype=torch.long)
         sizes = [len(labels) for labels in part_labels]
         self.starts = torch.tensor([0, *sizes]).cumsum(0)[:-1] if parts else torch.zeros(0)
@@ -101,7 +99,7 @@ class FeatureSet:
         if isinstance(part, dict):
             return part
         if self._held is None or self._held[0] != index:
-            self._held = (index, _read_shard(part))
+            self._held = (index, files.read_shard(part))
         return self._held[1]
 
     def chunks(self, key: str = "pooled"):
@@ -213,50 +211,21 @@ def extract_features(
                         split=split, subset=subset, shard_size=settings.shard_size,
                         storage=settings.cache_dtype)  # fmt: skip
         folder = Path(settings.cache_dir) / "features" / key
-        _write_meta(folder, backbone.info.name, split, request, settings.dtype, len(indices))
-    _verify_cached(folder, len(shards))
-    done = {i for i in range(len(shards)) if folder is not None and _shard_path(folder, i).exists()}
+        _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
+    wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
+    if folder is not None and mesh.current().main:
+        files.verify_shards(folder, wanted, recheck=settings.verify_cache)
+    mesh.barrier()  # all ranks agree on what is missing before any rank writes
+    done = {i for i in range(len(shards)) if folder and files.shard_path(folder, i).exists()}
     computed = _compute_missing(backbone, dataset, shards, done, request, settings, folder)
     mesh.barrier()  # every group's shards are on disk
     if folder is None:
         parts = [computed[i] for i in range(len(shards))]
     else:
-        parts = [_shard_path(folder, i) for i in range(len(shards))]
-        if mesh.current().main and not (folder / MANIFEST).exists():
-            write_json(folder / MANIFEST, {"shards": len(shards), "n": len(indices)})
+        parts = [files.shard_path(folder, i) for i in range(len(shards))]
+        if mesh.current().main and not (folder / files.MANIFEST).exists():
+            files.write_manifest(folder, wanted, len(indices))
     return FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
-
-
-def _verify_cached(folder: Path | None, count: int):
-    """The main rank checks every cached shard against its checksum, one shard in memory at a
-    time; a corrupt, truncated or unreadable one is deleted (with a warning) so that it is
-    recomputed. A shard already verified and not touched since (same size, modification time
-    and inode, in ``verified.json``) is not read again, so a warm cache costs one ``stat`` per
-    shard. All ranks wait until this is done."""
-    if folder is not None and mesh.current().main:
-        verified = read_json(folder / VERIFIED)
-        for index in range(count):
-            path = _shard_path(folder, index)
-            if not path.exists():
-                continue
-            stamp = file_stamp(path)
-            if stamp is None or verified.get(path.name) != stamp:
-                verified[path.name] = _verify_shard(folder, path)
-        write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
-    mesh.barrier()  # all ranks agree on what is missing before any rank writes
-
-
-def _verify_shard(folder: Path, path: Path) -> str | None:
-    """The shard's stamp when its sum matches (None while it is too fresh to vouch for);
-    None, and the shard deleted, when not."""
-    try:
-        _load_shard(path)
-        return file_stamp(path)
-    except CorruptShard as exc:
-        warn(f"cached features {path} are unusable ({exc}): recomputing them")
-        path.unlink(missing_ok=True)
-        (folder / MANIFEST).unlink(missing_ok=True)
-        return None
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
@@ -325,10 +294,15 @@ def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> di
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
                 shard = _merge(pending)
                 if folder is not None and layout.writer:
-                    _save_shard(_shard_path(folder, todo[shard_pos]), shard)
+                    files.save_shard(folder, _place(folder, todo[shard_pos], shards), shard)
                 computed[todo[shard_pos]] = shard if folder is None else None
                 pending, shard_pos = [], shard_pos + 1
     return computed
+
+
+def _place(folder: Path, index: int, shards: list[list[int]]) -> files.Place:
+    start = index * len(shards[0])  # every shard but the last is full
+    return files.Place(folder.name, index, start, start + len(shards[index]))
 
 
 def _workers(settings: ExtractSettings, shards: int) -> int:
@@ -382,64 +356,7 @@ def _merge(parts: list[dict]) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _shard_path(folder: Path, index: int) -> Path:
-    return folder / f"shard-{index:05d}.safetensors"
-
-
-class CorruptShard(Exception):
-    """A cached shard that cannot be trusted: unreadable, truncated or not matching its sum."""
-
-
-def shard_checksum(shard: dict[str, torch.Tensor]) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes."""
-    digest = hashlib.sha256()
-    for name in sorted(shard):
-        tensor = shard[name].contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
-def _save_shard(path: Path, shard: dict):
-    from safetensors.torch import save_file
-
-    shard = {k: v.contiguous() for k, v in shard.items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(shard, str(tmp), metadata={CHECKSUM: shard_checksum(shard)})
-    os.replace(tmp, path)
-
-
-def _read_shard(path: Path) -> dict:
-    """A shard already verified in this run: read without checking its sum again."""
-    from safetensors.torch import load_file
-
-    return load_file(str(path))
-
-
-def _read_labels(part) -> torch.Tensor:
-    if isinstance(part, dict):
-        return part["labels"]
-    from safetensors import safe_open
-
-    with safe_open(str(part), framework="pt") as f:
-        return f.get_tensor("labels")
-
-
-def _load_shard(path: Path) -> dict:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            expected = (f.metadata() or {}).get(CHECKSUM)
-            shard = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not iterable
-    except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways
-        raise CorruptShard(f"unreadable: {type(exc).__name__}") from exc
-    if expected is None or shard_checksum(shard) != expected:
-        raise CorruptShard("checksum mismatch")
-    return shard
-
-
-def _write_meta(folder: Path, backbone: str, split: str, request, dtype: str, n: int):
+def _write_meta(folder: Path, backbone: str, split: str, request, settings, n: int):
     if (folder / META).exists() or not mesh.current().main:
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -447,8 +364,9 @@ def _write_meta(folder: Path, backbone: str, split: str, request, dtype: str, n:
         "backbone": backbone,
         "split": split,
         "request": asdict(request),
-        "dtype": dtype,
+        "dtype": settings.dtype,
         "n": n,
+        "shard_size": settings.shard_size,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     write_json(folder / META, meta)
@@ -462,17 +380,37 @@ def list_cache(root: Path) -> list[dict]:
         if not meta_path.exists():
             continue
         meta = json.loads(meta_path.read_text())
-        files = list(folder.glob("shard-*.safetensors"))
+        on_disk = list(folder.glob("shard-*.safetensors"))
         entries.append(
             {
                 "key": folder.name,
                 **meta,
-                "shards": len(files),
-                "complete": (folder / MANIFEST).exists(),
-                "bytes": sum(f.stat().st_size for f in files),
+                "shards": len(on_disk),
+                "complete": (folder / files.MANIFEST).exists(),
+                "bytes": sum(f.stat().st_size for f in on_disk),
             }
         )
     return entries
+
+
+def verify_cache(root: Path, *, backbone: str | None = None, progress: bool = True) -> list[dict]:
+    """Re-read every shard of every entry (or of ``backbone``'s) against its checksum, place
+    and the manifest, whatever its stamp; a bad shard is deleted, so the next run recomputes
+    it. One dict per entry: key, backbone, split, shards checked, bad."""
+    entries = [e for e in list_cache(root) if backbone in (None, e["backbone"])]
+    total = sum(e["shards"] for e in entries)
+    report = []
+    with ProgressBar(progress, total, "verify cache", unit="shard") as advance:
+        for entry in entries:
+            folder = Path(root) / "features" / entry["key"]
+            if "shard_size" not in entry:  # written before shards knew their place
+                report.append({**entry, "checked": 0, "bad": entry["shards"], "old": True})
+                advance(entry["shards"])
+                continue
+            wanted = files.places(entry["key"], entry["n"], entry["shard_size"])
+            bad = files.verify_shards(folder, wanted, recheck=True, advance=advance)
+            report.append({**entry, "checked": entry["shards"], "bad": len(bad), "old": False})
+    return report
 
 
 def clear_cache(root: Path, *, backbone: str | None = None) -> int:

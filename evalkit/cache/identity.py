@@ -84,6 +84,32 @@ def content_id(path: str | Path, memo_dir: Path | None = None) -> str:
     return digest
 
 
+def recheck_content_ids(memo_dir: Path | None = None) -> tuple[int, int]:
+    """Re-hash every file whose content id is memoised and still has its stamp; drop memos
+    that no longer hold (changed bytes under a kept stamp, or a file gone or changed), so the
+    next run hashes the file again. Returns (files re-hashed, of them changed under a kept
+    stamp)."""
+    memo_path = Path(memo_dir or cache_root() / "identity") / MEMO_NAME
+    memo, kept, hashed, changed = read_json(memo_path), {}, 0, 0
+    for key, digest in memo.items():
+        path_hex, _, stamp = key.partition("|")
+        path = Path(os.fsdecode(bytes.fromhex(path_hex)))
+        try:
+            current = file_stamp(path)
+        except OSError:
+            continue
+        if current != stamp:
+            continue
+        hashed += 1
+        if file_digest(path) == digest:
+            kept[key] = digest
+        else:
+            changed += 1
+    if memo:
+        write_json(memo_path, kept)
+    return hashed, changed
+
+
 def read_json(path: Path) -> dict:
     """A JSON file's object, or {} when it is missing or unreadable."""
     try:

@@ -80,6 +80,12 @@ def add_data_arguments(run) -> None:
         type=Path,
         help="feature/data cache (default: $EVALKIT_CACHE or ~/.cache/evalkit)",
     )
+    run.add_argument(
+        "--verify-cache",
+        action="store_true",
+        help="re-read every cached shard this run uses against its checksum, even when its "
+        "file looks untouched (after a disk scare or a copy between machines)",
+    )
 
 
 def add_execution_arguments(run) -> None:

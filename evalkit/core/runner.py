@@ -61,6 +61,7 @@ class RunSpec:
     force: bool = False
     cache_dir: Path | None = None
     no_cache: bool = False
+    verify_cache: bool = False  # re-read every cached shard the run uses, whatever its stamp
     batch_size: int = 64
     workers: int | None = None
     device: str | None = None
@@ -128,6 +129,7 @@ class RunSpec:
             dtype=self.resolved_dtype,
             cache_dtype=self.cache_dtype or self.resolved_dtype,
             progress=self.progress,
+            verify_cache=self.verify_cache,
         )
         data = DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
         ctx = TaskContext(data=data, extract=extract, seed=seed)

@@ -1,0 +1,190 @@
+"""The feature cache's files: shards that answer only for their own place, and their checks.
+
+A shard (``shard-00000.safetensors`` …) is one slice of a cache entry's rows. Its metadata
+names the entry's key, its index and its row range, and its checksum covers those together
+with every tensor's name, dtype, shape and bytes. So a shard is trusted only where it was
+written: a file copied in from another entry or another index fails the check like a damaged
+one (it is reported, deleted and recomputed). A finished entry's ``manifest.json`` also lists
+every shard's checksum, so a swapped file is caught even when its own metadata is consistent.
+
+Checking reads a shard whole. A warm cache skips that: a shard that passed is recorded in
+``verified.json`` by its (size, modification time, inode), and is read again only when that
+stamp changes. Damage that keeps the stamp (bit rot) is found by ``evalkit cache verify`` or
+``evalkit run --verify-cache``, which re-read every shard whatever its stamp.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalkit.cache.identity import file_stamp, read_json, write_json
+from evalkit.errors import EvalkitError, warn
+
+CHECKSUM = "evalkit_sha256"
+PLACE = "evalkit_place"
+MANIFEST = "manifest.json"
+VERIFIED = "verified.json"  # shards whose checksum matched, by stamp
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a shard belongs: entry key, index in the entry, rows [start, stop) of it."""
+
+    entry: str
+    index: int
+    start: int
+    stop: int
+
+    def text(self) -> str:
+        return f"{self.entry}|{self.index}|{self.start}:{self.stop}"
+
+
+def places(entry: str, n: int, shard_size: int) -> list[Place]:
+    """The places of an entry of ``n`` rows cut every ``shard_size`` rows."""
+    starts = range(0, n, shard_size)
+    return [Place(entry, i, s, min(s + shard_size, n)) for i, s in enumerate(starts)]
+
+
+def shard_path(folder: Path, index: int) -> Path:
+    return Path(folder) / f"shard-{index:05d}.safetensors"
+
+
+class CorruptShard(Exception):
+    """A cached shard that cannot be trusted: unreadable, truncated, not matching its sum,
+    or written for another entry, index or row range."""
+
+
+def shard_checksum(shard: dict[str, torch.Tensor], place: Place) -> str:
+    """sha256 over the shard's place and every tensor's name, dtype, shape and bytes."""
+    digest = hashlib.sha256(f"{place.text()}\n".encode())
+    for name in sorted(shard):
+        tensor = shard[name].contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def save_shard(folder: Path, place: Place, shard: dict):
+    """Write a shard under a temporary name and rename it into place: a shard on disk is
+    whole. A full disk is one line; the partial file is removed, finished shards stay."""
+    from safetensors.torch import save_file
+
+    shard = {k: v.contiguous() for k, v in shard.items()}
+    path = shard_path(folder, place.index)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    metadata = {CHECKSUM: shard_checksum(shard, place), PLACE: place.text()}
+    try:
+        save_file(shard, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise disk_error(exc, path) from None
+
+
+def disk_error(exc: OSError, path: Path) -> EvalkitError:
+    """One line for a write that failed: what, where, and what to do."""
+    if exc.errno == errno.ENOSPC:
+        return EvalkitError(
+            f"no space left on the device writing {path}: free space (or point --cache-dir "
+            "elsewhere) and rerun; finished work is kept"
+        )
+    return EvalkitError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def read_shard(path: Path) -> dict:
+    """A shard already verified in this run: read without checking its sum again."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def read_labels(part) -> torch.Tensor:
+    if isinstance(part, dict):
+        return part["labels"]
+    from safetensors import safe_open
+
+    with safe_open(str(part), framework="pt") as f:
+        return f.get_tensor("labels")
+
+
+def stored_checksum(path: Path) -> str | None:
+    """The checksum in a shard's header (the header alone is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return (f.metadata() or {}).get(CHECKSUM)
+
+
+def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
+    """The shard's tensors, checked against its checksum, its place and ``listed`` (the
+    manifest's checksum for this index, when there is one)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            shard = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not iterable
+    except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways
+        raise CorruptShard(f"unreadable: {type(exc).__name__}") from exc
+    if metadata.get(PLACE) != place.text():
+        raise CorruptShard(f"written for {metadata.get(PLACE)!r}, not {place.text()!r}")
+    expected = metadata.get(CHECKSUM)
+    if expected is None or shard_checksum(shard, place) != expected:
+        raise CorruptShard("checksum mismatch")
+    if listed is not None and listed != expected:
+        raise CorruptShard("not the shard the entry's manifest lists")
+    if any(len(t) != place.stop - place.start for t in shard.values()):
+        raise CorruptShard(f"holds a different number of rows than {place.start}:{place.stop}")
+    return shard
+
+
+def verify_shards(folder: Path, wanted: Iterable[Place], *, recheck: bool = False,
+                  advance=None) -> list[Path]:  # fmt: skip
+    """Check the shards of ``wanted`` that are on disk; a bad one is warned about and deleted
+    (with the manifest) so that it is recomputed. Without ``recheck`` a shard whose stamp is in
+    ``verified.json`` is not read again. ``advance(1)`` is called per shard on disk. Returns
+    the deleted shards."""
+    folder = Path(folder)
+    verified = read_json(folder / VERIFIED)
+    listed = read_json(folder / MANIFEST).get("checksums", {})
+    bad = []
+    for place in wanted:
+        path = shard_path(folder, place.index)
+        if not path.exists():
+            continue
+        stamp = file_stamp(path)
+        if recheck or stamp is None or verified.get(path.name) != stamp:
+            verified[path.name] = _verify_one(path, place, listed.get(str(place.index)))
+            if verified[path.name] is None and not path.exists():
+                bad.append(path)
+        if advance is not None:
+            advance(1)
+    if bad:
+        (folder / MANIFEST).unlink(missing_ok=True)
+    write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
+    return bad
+
+
+def _verify_one(path: Path, place: Place, listed: str | None) -> str | None:
+    """The shard's stamp when it checks out (None while too fresh to vouch for); None, and
+    the shard deleted, when not."""
+    try:
+        load_shard(path, place, listed)
+        return file_stamp(path)
+    except CorruptShard as exc:
+        warn(f"cached features {path} are unusable ({exc}): recomputing them")
+        path.unlink(missing_ok=True)
+        return None
+
+
+def write_manifest(folder: Path, wanted: list[Place], n: int):
+    """Mark an entry complete, listing each shard's checksum (read from its header)."""
+    sums = {str(p.index): stored_checksum(shard_path(folder, p.index)) for p in wanted}
+    write_json(Path(folder) / MANIFEST, {"shards": len(wanted), "n": n, "checksums": sums})

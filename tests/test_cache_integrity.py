@@ -1,0 +1,151 @@
+"""A cached shard answers only for its own entry and place; damage under a kept stamp is found
+by `evalkit cache verify` and `run --verify-cache`; a full disk is one line."""
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from evalkit.cache import shards
+from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.identity import file_stamp
+from evalkit.cli import main
+from evalkit.data import DataConfig, open_dataset
+from evalkit.errors import EvalkitError
+
+
+def _extract(backbone, data_cache, cache, pool="cls"):
+    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
+                           transform=backbone.transform())  # fmt: skip
+    settings = ExtractSettings(cache_dir=cache, shard_size=128, progress=False)
+    return extract_features(
+        backbone, dataset, request=FeatureRequest(pool=pool), settings=settings, split="val"
+    )
+
+
+def _entry(cache, pool_of_entry):
+    """The entry folder whose meta says ``pool``."""
+    for folder in (cache / "features").iterdir():
+        if json.loads((folder / "meta.json").read_text())["request"]["pool"] == pool_of_entry:
+            return folder
+    raise AssertionError(pool_of_entry)
+
+
+def _age(path):
+    """Old enough that its stamp is vouched for in verified.json."""
+    old = path.stat().st_mtime_ns - 60 * 10**9
+    os.utime(path, ns=(old, old))
+
+
+def test_a_shard_copied_from_another_entry_is_recomputed(fake, data_cache, tmp_path, capsys):
+    clean = _extract(fake, data_cache, tmp_path).pooled
+    _extract(fake, data_cache, tmp_path, pool="mean")
+    mine, other = _entry(tmp_path, "cls"), _entry(tmp_path, "mean")
+    shutil.copy2(other / "shard-00001.safetensors", mine / "shard-00001.safetensors")
+    again = _extract(fake, data_cache, tmp_path)
+    assert torch.equal(again.pooled, clean) and not again.from_cache
+    err = " ".join(capsys.readouterr().err.split())
+    assert "shard-00001.safetensors are unusable (written for" in err
+
+
+def test_a_shard_moved_to_another_index_is_recomputed(fake, data_cache, tmp_path, capsys):
+    clean = _extract(fake, data_cache, tmp_path).pooled
+    folder = _entry(tmp_path, "cls")
+    shutil.copy2(folder / "shard-00000.safetensors", folder / "shard-00001.safetensors")
+    assert torch.equal(_extract(fake, data_cache, tmp_path).pooled, clean)
+    assert "written for" in capsys.readouterr().err
+
+
+def test_a_consistent_shard_the_manifest_does_not_list_is_recomputed(fake, data_cache, tmp_path,
+                                                                      capsys):  # fmt: skip
+    clean = _extract(fake, data_cache, tmp_path).pooled
+    folder = _entry(tmp_path, "cls")
+    place = shards.places(folder.name, len(clean), 128)[2]
+    forged = shards.read_shard(shards.shard_path(folder, 2))
+    forged["pooled"] = forged["pooled"] + 1  # its own sum and place are right
+    shards.save_shard(folder, place, forged)
+    assert torch.equal(_extract(fake, data_cache, tmp_path).pooled, clean)
+    assert "not the shard the entry's manifest lists" in " ".join(capsys.readouterr().err.split())
+
+
+def _rot_keeping_stamp(path):
+    """Change bytes inside a tensor, keeping size, modification time and inode."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-40:-30] = bytes(b ^ 0x55 for b in data[-40:-30])
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert file_stamp(path) == f"{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+
+
+def test_cache_verify_finds_damage_that_kept_its_stamp(fake, data_cache, tmp_path, capsys):
+    clean = _extract(fake, data_cache, tmp_path).pooled
+    folder = _entry(tmp_path, "cls")
+    for shard in folder.glob("shard-*"):
+        _age(shard)
+    _extract(fake, data_cache, tmp_path)  # vouches for every stamp
+    victim, count = folder / "shard-00002.safetensors", len(list(folder.glob("shard-*")))
+    _rot_keeping_stamp(victim)
+    assert not torch.equal(_extract(fake, data_cache, tmp_path).pooled, clean)  # the trade-off
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path), "--quiet"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{count} shards checked, 1 damaged" in out and not victim.exists()
+    assert torch.equal(_extract(fake, data_cache, tmp_path).pooled, clean)
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path), "--quiet"]) == 0
+
+
+def test_run_verify_cache_finds_damage_that_kept_its_stamp(cli_env, tmp_path, capsys):
+    def run(out, *extra):
+        argv = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded",
+                "--quiet", "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / out)]  # fmt: skip
+        assert main([*argv, *extra]) == 0
+        rows = [json.loads(line) for line in (tmp_path / out / "imagenet-linear.jsonl").open()]
+        return {r["metric"]: r["value"] for r in rows}
+
+    clean = run("clean")
+    for shard in (tmp_path / "c" / "features").glob("*/shard-*"):
+        _age(shard)
+    assert run("vouched") == clean
+    [victim, *_] = sorted((tmp_path / "c" / "features").glob("*/shard-*"))
+    _rot_keeping_stamp(victim)
+    assert run("checked", "--verify-cache") == clean
+    assert "unusable (checksum mismatch)" in " ".join(capsys.readouterr().err.split())
+
+
+def test_verify_all_rehashes_memoised_content_ids(tmp_path, capsys):
+    from evalkit.cache.identity import content_id
+
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"a" * 1000)
+    _age(weights)
+    first = content_id(weights, memo_dir=tmp_path / "identity")
+    _rot_keeping_stamp(weights)
+    assert content_id(weights, memo_dir=tmp_path / "identity") == first  # memo by stamp
+    assert main(["cache", "verify", "--all", "--cache-dir", str(tmp_path), "--quiet"]) == 1
+    assert "1 changed under a kept stamp" in " ".join(capsys.readouterr().out.split())
+    assert content_id(weights, memo_dir=tmp_path / "identity") != first
+
+
+def test_a_full_disk_while_writing_a_shard_is_one_line(fake, data_cache, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    written = []
+
+    def fill_up(tensors, filename, metadata=None):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(filename)
+        real(tensors, filename, metadata=metadata)
+
+    real = safetensors.torch.save_file
+    monkeypatch.setattr(safetensors.torch, "save_file", fill_up)
+    with pytest.raises(EvalkitError, match="no space left on the device writing .*shard-00001"):
+        _extract(fake, data_cache, tmp_path)
+    folder = _entry(tmp_path, "cls")
+    assert sorted(p.name for p in folder.iterdir() if "shard" in p.name) == [
+        "shard-00000.safetensors"
+    ]  # the finished shard is kept, no partial file left
