@@ -35,6 +35,18 @@ def weights_id(path: str | Path) -> str:
     return "sha256:" + content_id(path)[:16]
 
 
+def checkpoint_id(path: str | Path) -> str:
+    """The id of a checkpoint named by a file, a folder or a shard index: over every file it
+    is read from (``missing`` when there is none: loading it will say what is expected)."""
+    path = Path(path)
+    if path.is_file() and not path.name.endswith(".index.json"):
+        return weights_id(path)
+    try:
+        return SafetensorsSource(path).weights_id()
+    except EvalkitError:
+        return "missing"
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():

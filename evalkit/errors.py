@@ -7,7 +7,9 @@ exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import errno
 import sys
+from pathlib import Path
 
 
 class EvalkitError(Exception):
@@ -29,3 +31,13 @@ def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
 def warn(message: str):
     """One line on stderr for something evalkit recovered from by itself."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def disk_error(exc: OSError, path: Path) -> EvalkitError:
+    """One line for a write that failed: what, where, and what to do."""
+    if exc.errno == errno.ENOSPC:
+        return EvalkitError(
+            f"no space left on the device writing {path}: free space (or write elsewhere) and "
+            "rerun; finished work is kept"
+        )
+    return EvalkitError(f"cannot write {path}: {exc.strerror or exc}")

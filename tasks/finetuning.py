@@ -15,14 +15,13 @@ and set the paper's fine-tuned numbers beside them.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from evalkit.cache.identity import spec_key
-from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, setting
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, job_spec, setting
 from evalkit.errors import EvalkitError
 from evalkit.training.finetune import (
     EndToEnd,
@@ -141,16 +140,13 @@ def resolution(task, backbone) -> int:
 
 
 def checkpoint_dir(task, backbone, ctx) -> Path | None:
-    """``<cache>/finetune/<key>``: one folder per (task settings, weights, data, seed)."""
+    """``<cache>/finetune/<run key>``: keyed by the runner's own job spec (task version and
+    settings, backbone with its options, weights, dtypes and library versions, data, seed),
+    so a checkpoint is resumed only by the job that wrote it."""
     if ctx.extract.cache_dir is None:
         return None
-    spec = {
-        "task": dataclasses.asdict(task),
-        "weights": backbone.info.weights_id,
-        "data": {name: ctx.data_identity(name) for name in task.datasets()},
-        "seed": ctx.seed,
-    }
-    return Path(ctx.extract.cache_dir) / "finetune" / spec_key(spec, 16)
+    key = spec_key(job_spec(task, backbone.info, ctx), 16)
+    return Path(ctx.extract.cache_dir) / "finetune" / key
 
 
 def finetune_extra(task: FinetuneSettings, log: list[dict], size: int) -> dict:

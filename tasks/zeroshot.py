@@ -26,8 +26,9 @@ import torch
 
 from evalkit import distributed as mesh
 from evalkit.backbones.base import POOLS, text_tower
-from evalkit.cache.features import FeatureRequest
-from evalkit.checkpoints import weights_id
+from evalkit.cache.features import FeatureRequest, backbone_spec
+from evalkit.cache.identity import library_versions, spec_key
+from evalkit.checkpoints import checkpoint_id
 from evalkit.core.task import (
     LAYERS,
     NON_NEGATIVE,
@@ -98,8 +99,8 @@ class ZeroShot(Task):
         config = super().config()
         if is_template_file(self.templates) and Path(self.templates).is_file():
             config["templates_id"] = names_id(templates(self.templates))
-        if self.text_tower and Path(self.text_tower).is_file():
-            config["text_tower_id"] = weights_id(self.text_tower)
+        if self.text_tower:  # a file or a folder: the content of what is loaded
+            config["text_tower_id"] = checkpoint_id(self.text_tower)
         return config
 
     @property
@@ -125,7 +126,7 @@ class ZeroShot(Task):
         test = open_scored(self.dataset, self.eval_split, ctx.data, backbone.transform())
         feats = ctx.features(backbone, test, split=self.eval_split, request=request)
         space = test.label_space
-        classes = self.classifier(text, space.names, ctx, self.tower_id(backbone, tower))
+        classes = self.classifier(text, space.names, ctx, self.tower_id(backbone, tower, ctx))
         hits, kept = {1: [], 5: []}, []
         for rows, index in feats.by_shard(torch.arange(len(feats))):  # one shard at a time
             scores = _image_embeddings(rows, tower) @ classes.T
@@ -150,11 +151,15 @@ class ZeroShot(Task):
             return class_embeddings(text, prompting)
         return stored_class_embeddings(text, prompting, tower_id=tower_id, folder=folder)
 
-    def tower_id(self, backbone, tower: LitText | None) -> str | None:
-        """What identifies the text tower's weights (None: a tower trained in this run)."""
+    def tower_id(self, backbone, tower: LitText | None, ctx) -> str | None:
+        """What identifies the text tower (None: a tower trained in this run): the backbone
+        as the feature cache keys it (weights, options, dtype, library versions), or the
+        saved tower's content with the library versions."""
         if tower is None:
-            return f"{backbone.info.name}:{backbone.info.weights_id}"
-        return weights_id(self.text_tower) if self.text_tower else None
+            return spec_key(backbone_spec(backbone.info, ctx.extract.dtype))
+        if not self.text_tower:
+            return None
+        return spec_key({"tower": checkpoint_id(self.text_tower), "libraries": library_versions()})
 
     def text_side(self, backbone, tower: LitText | None):
         """The text tower and the feature request whose embeddings share its space."""

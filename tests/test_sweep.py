@@ -76,17 +76,16 @@ def test_sweep_errors(cli_env):
     assert main(["sweep", *SMALL, "--seeds", "a"]) == 2
 
 
-def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(tmp_path):
-    from evalkit.core.runner import hash_json, resolve_task
-    from evalkit.reproduction.sweep import Job, Plan, finished, job_rows
+def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(cli_env, tmp_path):
+    from evalkit.reproduction.sweep import Job, Plan, finished, job_rows, request_key
 
-    task = resolve_task("imagenet-linear", ())
-    row = {"task": task.name, "backbone": "vit22b/22b", "seed": 0,
-           "config_hash": hash_json(task.config())}  # fmt: skip
+    plan = Plan(jobs=(), out=tmp_path, run_args=("--data", "embedded"))
+    key = request_key(plan, Job("imagenet-linear", "vit22b"), {})
+    assert key == request_key(plan, Job("imagenet-linear", "vit22b/22b"), {})
+    row = {"task": "imagenet-linear", "backbone": "vit22b/22b", "seed": 0, "request_key": key}
     lines = [json.dumps(row | {"metric": m, "value": v}) for m, v in (("top1", 1.0), ("top5", 2.0))]
     lines.append(json.dumps(row | {"metric": "top1", "value": 3.0}))  # a later run's row
     (tmp_path / "imagenet-linear.jsonl").write_text("\n".join(lines) + "\n")
-    plan = Plan(jobs=(), out=tmp_path)
     assert finished(plan, Job("imagenet-linear", "vit22b"))  # rows say vit22b/22b
     assert {r["metric"]: r["value"] for r in job_rows(plan, Job("imagenet-linear", "vit22b"))} == {
         "top1": 3.0, "top5": 2.0}  # fmt: skip

@@ -7,7 +7,8 @@ libraries that compute features — and the one way a spec becomes a key (``spec
 - A set of files' identity hashes each file's relative path (as bytes, so any name works),
   size and modification time: one ``stat`` per file, no reads. ``content=True`` (the CLI's
   ``--verify-data``) hashes the bytes instead, for trees whose copies keep modification times.
-- A folder's identity is that of every file under it, from one directory walk.
+- A folder's identity is that of every file under it, from one directory walk that follows
+  symbolic links and counts hidden files, as the readers do.
 """
 
 from __future__ import annotations
@@ -138,19 +139,30 @@ def files_identity(paths, root: Path, *, content: bool = False, extra: str = "")
         if content:
             digest.update(file_digest(path).encode())
         else:
-            stat = os.stat(path)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:  # a link to nothing: the reader will say so
+                digest.update(b"missing\n")
+                continue
             digest.update(f"{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 
 def tree_identity(root: Path, *, content: bool = False) -> str:
-    """Identity of every file under ``root`` (one walk; hidden files and folders skipped).
-    A missing folder has the identity ``missing``: the reader will say what is expected."""
+    """Identity of every file under ``root``, following symbolic links to folders (each real
+    folder walked once) and counting hidden files (readers read them: an image named
+    ``.extra.bmp`` is an image); hidden folders are skipped, as readers skip them. A missing
+    folder has the identity ``missing``: the reader will say what is expected."""
     root = Path(root)
     if not root.exists():
         return "missing"
-    files = []
-    for folder, dirs, names in os.walk(os.fsencode(root)):
+    files, seen = [], set()
+    for folder, dirs, names in os.walk(os.fsencode(root), followlinks=True):
+        real = os.stat(folder)
+        if (real.st_dev, real.st_ino) in seen:  # a link back up the tree: walked already
+            dirs[:] = []
+            continue
+        seen.add((real.st_dev, real.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith(b"."))
-        files += [os.path.join(folder, n) for n in sorted(names) if not n.startswith(b".")]
+        files += [os.path.join(folder, n) for n in sorted(names)]
     return files_identity(files, root, content=content)

@@ -15,7 +15,6 @@ stamp changes. Damage that keeps the stamp (bit rot) is found by ``evalkit cache
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from evalkit.cache.identity import file_stamp, read_json, write_json
-from evalkit.errors import EvalkitError, warn
+from evalkit.errors import disk_error, warn
 
 CHECKSUM = "evalkit_sha256"
 PLACE = "evalkit_place"
@@ -86,16 +85,6 @@ def save_shard(folder: Path, place: Place, shard: dict):
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise disk_error(exc, path) from None
-
-
-def disk_error(exc: OSError, path: Path) -> EvalkitError:
-    """One line for a write that failed: what, where, and what to do."""
-    if exc.errno == errno.ENOSPC:
-        return EvalkitError(
-            f"no space left on the device writing {path}: free space (or point --cache-dir "
-            "elsewhere) and rerun; finished work is kept"
-        )
-    return EvalkitError(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def read_shard(path: Path) -> dict:

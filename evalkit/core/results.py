@@ -1,10 +1,11 @@
 """Result rows (one JSON line per metric), their files, paper-style tables and comparisons.
 
-Tables and comparisons are rendered from rows only. Rows are grouped by task, backbone and
-weights id (a backbone name whose rows come from two weights files shows both, each labelled
-with its weights id), metric and settings; rows of runs that differ only in seed
-are aggregated as mean ± std; a single row that carries its own spread over seeds (few-shot)
-shows value ± its own std over seeds (or ± its standard error).
+Tables and comparisons are rendered from rows only. Rows are grouped by run spec — task,
+backbone, weights id, backbone options and settings — and metric; two specs of one backbone
+never merge: each is labelled with what sets it apart (its weights id, the options and
+settings that differ). Rows of a spec that differ only in seed are aggregated as mean ± std;
+a single row that carries its own spread over seeds (few-shot) shows value ± its own std over
+seeds (or ± its standard error). ``compare`` matches baseline and new rows by run spec.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, TypedDict
 
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, disk_error, warn
 
 
 class Row(TypedDict, total=False):
@@ -52,12 +53,27 @@ def rows_file(out_dir: Path, task: str) -> Path:
 
 
 def append_row(path: Path, row: Row):
-    """Append one line and fsync: a finished row survives any later crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one line and fsync: a finished row survives any later crash. A file whose last
+    line was torn (a crash or a full disk mid-write) is first ended with a newline, so the
+    torn line stays unreadable on its own and this row is whole; a full disk is one line."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            torn = f.tell() > 0 and not _ends_with_newline(path)
+            f.write((("\n" if torn else "") + json.dumps(row, sort_keys=True) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise disk_error(exc, path) from None
+    if torn:
+        warn(f"{path} ended in a torn line (an earlier write was cut off): it is kept apart")
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def load_rows(paths) -> list[Row]:
@@ -80,29 +96,65 @@ def weights_group(row: Row) -> str:
     return "random init" if row.get("random_init") else row.get("weights_id", "")
 
 
-def backbone_labels(rows: list[Row]) -> dict[tuple[str, str], str]:
-    """(backbone, weights group) → how tables name it: the backbone alone, or with its weights
-    id when rows of one backbone name come from different weights."""
-    groups: dict[str, set[str]] = defaultdict(set)
+def run_spec(row: Row) -> tuple:
+    """What makes rows comparable: task, backbone, weights, backbone options and settings.
+    Rows differing in anything else (seed, time, machine) are repeats of one run spec."""
+    options = json.dumps(row.get("backbone_options") or {}, sort_keys=True, default=str)
+    return (row["task"], row["backbone"], weights_group(row), options, row.get("config_hash", ""))
+
+
+def spec_labels(rows: list[Row]) -> dict[tuple, str]:
+    """Run spec → how tables name it: the backbone alone, or with what sets it apart from the
+    task's other runs of that backbone — its weights id, the options and settings that differ
+    (``timm/x [pool=mean]``) — so no two specs share a line."""
+    weights: dict[str, set[str]] = defaultdict(set)
+    variants: dict[tuple, dict[tuple, Row]] = defaultdict(dict)
     for row in rows:
-        groups[row["backbone"]].add(weights_group(row))
-    return {
-        (name, group): name if len(found) == 1 else f"{name} [{group}]"
-        for name, found in groups.items()
-        for group in found
-    }
+        weights[row["backbone"]].add(weights_group(row))
+        variants[(row["task"], row["backbone"])][run_spec(row)] = row
+    labels = {}
+    for (_, name), specs in variants.items():
+        options = _differing([r.get("backbone_options") or {} for r in specs.values()])
+        settings = _differing([r.get("config") or {} for r in specs.values()])
+        for spec, row in specs.items():
+            parts = [weights_group(row)] if len(weights[name]) > 1 else []
+            own = row.get("backbone_options") or {}
+            parts += [f"{k}={_short(own[k])}" for k in options if k in own]
+            parts += [f"{k}={_short((row.get('config') or {}).get(k))}" for k in settings]
+            labels[spec] = name + (f" [{', '.join(parts)}]" if parts else "")
+        _tell_apart(labels, specs)
+    return labels
+
+
+def _differing(dicts: list[dict]) -> list[str]:
+    keys = sorted({k for d in dicts for k in d})
+    return [k for k in keys if len({json.dumps(d.get(k), default=str) for d in dicts}) > 1]
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _tell_apart(labels: dict[tuple, str], specs: dict[tuple, Row]):
+    """Specs whose visible differences do not separate them (settings recorded the same
+    under different hashes) get their settings hash too."""
+    seen: dict[str, int] = defaultdict(int)
+    for spec in specs:
+        seen[labels[spec]] += 1
+    for spec in specs:
+        if seen[labels[spec]] > 1:
+            labels[spec] += f" [settings {spec[4][:8]}]"
 
 
 def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
-    """One record per (task, backbone and weights, metric, config): mean and spread over
-    seeds."""
-    labels = backbone_labels(rows)
+    """One record per run spec and metric: mean and spread over seeds."""
+    labels = spec_labels(rows)
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for row in rows:
-        label = labels[(row["backbone"], weights_group(row))]
-        groups[(row["task"], label, row["metric"], row.get("config_hash", ""))].append(row)
+        groups[(run_spec(row), row["metric"])].append(row)
     out = []
-    for (task, backbone, metric, config_hash), members in groups.items():
+    for (spec, metric), members in groups.items():
         by_seed = {r.get("seed", 0): r for r in members}  # a rerun of a seed replaces it
         values = [r["value"] for r in by_seed.values()]
         if len(values) > 1:
@@ -111,10 +163,11 @@ def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
             spread = own_spread(next(iter(by_seed.values())))
         out.append(
             {
-                "task": task,
-                "backbone": backbone,
+                "task": spec[0],
+                "backbone": labels[spec],
+                "spec": spec,
                 "metric": metric,
-                "config_hash": config_hash,
+                "config_hash": spec[4],
                 "mean": statistics.fmean(values),
                 "std": spread,
                 "runs": len(values),
@@ -219,17 +272,19 @@ def compare(
     if not isinstance(tolerance, Tolerances):
         tolerance = Tolerances(tolerance)
 
+    labels = spec_labels([*base, *new])  # one naming for both sides: what differs shows
+
     def index(rows):
-        return {(r["task"], r["backbone"], r["metric"]): r for r in aggregate(rows)}
+        return {(r["spec"], r["metric"]): r for r in aggregate(rows)}
 
     base_idx, new_idx = index(base), index(new)
     out = []
     for key in sorted(base_idx.keys() | new_idx.keys()):
         b, n = base_idx.get(key), new_idx.get(key)
         rec = {
-            "task": key[0],
-            "backbone": key[1],
-            "metric": key[2],
+            "task": key[0][0],
+            "backbone": labels[key[0]],
+            "metric": key[1],
             "base": b["mean"] if b else None,
             "new": n["mean"] if n else None,
             "delta": None,
@@ -243,7 +298,7 @@ def compare(
             rec["delta"] = n["mean"] - b["mean"]
             gain = rec["delta"] if b["higher_is_better"] else -rec["delta"]
             up = "improved" if one_sided else "changed-up"
-            allowed = rec["allowed"] = tolerance.allowed(key[0], key[2], b["mean"])
+            allowed = rec["allowed"] = tolerance.allowed(rec["task"], rec["metric"], b["mean"])
             rec["status"] = "regression" if gain < -allowed else (up if gain > allowed else "ok")
         out.append(rec)
     return out

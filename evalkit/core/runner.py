@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed
-from evalkit.backbones import BackboneOptions, load_backbone
-from evalkit.cache.features import STORAGE, ExtractSettings, backbone_spec
-from evalkit.cache.identity import cache_root, spec_key
+from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
+from evalkit.cache.features import STORAGE, ExtractSettings
+from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.core.catalog import TASKS
 from evalkit.core.plan import unfit
 from evalkit.core.results import Row, append_row, load_rows, rows_file
-from evalkit.core.task import Task, TaskContext
+from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError
 
@@ -177,6 +177,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
             for task in tasks:
                 for seed in spec.seeds:
                     ctx = spec.context(seed, identities)
+                    ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
                     rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
                                              force=spec.force, predictions=spec.save_predictions)  # fmt: skip
                     yield JobResult(task.name, name, seed, rows, skipped)
@@ -253,19 +254,33 @@ def predictions_file(out_dir: Path, task: str, backbone: str, seed: int, key: st
     return Path(out_dir) / "predictions" / f"{slug}.parquet"
 
 
-def job_spec(task: Task, info, ctx: TaskContext) -> dict:
-    """The one description of what produces a job's numbers: the task (name, version,
-    settings), the backbone as the feature cache sees it, the files of every dataset the task
-    reads, and the seed."""
+def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> dict:
+    """What a job is asked for, known before its backbone loads: the task (name, version,
+    settings), the backbone's name and options, the weights' content id (or how untrained
+    weights are seeded), dtypes, library versions, data files and seed. Rows carry its key, so
+    a sweep can tell a finished job without loading a model; the job itself still compares the
+    whole ``job_spec`` (which adds what the loaded backbone reports: preprocessing, ...)."""
     return {
         "task": task.name,
         "version": task.version,
         "config": task.config(),
-        "backbone": backbone_spec(info, ctx.extract.dtype),
+        "backbone": row_name(backbone),
+        "weights": _weights_asked(spec, backbone),
+        "model_args": dict(sorted(spec.model_args.items())),
+        "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
+        "libraries": library_versions(),
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
     }
+
+
+def _weights_asked(spec: RunSpec, backbone: str) -> str:
+    if spec.weights:
+        return row_weights_id(backbone, spec.weights)
+    if spec.pretrained:
+        return "pretrained"  # the hub file's content id is in the job's own key
+    return f"random-init:{spec.seeds[0]}:{spec.random_init}"
 
 
 def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
@@ -287,6 +302,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "config": task.config(),
         "config_hash": hash_json(task.config()),
         "run_key": key,
+        "request_key": ctx.request_key,
         "data_id": dict(ctx.stats["data"]),
         "extra": metric.extra,
     }

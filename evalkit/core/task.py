@@ -22,6 +22,7 @@ from evalkit.cache.features import (
     ExtractSettings,
     FeatureRequest,
     FeatureSet,
+    backbone_spec,
     extract_features,
 )
 from evalkit.data import DataConfig, data_identity
@@ -232,6 +233,7 @@ class TaskContext:
     artifacts: Path | None = None  # where tasks write pictures (set by the runner)
     identities: dict[str, str] = field(default_factory=dict)  # shared by the jobs of one run
     predictions: Path | None = None  # where to write per-image outputs (--save-predictions)
+    request_key: str | None = None  # the job's key before its backbone loads (set by the runner)
 
     def save_predictions(self, columns: dict[str, list]):
         """Write one row per image (``columns``: name → values) as Parquet, when asked for;
@@ -268,3 +270,18 @@ class TaskContext:
 def resolve_pool(pool: str, backbone) -> str:
     """``auto`` means the backbone's preferred pooling (its first supported one)."""
     return backbone.info.pools[0] if pool == "auto" else pool
+
+
+def job_spec(task: Task, info, ctx: TaskContext) -> dict:
+    """The one description of what produces a job's numbers: the task (name, version,
+    settings), the backbone as the feature cache sees it, the files of every dataset the task
+    reads, and the seed."""
+    return {
+        "task": task.name,
+        "version": task.version,
+        "config": task.config(),
+        "backbone": backbone_spec(info, ctx.extract.dtype),
+        "cache_dtype": ctx.extract.cache_dtype,
+        "data": {name: ctx.data_identity(name) for name in task.datasets()},
+        "seed": ctx.seed,
+    }

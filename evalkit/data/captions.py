@@ -178,13 +178,17 @@ def _inside(base: Path, name: str, listing: Path) -> Path:
 
 def _scan_tars(tars: list[Path]):
     """WebDataset shards: members grouped by key (name without extension); an image member
-    and a ``.txt`` member make a pair. Offsets are kept so an image is read with one seek."""
+    and a ``.txt`` member make a pair. Offsets are kept so an image is read with one seek.
+    Link members are skipped and counted (their bytes live elsewhere, or nowhere)."""
     sources, captions, skipped = [], [], Counter()
     for tar_path in tars:
         images, texts = {}, {}
         try:
             with tarfile.open(tar_path) as tar:
                 for member in tar:
+                    if not member.isfile():  # links and folders hold no bytes to read
+                        skipped["link or folder member"] += 0 if member.isdir() else 1
+                        continue
                     key, _, ext = member.name.rpartition(".")
                     if f".{ext.lower()}" in IMAGE_SUFFIXES:
                         images[key] = ("tar", tar_path, member.offset_data, member.size)

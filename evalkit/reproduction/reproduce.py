@@ -72,7 +72,7 @@ class Reproduction:
         spec = PretrainSpec(sizes=sizes, out=root / "reproduce" / f"ladder-{self.scale.name}",
                             schedule=Schedule(steps=self.scale.pretrain_steps, batch_size=64,
                                               warmup=max(1, self.scale.pretrain_steps // 10)),
-                            progress=self.progress)  # fmt: skip
+                            progress=self.progress, keyed=True)  # fmt: skip
         summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
         self.ladder = {s["size"]: s["weights"] for s in summaries}
         return sum(s["seconds"] for s in summaries)

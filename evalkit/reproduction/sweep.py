@@ -6,9 +6,9 @@ TOML file (``[[jobs]]`` tables with ``task``, ``backbone``, ``seeds``, ``set``, 
 task and backbone may be lists). Every job is one ``evalkit run`` command: in its own process
 (``torchrun`` when it spans several GPUs), so a job that crashes or runs out of memory leaves
 the others running, and the rows it finished stay on disk. Jobs whose rows are already under
-the output folder (same task, settings, backbone, weights and seed) are not started again; the
-job itself still compares the full run key (data files, library versions) and reruns what
-changed.
+the output folder with the job's request key (task and settings, backbone and options, weights
+content, dtypes, library versions, data files, seed: ``runner.request_spec``) are not started
+again; the job itself still compares the full run key and reruns what changed.
 
 Executors: ``local`` (sequential, the default), ``slurm`` (one job array, GPUs and nodes per
 job, torchrun inside a job for sharded backbones; ``--dry-run`` prints the batch script instead
@@ -163,11 +163,12 @@ def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
 
 
 def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
-    """The newest row of each metric of ``job`` (same task, settings, backbone, weights, seed)
-    under the plan's output folder. ``read`` keeps each rows file read once."""
-    from evalkit.backbones import row_name, row_weights_id
+    """The newest row of each metric of ``job`` under the plan's output folder: rows whose
+    request key is the one the job's run would give them (task and settings, backbone and
+    options, weights content, dtypes, libraries, data files, seed). ``read`` keeps each rows
+    file read, and each dataset walked, once."""
     from evalkit.core.results import load_rows, rows_file
-    from evalkit.core.runner import hash_json, resolve_task
+    from evalkit.core.runner import resolve_task
 
     task = resolve_task(job.task, job.overrides)
     path = rows_file(plan.out, task.name)
@@ -176,13 +177,47 @@ def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     read = {} if read is None else read
     if path not in read:
         read[path] = load_rows([path])
-    wanted = row_weights_id(job.backbone, job.weights) if job.weights else None
-    config = hash_json(task.config())
-    newest = {r["metric"]: r for r in read[path]
-              if r["backbone"] == row_name(job.backbone) and r["seed"] == job.seed
-              and r.get("config_hash") == config
-              and (wanted is None or r.get("weights_id") == wanted)}  # fmt: skip
+    key = request_key(plan, job, read.setdefault("identities", {}))
+    newest = {r["metric"]: r for r in read[path] if r.get("request_key") == key}
     return list(newest.values())
+
+
+def request_key(plan: Plan, job: Job, identities: dict) -> str:
+    """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``)."""
+    from evalkit.cache.identity import spec_key
+    from evalkit.core.runner import request_spec, resolve_task
+
+    spec = job_run_spec(plan, job)
+    task = resolve_task(job.task, job.overrides)
+    ctx = spec.context(job.seed, identities)
+    return spec_key(request_spec(spec, task, job.backbone, ctx), length=16)
+
+
+def job_run_spec(plan: Plan, job: Job):
+    """The ``RunSpec`` of a job's ``evalkit run`` line, as far as its key goes: the job's own
+    fields and the plan's run options that reach the key (other options do not change it)."""
+    import argparse
+
+    from evalkit.backbones.options import parse_model_args
+    from evalkit.core.runner import RunSpec
+
+    parser = argparse.ArgumentParser(add_help=False)
+    for flag in ("--data", "--data-dir", "--dtype", "--cache-dtype", "--device", "--cache-dir"):
+        parser.add_argument(flag)
+    for flag in ("--verify-data", "--pretrained", "--random-init"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("--model-arg", dest="model_args", action="append", default=[])
+    known, _ = parser.parse_known_args(list(plan.run_args))
+    # the device is the job's machine's, not this one's: only its default dtype is taken
+    dtype = known.dtype or ("bf16" if (known.device or "").startswith("cuda") else None)
+    return RunSpec(tasks=job.task, backbones=job.backbone, seeds=(job.seed,),
+                   overrides=job.overrides, weights=job.weights, data=known.data or "auto",
+                   data_dir=known.data_dir and Path(known.data_dir), dtype=dtype,
+                   cache_dtype=known.cache_dtype,
+                   cache_dir=known.cache_dir and Path(known.cache_dir),
+                   verify_data=known.verify_data, pretrained=known.pretrained,
+                   random_init=known.random_init, model_args=parse_model_args(known.model_args),
+                   progress=False)  # fmt: skip
 
 
 def pending(plan: Plan) -> list[Job]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -264,19 +265,18 @@ def _publish(out: Path, name: str, step: int):
     """Rename the finished folder into place, point ``latest.json`` at it, drop the previous."""
     shutil.rmtree(out / name, ignore_errors=True)
     os.replace(out / f".{name}.tmp", out / name)
-    previous = read_json(out / LATEST).get("checkpoint") if (out / LATEST).exists() else None
+    previous = latest_checkpoint(out)
     write_json(out / LATEST, {"checkpoint": name, "step": step})
-    if previous and previous != name:
-        shutil.rmtree(out / previous, ignore_errors=True)
+    if previous is not None and previous.name != name:
+        shutil.rmtree(previous, ignore_errors=True)
 
 
 def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
     """The log so far, with model and optimizer restored from the latest checkpoint (none:
     an empty log). A checkpoint that cannot be read is an error naming it."""
-    pointer = Path(out) / LATEST
-    if not pointer.exists():
+    folder = latest_checkpoint(Path(out))
+    if folder is None:
         return []
-    folder = Path(out) / read_json(pointer)["checkpoint"]
     _check_layout(folder)
     try:
         if mesh.current().mesh is None:
@@ -295,6 +295,22 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
         ) from exc
     torch.set_rng_state(trainer["rng"])
     return list(trainer["log"])
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The folder ``out/latest.json`` names (None without one). It may name only a
+    ``checkpoint-<step>`` folder directly inside ``out``: anything else is refused, so that
+    nothing outside the run's own folder is ever read as its state or deleted."""
+    pointer = Path(out) / LATEST
+    if not pointer.exists():
+        return None
+    name = read_json(pointer).get("checkpoint")
+    if not isinstance(name, str) or not re.fullmatch(r"checkpoint-\d{7}", name):
+        raise EvalkitError(
+            f"{pointer} names {name!r}, not a checkpoint-<step> folder of its own: delete it to "
+            "start over, or restore the one the run wrote"
+        )
+    return Path(out) / name
 
 
 def _check_layout(folder: Path):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
-from evalkit.cache.identity import library_versions, write_json
+from evalkit.cache.identity import library_versions, spec_key, write_json
 from evalkit.checkpoints import save_checkpoint
 from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
@@ -43,6 +43,7 @@ class PretrainSpec:
     device: str = "cpu"
     progress: bool = True
     fsdp: bool = False  # under torchrun: shard parameters over the data-parallel ranks
+    keyed: bool = False  # each size in <out>/<size>-<key of its inputs>, not <out>/<size>
 
     def check(self):
         unknown = [s for s in self.sizes if s not in SIZES]
@@ -92,7 +93,10 @@ def _augment(image: int):
 
 def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataConfig) -> dict:
     schedule = spec.schedule
-    done = _finished(Path(spec.out) / size, schedule)
+    inputs = size_spec(size, name, spec, data)
+    folder = Path(spec.out) / (f"{size}-{spec_key(inputs, 12)}" if spec.keyed else size)
+    claim(folder, inputs)
+    done = _finished(folder, inputs)
     if done is not None:  # trained before: keep its provenance (and its training time)
         return done
     cfg = config(size, image=spec.image, patch=spec.patch)
@@ -107,7 +111,6 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     )
 
     batch = sampled_batches(dataset, schedule.batch_size, schedule.seed)
-    folder = Path(spec.out) / size
     start = time.perf_counter()
     log = fit(
         model, batch, loss, schedule, out=folder / "run", device=spec.device, progress=spec.progress
@@ -123,8 +126,8 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
                "loss": "sigmoid" if multilabel else "softmax", "dataset": name,
                "first_loss": log[0]["loss"], "final_loss": sum(e["loss"] for e in log[-10:]) / len(log[-10:]),
                "steps": len(log), "seconds": round(seconds, 1), "schedule": asdict(schedule),
-               "image": spec.image, "patch": spec.patch, "data_id": data_identity(name, data),
-               "versions": library_versions()}  # fmt: skip
+               "image": spec.image, "patch": spec.patch, "data_id": inputs["data"],
+               "versions": inputs["libraries"], "key": spec_key(inputs)}  # fmt: skip
     if layout.main:
         write_json(folder / "provenance.json", summary)
     mesh.barrier()
@@ -164,12 +167,45 @@ def shard(model: Classifier, *, fsdp: bool) -> Classifier:
     return model
 
 
-def _finished(folder: Path, schedule: Schedule) -> dict | None:
-    """The provenance of a size already trained with this schedule, or None."""
+def size_spec(size: str, dataset: str, spec: PretrainSpec, data: DataConfig) -> dict:
+    """Everything that makes one size's weights what they are: the reuse key of its folder."""
+    return {"size": size, "image": spec.image, "patch": spec.patch,
+            "schedule": asdict(spec.schedule), "dataset": dataset,
+            "data": data_identity(dataset, data), "libraries": library_versions()}  # fmt: skip
+
+
+def claim(folder: Path, inputs: dict):
+    """Mark ``folder`` as this spec's (``spec.json``); a folder already holding a run of
+    another spec is refused, naming what differs: its weights or resumable state would
+    otherwise be returned or continued for settings they were not trained with."""
+    from evalkit.cache.identity import read_json
+
+    record = folder / "spec.json"
+    held = read_json(record) if record.exists() else None
+    if held is None and any((folder / f).exists() for f in ("provenance.json", "run")):
+        raise EvalkitError(
+            f"{folder} holds a run that did not record its settings: pass another --out, or "
+            "delete it to retrain"
+        )
+    if held is not None and held != inputs:
+        differs = sorted(k for k in inputs.keys() | held.keys() if held.get(k) != inputs.get(k))
+        first = differs[0]
+        raise EvalkitError(
+            f"{folder} holds a run with other {', '.join(differs)} ({first}: "
+            f"{held.get(first)} there, {inputs.get(first)} now): pass another --out, or delete "
+            "it to retrain"
+        )
+    if held is None and mesh.current().main:
+        write_json(record, inputs)
+    mesh.barrier()
+
+
+def _finished(folder: Path, inputs: dict) -> dict | None:
+    """The provenance of a size already trained from exactly ``inputs``, or None."""
     from evalkit.cache.identity import read_json
 
     record = folder / "provenance.json"
     if not (record.exists() and (folder / "model.safetensors").exists()):
         return None
     summary = read_json(record)
-    return summary if summary.get("schedule") == asdict(schedule) else None
+    return summary if summary.get("key") == spec_key(inputs) else None
