@@ -34,6 +34,15 @@ class FewShot(FrozenClassification):
     def metrics(self) -> list[str]:
         return ["top1"]
 
+    def check_training(self, classes: list[str], counts: list[int]):
+        """Every class has ``shots`` images: fewer would draw the same few every seed."""
+        smallest = min(range(len(classes)), key=counts.__getitem__)
+        if counts[smallest] < self.shots:
+            raise EvalkitError(
+                f"{self.name}: class {classes[smallest]!r} has {counts[smallest]} training "
+                f"images, fewer than shots={self.shots}: lower shots or add images"
+            )
+
     def plan(self, inputs) -> list:
         """The shots in float64, and the eval split in its stored dtype plus a float64 copy."""
         dim = len(self.layers) * inputs.shape.embed_dim

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.core.task import POSITIVE, Metric, Rule, one_of, setting
+from evalkit.errors import EvalkitError
 from evalkit.heads.knn import TEMPERATURE, nearest, vote
 
 from .linear_probe import FrozenClassification, percent, save_classifications, scored_hits
 
-POSITIVE_INTS = Rule("a non-empty list of positive whole numbers",
-                     lambda v: bool(v) and all(int(k) == k and k > 0 for k in v))  # fmt: skip
+POSITIVE_INTS = Rule("a non-empty list of distinct positive whole numbers",
+                     lambda v: bool(v) and all(int(k) == k and k > 0 for k in v)
+                     and len(set(v)) == len(v))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,14 @@ class KNN(FrozenClassification):
 
     def metrics(self) -> list[str]:
         return [f"top{t}/k={k}" for k in self.ks for t in (1, 5)]
+
+    def check_training(self, classes: list[str], counts: list[int]):
+        """k neighbours need at least k training images."""
+        if max(self.ks) > sum(counts):
+            raise EvalkitError(
+                f"ks={','.join(map(str, self.ks))}: the training split has {sum(counts)} "
+                f"images, so k can be at most {sum(counts)}"
+            )
 
     def run(self, backbone, ctx):
         train, test, space, test_set = self.split_features(backbone, ctx)

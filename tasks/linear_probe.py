@@ -24,6 +24,7 @@ Paper: ViT-e 89.26 → ViT-22B 89.51 top-1 on ImageNet-1k (frozen features, line
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -104,7 +105,16 @@ class FrozenClassification(Task):
                 f"the training split of {self.dataset} has {len(train.classes)} class "
                 f"({', '.join(train.classes)}): a classifier needs at least two"
             )
+        labels = getattr(train, "labels", None)
+        if labels is not None:  # before any feature is extracted
+            counts = Counter(int(label) for label in labels)
+            self.check_training(
+                train.classes, [counts.get(i, 0) for i in range(len(train.classes))]
+            )
         return train
+
+    def check_training(self, classes: list[str], counts: list[int]):
+        """Refuse settings the training split cannot serve (``counts``: images per class)."""
 
     def eval_set(self, classes, transform, ctx):
         """The eval split with its labels matched to ``classes`` by name, and its label space
@@ -148,6 +158,15 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training features are streamed
 
     version = 3  # 3: float64 fits to a pinned optimum, path too; ties within one hold-out image
+
+    def check_training(self, classes: list[str], counts: list[int]):
+        """Every class keeps at least one image to fit on after the hold-out is taken."""
+        for name, count in zip(classes, counts, strict=True):
+            if count > 1 and max(1, round(self.holdout * count)) >= count:
+                raise EvalkitError(
+                    f"holdout={self.holdout} would hold out all {count} training images of "
+                    f"class {name!r}, leaving none to fit: lower holdout"
+                )
 
     @property
     def reference(self) -> dict:

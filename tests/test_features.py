@@ -92,71 +92,51 @@ def test_cache_key_covers_what_changes_numbers(fake):
 
 
 SCRIPT = textwrap.dedent("""
-    import sys
+    import sys, time
     from pathlib import Path
     import torch
     from evalkit import load_backbone
+    from evalkit.cache import shards
     from evalkit.data import DataConfig, open_dataset
     from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-    delay, data_cache, cache, out = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-    bb = load_backbone("fake", model_kwargs={"delay": delay})
+    ready, data_cache, cache, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    if ready != "-":  # after the third shard is on disk: say so, then wait to be killed
+        save = shards.save_shard
+        def save_then_wait(folder, place, shard):
+            save(folder, place, shard)
+            if place.index == 2:
+                Path(ready).touch()
+                time.sleep(3600)
+        shards.save_shard = save_then_wait
+    bb = load_backbone("fake")
     ds = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache), transform=bb.transform())
     f = extract_features(bb, ds, request=FeatureRequest(), split="val",
                          settings=ExtractSettings(cache_dir=cache, batch_size=16, shard_size=32,
-                                                  progress=False))
+                                                  workers=0, progress=False))
     torch.save({"pooled": f.pooled, "labels": f.labels}, out)
 """)
+
+
+def _extract(*args):
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    return subprocess.Popen([sys.executable, *map(str, args)], env=env)
 
 
 def test_sigkill_mid_extraction_then_rerun_matches_uninterrupted(data_cache, tmp_path):
     script = tmp_path / "extract.py"
     script.write_text(SCRIPT)
-    cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    # The fake backbone sleeps per batch: kill once a few shards are on disk.
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(script),
-            "0.15",
-            str(data_cache),
-            str(cache),
-            str(tmp_path / "never.pt"),
-        ],
-        env=env,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list(cache.glob("features/*/shard-*.safetensors"))) < 3:
+    cache, ready = tmp_path / "cache", tmp_path / "three-shards-written"
+    proc = _extract(script, ready, data_cache, cache, tmp_path / "never.pt")
+    while not ready.exists():  # the run says when it is mid-extraction: no timer
+        assert proc.poll() is None, "the extraction ended before its third shard"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    shards_before = len(list(cache.glob("features/*/shard-*.safetensors")))
-    assert 3 <= shards_before < 12, "the kill must land mid-extraction"
+    assert len(list(cache.glob("features/*/shard-*.safetensors"))) == 3
     assert not list(cache.glob("features/*/manifest.json"))
-    subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "0",
-            str(data_cache),
-            str(cache),
-            str(tmp_path / "resumed.pt"),
-        ],
-        env=env,
-        check=True,
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "0",
-            str(data_cache),
-            str(tmp_path / "fresh"),
-            str(tmp_path / "fresh.pt"),
-        ],
-        env=env,
-        check=True,
-    )
+    assert _extract(script, "-", data_cache, cache, tmp_path / "resumed.pt").wait() == 0
+    fresh_cache = tmp_path / "fresh"
+    assert _extract(script, "-", data_cache, fresh_cache, tmp_path / "fresh.pt").wait() == 0
     resumed, fresh = torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "fresh.pt")
     assert torch.equal(resumed["pooled"], fresh["pooled"])
     assert torch.equal(resumed["labels"], fresh["labels"])

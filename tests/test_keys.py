@@ -29,7 +29,8 @@ from evalkit.data import DataConfig, open_dataset
 # Every RunSpec field either reaches the run key or is listed here with why it may not.
 NOT_IN_KEY = {
     "out": "where rows go",
-    "force": "reruns; does not change a number",
+    "force": "runs what the plan says does not fit; does not change a number",
+    "rerun": "recomputes finished jobs; does not change a number",
     "cache_dir": "where the cache lives",
     "no_cache": "whether the cache is used",
     "verify_cache": "how hard cached shards are checked; a bad one is recomputed the same",

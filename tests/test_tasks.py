@@ -23,13 +23,13 @@ def test_linear_probe_learns_and_is_deterministic(fake, ctx, tmp_path):
     assert len(extra["holdout_top1_by_l2"]) == len(task.l2_grid) and extra["pool"] == "cls"
 
 
-def test_rerun_skips_and_force_reruns(fake, ctx, tmp_path):
+def test_rerun_skips_and_rerun_recomputes(fake, ctx, tmp_path):
     task = get_task("imagenet-5shot", ["seeds=2"])
     rows, skipped = run_task(task, fake, ctx, out_dir=tmp_path)
     assert not skipped and len(rows) == 1
     rows2, skipped2 = run_task(task, fake, ctx, out_dir=tmp_path)
     assert skipped2 and rows2[0]["value"] == rows[0]["value"]
-    _, skipped3 = run_task(task, fake, ctx, out_dir=tmp_path, force=True)
+    _, skipped3 = run_task(task, fake, ctx, out_dir=tmp_path, rerun=True)
     assert not skipped3
     assert len((tmp_path / "imagenet-5shot.jsonl").read_text().splitlines()) == 2
 

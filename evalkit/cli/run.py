@@ -65,7 +65,12 @@ def add_data_arguments(run) -> None:
     run.add_argument(
         "--force",
         action="store_true",
-        help="rerun even if the rows exist, and run even when `evalkit plan` says it does not fit",
+        help="run even when `evalkit plan` says it does not fit this machine",
+    )
+    run.add_argument(
+        "--rerun",
+        action="store_true",
+        help="recompute jobs whose rows are already on disk (they are skipped otherwise)",
     )
     run.add_argument(
         "--save-predictions",
@@ -201,7 +206,7 @@ def summary_cells(row, *, skipped: bool) -> list[str]:
         row["metric"],
         f"{number(row['value'])}{spread}",
         str(row.get("n") or ""),
-        "skipped: same task, settings, backbone, weights, data and seed on disk (--force reruns)"
+        "skipped: same task, settings, backbone, weights, data and seed on disk (--rerun recomputes)"
         if skipped
         else "",
     ]

@@ -4,7 +4,7 @@ or a named target (``--target 8xH100-80GB``, or ``gpus=8,gpu_gb=80,host_gb=1024`
 checked per rank (device) and per host (every rank a host runs holds its own host buffers).
 
 Nothing heavy runs: the built-in ViT-22B family is sized on the meta device (no weights), other
-backbones are built as for a run; split sizes come from the data when it is there, else from the
+backbones are built as for a run and sized from one forward pass of one image; split sizes come from the data when it is there, else from the
 dataset's published size (``DATASET_CARDS``). Each task states its stages in ``Task.plan``;
 the numbers are estimates of the largest buffers each stage holds, not measurements.
 """
@@ -16,6 +16,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
 from evalkit.errors import EvalkitError
@@ -187,7 +189,7 @@ def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
                      p.activation_bytes_per_image, p.flops_per_image)  # fmt: skip
     from evalkit.backbones import BackboneOptions, load_backbone
 
-    return shape_of(load_backbone(spec, BackboneOptions(random_init=True)).info, dtype=dtype)
+    return measured_shape(load_backbone(spec, BackboneOptions(random_init=True)), dtype=dtype)
 
 
 def split_sizes(
@@ -242,8 +244,49 @@ def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs,
     return inputs, "; ".join(sources)
 
 
+def measured_shape(backbone, *, dtype: str, tp: int = 1) -> Shape:
+    """The shape of a loaded backbone from one forward pass of one image at its own size: the
+    pooled width it really produces, the largest tensor any of its modules outputs (held four
+    times over: the module's input and output and the buffers beside them) and the FLOPs torch
+    counts. CNNs, hybrids and transformers alike: nothing is inferred from a patch size. The
+    built-in family (sharded, possibly huge) is sized from its config instead, as a ViT."""
+    info = backbone.info
+    module = getattr(backbone, "model", None)
+    if info.name.startswith("vit22b") or not isinstance(module, torch.nn.Module):
+        return shape_of(info, dtype=dtype, tp=tp)
+    if getattr(backbone, "measured_shape", None) is None:
+        backbone.measured_shape = _one_forward(backbone, module)
+    width, largest, flops = backbone.measured_shape
+    return Shape(info.name, width, info.depth, info.patch_size, info.preprocess.size,
+                 info.params * BYTES[dtype] // tp, 4 * largest * BYTES[dtype], flops)  # fmt: skip
+
+
+def _one_forward(backbone, module) -> tuple[int, int, int]:
+    """(pooled width, elements of the largest module output, FLOPs) of one image."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    largest = [0]
+
+    def note(_module, _inputs, output):
+        if isinstance(output, torch.Tensor):
+            largest[0] = max(largest[0], output.numel())
+
+    device = next(module.parameters(), torch.zeros(0)).device
+    size = backbone.info.preprocess.size
+    handles = [m.register_forward_hook(note) for m in module.modules()]
+    try:
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+            image = torch.zeros(1, 3, size, size, device=device)
+            pooled = backbone.extract(image, pool=backbone.info.pools[0]).pooled
+    finally:
+        for handle in handles:
+            handle.remove()
+    return pooled.shape[-1], largest[0], counter.get_total_flops()
+
+
 def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:
-    """The shape of a loaded backbone (its weights split over ``tp`` ranks)."""
+    """The shape of a ViT-shaped backbone from its info (its weights split over ``tp`` ranks):
+    tokens from the patch size, a block's live tensors and two FLOPs per weight per token."""
     tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
     activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
     # Two FLOPs per weight per token: attention scores are left out, a few percent at ViT sizes
@@ -260,10 +303,10 @@ def stage_flops(stage: Stage, shape: Shape) -> float:
     return stage.forward_passes * per_pass + stage.flops
 
 
-def unfit(task, info, ctx, *, tp: int = 1) -> list[str]:
+def unfit(task, backbone, ctx, *, tp: int = 1) -> list[str]:
     """What this job would need beyond this machine (empty when it fits, or when its data
     cannot be sized here: the task's own reader then says what is missing)."""
-    shape = shape_of(info, dtype=ctx.extract.dtype, tp=tp)
+    shape = measured_shape(backbone, dtype=ctx.extract.dtype, tp=tp)
     sizes, classes = {}, 0
     try:
         for name, splits in task.reads().items():

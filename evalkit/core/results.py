@@ -80,9 +80,16 @@ def load_rows(paths) -> list[Row]:
     """Rows from JSONL files or folders of them; a torn last line (crash mid-write) is skipped."""
     rows: list[Row] = []
     for path in map(Path, paths):
+        if not path.exists():
+            raise EvalkitError(f"no such file or folder: {path} (expected rows files *.jsonl "
+                               "or a folder of them, as evalkit run writes)")  # fmt: skip
         files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
         for file in files:
-            for line in file.read_text().splitlines():
+            try:
+                text = file.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise EvalkitError(f"cannot read rows file {file} ({exc})") from None
+            for line in text.splitlines():
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError:

@@ -6,8 +6,8 @@ first job and torn down in ``finally``), loading each backbone once, and a fresh
 per job, so a job's provenance counts only its own images. A job is identified by the key of
 its ``job_spec`` (task and settings, backbone and options, weights, dtypes, data, seed); rows are
 appended as each metric finishes, and a rerun skips a job whose metrics are all on disk under
-that key unless ``force`` is set. A job that ``evalkit.core.plan`` says does not fit this machine is
-refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
+that key unless ``rerun`` is set. A job that ``evalkit.core.plan`` says does not fit this
+machine is refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
 a job that crashed resumes from its finished shards.
 """
 
@@ -19,6 +19,7 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from evalkit.core.results import Row, append_row, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError
+
+MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class RunSpec:
     data_dir: Path | None = None
     verify_data: bool = False  # data identities hash file bytes instead of size and mtime
     out: Path = Path("results/runs")
-    force: bool = False
+    force: bool = False  # run although the plan says it does not fit
+    rerun: bool = False  # recompute jobs whose rows are on disk
     cache_dir: Path | None = None
     no_cache: bool = False
     verify_cache: bool = False  # re-read every cached shard the run uses, whatever its stamp
@@ -96,6 +100,9 @@ class RunSpec:
             )
         if self.device is not None:
             check_device(self.device)
+        bad_seeds = [s for s in self.seeds if not 0 <= s <= MAX_SEED]
+        if bad_seeds:
+            raise EvalkitError(f"--seed {bad_seeds[0]}: expected a whole number in 0 … {MAX_SEED}")
 
     @property
     def resolved_device(self) -> str:
@@ -167,6 +174,9 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     ``on_backbone(backbone)`` is called after each backbone loads (the CLI warns there)."""
     tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
     backbones = spec.backbones or _no_backbone(tasks)
+    writable_folder(spec.out, "--out")  # before any work: where its results would go
+    if not spec.no_cache:
+        writable_folder(Path(spec.cache_dir or cache_root()), "--cache-dir")
     distributed.setup(spec.tp, device=spec.resolved_device)
     identities = {}
     try:
@@ -179,11 +189,27 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
                     ctx = spec.context(seed, identities)
                     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
                     rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
-                                             force=spec.force, predictions=spec.save_predictions)  # fmt: skip
+                                             force=spec.force, rerun=spec.rerun,
+                                             predictions=spec.save_predictions)  # fmt: skip
                     yield JobResult(task.name, name, seed, rows, skipped)
             del backbone  # free it before the next one loads
     finally:
         distributed.teardown()
+
+
+def writable_folder(path: Path, flag: str):
+    """``path`` is a folder this process can write in (made if missing), or a one-line error."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise EvalkitError(f"{flag} {path} is a file: expected a folder (or a path to make one)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise EvalkitError(
+            f"{flag} {path} is not a writable folder ({exc.strerror or exc}): choose another"
+        ) from None
 
 
 def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:
@@ -215,6 +241,7 @@ def hash_json(value) -> str:
 
 def run_task(
     task: Task, backbone, ctx: TaskContext, *, out_dir: Path, force: bool = False,
+    rerun: bool = False,
     predictions: bool = False,
 ) -> tuple[list[Row], bool]:  # fmt: skip
     """Run ``task`` on ``backbone``; returns (rows, skipped). Rows on disk are reused only
@@ -227,10 +254,10 @@ def run_task(
         ctx.predictions = predictions_file(out_dir, task.name, backbone.info.name, ctx.seed, key)
     distributed.barrier()  # every rank has decided before rank 0 appends anything
     have_predictions = ctx.predictions is None or ctx.predictions.exists()
-    if not force and {r["metric"] for r in done} >= set(task.metrics()) and have_predictions:
+    if not rerun and {r["metric"] for r in done} >= set(task.metrics()) and have_predictions:
         return done, True
     if not force and (
-        problems := unfit(task, backbone.info, ctx, tp=distributed.current().tp_size)
+        problems := unfit(task, backbone, ctx, tp=distributed.current().tp_size)
     ):
         raise EvalkitError(
             f"{task.name} on {backbone.info.name} does not fit this machine: {problems[0]} "

@@ -10,6 +10,7 @@ when it is built, so the command line and the Python API refuse the same values.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import typing
 from collections.abc import Callable, Iterator
@@ -215,9 +216,13 @@ def parse_value(raw: str, kind, key: str):
         return raw.lower() in TRUE
     if kind in (int, float, str):
         try:
-            return kind(raw)
+            value = kind(raw)
         except ValueError:
-            pass
+            value = None
+        if kind is float and value is not None and not math.isfinite(value):
+            raise EvalkitError(f"--set {key}={raw}: expected a finite number")
+        if value is not None:
+            return value
     name = getattr(kind, "__name__", str(kind))
     raise EvalkitError(f"--set {key}={raw}: expected a value of type {name}")
 

@@ -32,7 +32,7 @@ from PIL import Image
 
 from evalkit.cache.identity import files_identity, spec_key
 from evalkit.data import DataKind, verifies_content
-from evalkit.data.folder import IMAGE_SUFFIXES, load_rgb
+from evalkit.data.folder import IMAGE_SUFFIXES, load_rgb, to_rgb
 from evalkit.errors import EvalkitError
 
 UNREADABLE = -1  # the label of an image that could not be decoded
@@ -82,8 +82,8 @@ class ImageText(torch.utils.data.Dataset):
                 f.seek(source[2])
                 data = f.read(source[3])
             with Image.open(io.BytesIO(data)) as image:
-                return image.convert("RGB")
-        return self._rows[source[2]]["image"].convert("RGB")
+                return to_rgb(image)
+        return to_rgb(self._rows[source[2]]["image"])
 
     def identity(self) -> str:
         extra = spec_key([self.captions, repr(self.transform)], length=16)

@@ -17,7 +17,7 @@ from PIL import Image
 
 from evalkit.data import DataKind
 from evalkit.data.corruptions import CORRUPTIONS_VERSION, NAMES, SEVERITIES, corrupt
-from evalkit.data.folder import ImageFolder
+from evalkit.data.folder import ImageFolder, to_rgb
 from evalkit.errors import EvalkitError
 
 LAYOUT = "imagenet-c/<corruption>/<severity>/<class>/<image>"
@@ -56,7 +56,7 @@ def _fill(clean: Path, tmp: Path):
     classes = sorted(p.name for p in clean.iterdir() if p.is_dir())
     files = [(name, path) for name in classes
              for path in sorted((clean / name).iterdir())[:STAND_IN_PER_CLASS]]  # fmt: skip
-    images = np.stack([np.asarray(Image.open(path).convert("RGB")) for _, path in files])
+    images = np.stack([np.asarray(to_rgb(Image.open(path))) for _, path in files])
     for corruption in NAMES:
         for severity in SEVERITIES:
             out = corrupt(images, corruption, severity, seed=0)

@@ -24,7 +24,7 @@ def load_rgb(path: Path) -> Image.Image:
         Image.MAX_IMAGE_PIXELS = int(limit)
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return to_rgb(image)
     except Image.DecompressionBombError as exc:
         raise EvalkitError(
             f"image {path} has more pixels than allowed ({exc}): set "
@@ -34,6 +34,22 @@ def load_rgb(path: Path) -> Image.Image:
         raise EvalkitError(
             f"corrupt or unreadable image {path} ({exc.__class__.__name__}): replace or delete it"
         ) from exc
+
+
+WIDE_MODES = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I;16N": 65535, "I": 65535}
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB. Images of more than 8 bits per channel (16-bit PNG and TIFF open as ``I;16``
+    or ``I``) are scaled down to 8 bits — PIL's own conversion clips them, turning almost every
+    pixel white; float images (``F``) are taken as 0–1 and scaled likewise."""
+    if image.mode in WIDE_MODES or image.mode == "F":
+        import numpy as np
+
+        top = 1.0 if image.mode == "F" else WIDE_MODES[image.mode]
+        values = np.asarray(image, dtype=np.float64) * (255.0 / top)
+        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
+    return image.convert("RGB")
 
 
 class ImageFolder(torch.utils.data.Dataset):
@@ -130,7 +146,7 @@ class HFImages(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int):
         row = self.dataset[index]
-        image = row[self.image_key].convert("RGB")
+        image = to_rgb(row[self.image_key])
         return (self.transform(image) if self.transform else image), self.labels[index]
 
     def identity(self) -> str:

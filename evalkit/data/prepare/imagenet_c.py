@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from evalkit.data.corruptions import NAMES, SEVERITIES, corrupt
+from evalkit.data.folder import to_rgb
 from evalkit.errors import EvalkitError
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
@@ -34,7 +35,7 @@ def image_seed(seed: int, corruption: str, severity: int, relative: str) -> int:
 
 
 def centre_crop(path: Path) -> np.ndarray:
-    image = Image.open(path).convert("RGB")
+    image = to_rgb(Image.open(path))
     scale = RESIZE / min(image.size)
     size = (max(RESIZE, round(image.width * scale)), max(RESIZE, round(image.height * scale)))
     image = image.resize(size, Image.BILINEAR)
