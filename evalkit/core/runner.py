@@ -256,9 +256,7 @@ def run_task(
     have_predictions = ctx.predictions is None or ctx.predictions.exists()
     if not rerun and {r["metric"] for r in done} >= set(task.metrics()) and have_predictions:
         return done, True
-    if not force and (
-        problems := unfit(task, backbone, ctx, tp=distributed.current().tp_size)
-    ):
+    if not force and (problems := unfit(task, backbone, ctx, tp=distributed.current().tp_size)):
         raise EvalkitError(
             f"{task.name} on {backbone.info.name} does not fit this machine: {problems[0]} "
             f"(see `evalkit plan`; --force runs it anyway)"
