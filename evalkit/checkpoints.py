@@ -13,6 +13,7 @@ This module knows no model, no backbone and no process layout (docs/architecture
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -61,9 +62,21 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             state = load_file(str(path))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the same user error
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        if found is None:
+            raise EvalkitError(
+                f"cannot read checkpoint {path}: not a safetensors file or a torch checkpoint"
+            ) from exc
         raise EvalkitError(
-            f"cannot read checkpoint {path}: {type(exc).__name__}: {exc} "
+            f"cannot read checkpoint {path}: it holds a pickled Python object ({found[1]}) "
+            "besides tensors, which evalkit never runs: save the model's state_dict alone, or "
+            "convert it to safetensors"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the same user error
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EvalkitError(
+            f"cannot read checkpoint {path}: {type(exc).__name__}: {first} "
             "(expected a safetensors file or a torch state dict of tensors)"
         ) from exc
     return _unwrap(state, path)

@@ -16,16 +16,18 @@ class EvalkitError(Exception):
     """A problem with the user's input (names, data, weights, options), not with evalkit."""
 
 
-def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
-    """A short hint naming the closest valid choices, or all of them when few."""
+def did_you_mean(name: str, choices, listing: str | None = "evalkit ls tasks") -> str:
+    """A short hint naming the closest valid choices, or all of them when few (or when there
+    is no ``listing``: the command that lists them)."""
+    choices = list(choices)
     starting = [c for c in sorted(choices) if name and c.startswith(name)]
-    close = list(dict.fromkeys(starting + difflib.get_close_matches(name, list(choices), n=3,
+    close = list(dict.fromkeys(starting + difflib.get_close_matches(name, choices, n=3,
                                                                     cutoff=0.5)))[:3]  # fmt: skip
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
-    if len(choices) <= 12:
+    if len(choices) <= 12 or listing is None:
         return "choose from " + ", ".join(sorted(choices))
-    return "run `evalkit ls` to see the choices"
+    return f"run `{listing}` to see the choices"
 
 
 def warn(message: str):

@@ -33,6 +33,9 @@ class Entry:
         return getattr(importlib.import_module(module_name), attribute)
 
 
+LISTINGS = {"task": "tasks", "backbone family": "backbones", "dataset": "datasets"}
+
+
 class Registry:
     """Names → lazily imported factories, with aliases and close-match suggestions."""
 
@@ -67,7 +70,8 @@ class Registry:
     def get(self, name: str) -> Entry:
         self._load_plugins()
         if name not in self._entries:
-            hint = did_you_mean(name, self.names(with_aliases=True))
+            listing = f"evalkit ls {LISTINGS.get(self.kind, 'tasks')}"
+            hint = did_you_mean(name, self.names(with_aliases=True), listing)
             raise EvalkitError(f"unknown {self.kind} {name!r}: {hint}")
         return self._entries[name]
 

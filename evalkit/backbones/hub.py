@@ -10,7 +10,9 @@ two caches holding the same bytes give the same id and a re-uploaded file a new 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -34,8 +36,9 @@ def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str) -> Path
 
     for filename in filenames:
         try:
-            return Path(hf_hub_download(repo, filename, cache_dir=hub_cache(),
-                                        local_files_only=offline()))  # fmt: skip
+            with _quiet_network():
+                return Path(hf_hub_download(repo, filename, cache_dir=hub_cache(),
+                                            local_files_only=offline()))  # fmt: skip
         except (EntryNotFoundError, LocalEntryNotFoundError):
             continue
         except Exception as exc:  # noqa: BLE001 - network and hub errors come in many types
@@ -45,6 +48,21 @@ def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str) -> Path
         f"{backbone}: no {' or '.join(filenames)} of hub repository {repo} in the cache "
         f"{hub_cache()}: {_placing(repo, filenames[0])}"
     )
+
+
+@contextlib.contextmanager
+def _quiet_network():
+    """Without a network the hub client and urllib3 log every retry (a screenful); the one
+    line evalkit raises says all of it."""
+    names = ("huggingface_hub", "urllib3", "requests", "httpx")
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def cached_json(repo: str, filename: str) -> dict:

@@ -104,9 +104,8 @@ def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
         ) from exc
     arch = variant.partition(":")[0]
     if arch not in open_clip.list_models():
-        raise EvalkitError(
-            f"unknown open_clip model {arch!r}: {did_you_mean(arch, open_clip.list_models())}"
-        )
+        hint = did_you_mean(arch, open_clip.list_models(), "evalkit ls models open_clip")
+        raise EvalkitError(f"unknown open_clip model {arch!r}: {hint}")
     model, weights_id = _create(open_clip, variant, opts)
     if not hasattr(model.visual, "forward_intermediates"):
         raise EvalkitError(f"open_clip/{variant}: its image tower has no forward_intermediates")

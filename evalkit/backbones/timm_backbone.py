@@ -77,7 +77,7 @@ def build(variant: str, opts: BackboneOptions) -> TimmBackbone:
     import timm
 
     if not timm.is_model(variant):
-        hint = did_you_mean(variant, timm.list_models())
+        hint = did_you_mean(variant, timm.list_models(), "evalkit ls models timm")
         raise EvalkitError(f"unknown timm model {variant!r}: {hint}")
     model, weights_id = _create(timm, variant, opts)
     model.eval().requires_grad_(False).to(opts.device)

@@ -86,6 +86,7 @@ class FeatureSet:
         sizes = [len(labels) for labels in part_labels]
         self.starts = torch.tensor([0, *sizes]).cumsum(0)[:-1] if parts else torch.zeros(0)
         self.from_cache, self.dataset_id = from_cache, dataset_id
+        self.extracted = 0  # rows computed for this call rather than read from the cache
         self._held: tuple[int, dict] | None = None
 
     def __len__(self) -> int:
@@ -225,7 +226,9 @@ def extract_features(
         parts = [files.shard_path(folder, i) for i in range(len(shards))]
         if mesh.current().main and not (folder / files.MANIFEST).exists():
             files.write_manifest(folder, wanted, len(indices))
-    return FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
+    features = FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
+    features.extracted = sum(len(shards[i]) for i in computed)  # by this process's group
+    return features
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:

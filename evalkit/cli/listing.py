@@ -1,14 +1,22 @@
-"""``evalkit ls`` and ``evalkit backbones``: what tasks and backbone families exist, and a model's plan."""
+"""``evalkit ls`` and ``evalkit backbones``: what tasks, backbone families, datasets, settings and
+models exist, and a model's plan."""
 
 from __future__ import annotations
 
 from evalkit.errors import EvalkitError
 
+LISTS = ("tasks", "backbones", "datasets", "settings", "models")
+
 
 def add_ls(sub) -> None:
-    """list tasks or backbone families"""
-    ls = sub.add_parser("ls", help="list tasks or backbone families")
-    ls.add_argument("what", nargs="?", choices=("tasks", "backbones"), default="tasks")
+    """list tasks, backbone families, datasets, a task's settings or a family's models"""
+    ls = sub.add_parser(
+        "ls",
+        help="list tasks, backbones, datasets, settings TASK, models timm|open_clip [PATTERN]",
+    )
+    ls.add_argument("what", nargs="?", choices=LISTS, default="tasks")
+    ls.add_argument("name", nargs="?", help="settings: the task; models: timm or open_clip")
+    ls.add_argument("pattern", nargs="?", help="models: a glob such as 'resnet*' or '*B-32*'")
 
 
 def add_backbones(sub) -> None:
@@ -23,17 +31,77 @@ def add_backbones(sub) -> None:
 def cmd_ls(args, console) -> int:
     from rich.table import Table
 
+    if args.what == "settings":
+        return _settings(args.name, console)
+    if args.what == "models":
+        return _models(args.name, args.pattern, console)
     if args.what == "tasks":
         from evalkit.core.catalog import TASKS as registry
 
         examples = {}
+    elif args.what == "datasets":
+        from evalkit.data import DATASETS as registry
+
+        examples = {"folder:PATH": "your own classification set: PATH/<class>/<image>"}
     else:
         from evalkit.backbones import BACKBONES as registry
         from evalkit.backbones import EXAMPLES as examples
-    table = Table("name", "what", "examples" if examples else "")
+    table = Table("name", "what", "examples" if args.what == "backbones" else "")
     for entry in registry.entries():
         table.add_row(entry.name, entry.summary, examples.get(entry.name, ""))
+    if args.what == "datasets":
+        table.add_row("folder:PATH", examples["folder:PATH"], "--set dataset=folder:PATH")
     console.print(table)
+    return 0
+
+
+def _settings(task_name: str | None, console) -> int:
+    """Every setting of a task: name, default and the values it takes."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from evalkit.core.runner import resolve_task
+
+    if not task_name:
+        raise EvalkitError(
+            "evalkit ls settings needs a task: e.g. evalkit ls settings imagenet-linear"
+        )
+    task = resolve_task(task_name)
+    table = Table("setting", "default", "takes", title=f"{task.name}: --set KEY=VALUE")
+    for f in dataclasses.fields(task):
+        if f.name == "name":
+            continue
+        rule = f.metadata.get("rule")
+        default = getattr(task, f.name)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+        table.add_row(f.name, shown, rule.text if rule else type(default).__name__)
+    console.print(table)
+    return 0
+
+
+def _models(family: str | None, pattern: str | None, console) -> int:
+    """The model names timm or open_clip can build (with open_clip's published tags)."""
+    if family == "timm":
+        import timm
+
+        names = timm.list_models(pattern or "*")
+        tags = {}
+    elif family == "open_clip":
+        import fnmatch
+
+        import open_clip
+
+        names = [n for n in open_clip.list_models() if fnmatch.fnmatch(n, pattern or "*")]
+        tags = {}
+        for arch, tag in open_clip.list_pretrained():
+            tags.setdefault(arch, []).append(tag)
+    else:
+        raise EvalkitError(f"evalkit ls models takes timm or open_clip, got {family!r}")
+    for name in names:
+        console.print(f"{family}/{name}" + (f"  tags: {', '.join(tags[name])}" if name in tags else ""),
+                      highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(f"{len(names)} models", highlight=False)
     return 0
 
 

@@ -98,13 +98,30 @@ FINETUNED = " (fine-tuned)"
 
 
 def table_task(row) -> str:
-    """A row's task as tables name it: fine-tuned runs apart from frozen ones."""
-    return row["task"] + (FINETUNED if row.get("config", {}).get("finetune") else "")
+    """A row's task as tables name it: fine-tuned runs apart from frozen ones, and a run on
+    data other than the task's own (``--set dataset=folder:PATH``) under that dataset's name."""
+    config = row.get("config", {})
+    label = row["task"] + (FINETUNED if config.get("finetune") else "")
+    own = _own_dataset(row["task"], config)
+    return f"{label} on {own}" if own else label
+
+
+def _own_dataset(task: str, config: dict) -> str | None:
+    """The dataset a row was run on when it is not the task's own (None when it is)."""
+    from evalkit.core.runner import resolve_task
+
+    try:
+        default = getattr(resolve_task(task), "dataset", None)
+    except EvalkitError:
+        return None
+    used = config.get("dataset")
+    return used if used is not None and default is not None and used != default else None
 
 
 def references_for(rows) -> dict:
     """The paper's numbers for the tasks present, as each was run: frozen numbers beside
-    frozen runs, fine-tuned ones beside fine-tuned runs (tasks unknown here have none)."""
+    frozen runs, fine-tuned ones beside fine-tuned runs, none beside a run on other data
+    (tasks unknown here have none)."""
     from evalkit.core.runner import resolve_task
 
     refs = {}
@@ -112,7 +129,7 @@ def references_for(rows) -> dict:
         name = label.removesuffix(FINETUNED)
         overrides = ["finetune=true"] if label.endswith(FINETUNED) else []
         try:
-            refs[label] = resolve_task(name, overrides).reference
+            refs[label] = {} if " on " in label else resolve_task(name, overrides).reference
         except EvalkitError:
             refs[label] = {}
     return refs
@@ -230,7 +247,9 @@ def cmd_errors(args, console) -> int:
         frame = pd.read_parquet(path)
         console.print(f"[bold]{path.name}[/bold]: {len(frame)} images")
         for title, rows in error_tables(frame, args.top):
-            table = Table(*rows.columns, title=title)
+            table = Table(title=title)
+            for column in rows.columns:  # folded, never cut: a path is only useful whole
+                table.add_column(column, overflow="fold")
             for values in rows.itertuples(index=False):
                 table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values))
             console.print(table)
@@ -246,11 +265,10 @@ def error_tables(frame, top: int):
     names = dict(zip(frame["label"], frame["label_name"], strict=False))
     wrong = frame[~frame["correct"]].assign(
         predicted=lambda f: [names.get(p, str(p)) for p in f["prediction"]],
-        confidence=lambda f: [scores[0] for scores in f["top5_scores"]],
+        top_score=lambda f: [scores[0] for scores in f["top5_scores"]],
     )
     pairs = (wrong.groupby(["label_name", "predicted"]).size().rename("images")
              .nlargest(top).reset_index())  # fmt: skip
-    confident = wrong.nlargest(top, "confidence")[
-        ["image", "label_name", "predicted", "confidence"]
-    ]
-    return [("most confused classes", pairs), ("most confident mistakes", confident)]
+    # the task's own score of its top class (a logit or a similarity, not a probability)
+    confident = wrong.nlargest(top, "top_score")[["image", "label_name", "predicted", "top_score"]]
+    return [("most confused classes", pairs), ("highest-scored mistakes", confident)]

@@ -154,10 +154,13 @@ def cmd_run(args, console) -> int:
     for name in spec.tasks:
         if note := runner.alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
-    table = Table("task", "backbone", "metric", "value", "n", "")
-    for job in runner.run(spec, on_backbone=lambda b: warn_random_init(b, console)):
-        for row in job.rows:
-            table.add_row(*summary_cells(row, skipped=job.skipped))
+    cells = [summary_cells(row, skipped=job.skipped)
+             for job in runner.run(spec, on_backbone=lambda b: warn_random_init(b, console))
+             for row in job.rows]  # fmt: skip
+    noted = any(line[-1] for line in cells)  # a note column only when a row has a note
+    table = Table("task", "backbone", "metric", "value", "n", *(["note"] if noted else []))
+    for line in cells:
+        table.add_row(*(line if noted else line[:-1]))
     console.print(table)
     console.print(f"rows: {spec.out}/")
     return 0

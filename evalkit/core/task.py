@@ -186,9 +186,8 @@ class Task:
             if not sep:
                 raise EvalkitError(f"--set expects key=value, got {pair!r}")
             if key not in settable:
-                raise EvalkitError(
-                    f"task {self.name} has no setting {key!r}: {did_you_mean(key, settable)}"
-                )
+                hint = did_you_mean(key, settable, f"evalkit ls settings {self.name}")
+                raise EvalkitError(f"task {self.name} has no setting {key!r}: {hint}")
             changes[key] = parse_value(raw, hints[key], key)
         return dataclasses.replace(self, **changes)
 
@@ -265,8 +264,8 @@ class TaskContext:
         feats = extract_features(
             backbone, dataset, request=request, settings=self.extract, split=split, subset=subset
         )
-        if not feats.from_cache:
-            self.stats["images"] += len(feats.labels)
+        if not feats.from_cache:  # a resumed extraction counts only what it computed
+            self.stats["images"] += feats.extracted
             self.stats["seconds"] += time.perf_counter() - start
         self.stats["data"][split] = feats.dataset_id
         return feats

@@ -417,7 +417,9 @@ def corrupt(images: np.ndarray, name: str, severity: int, *, seed: int = 0) -> n
     """``images`` (N, H, W, 3) or (H, W, 3) uint8 with corruption ``name`` at ``severity``
     (1–5), the same shape and dtype; the same seed gives the same output."""
     if name not in CORRUPTIONS:
-        raise EvalkitError(f"unknown corruption {name!r}: {did_you_mean(name, list(NAMES))}")
+        raise EvalkitError(
+            f"unknown corruption {name!r}: {did_you_mean(name, NAMES, listing=None)}"
+        )
     if severity not in SEVERITIES:
         raise EvalkitError(f"corruption severity must be 1 to 5, got {severity}")
     single = images.ndim == 3
