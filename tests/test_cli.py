@@ -209,7 +209,9 @@ def test_predictions_are_saved_and_errors_reads_them(cli_env, capsys):
     capsys.readouterr()
     assert main(["errors", "results/runs", "--task", "imagenet-linear"]) == 0
     out = capsys.readouterr().out
-    assert "most confused classes" in out and "highest-scored mistakes" in out and "top_score" in out
+    assert (
+        "most confused classes" in out and "highest-scored mistakes" in out and "top_score" in out
+    )
     assert main(["errors", "results/runs", "--task", "imagenet-5shot"]) == 2
 
 
