@@ -136,3 +136,20 @@ def test_the_run_table_has_no_empty_column(cli_env, capsys):
     assert "note" not in out and "││" not in out.replace(" ", "")
     assert _run(cli_env / "cache", "--task", "imagenet-knn") == 0
     assert "note" in capsys.readouterr().out  # now a row was skipped: the note says so
+
+
+def test_a_full_disk_anywhere_is_one_line(capsys, monkeypatch):
+    import errno
+
+    from evalkit import cli
+
+    def fill_up(args, console):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out/x.json")
+
+    monkeypatch.setitem(cli.COMMANDS, "table", (cli.COMMANDS["table"][0], fill_up))
+    assert main(["table", "anything"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err == (
+        "error: no space left on the device writing /data/out/x.json: free space (or write "
+        "elsewhere) and rerun; finished work is kept"
+    )

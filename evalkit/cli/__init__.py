@@ -7,11 +7,12 @@ evaluation logic lives here. Each command is a module holding its parser and its
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
 from evalkit.cli import cache, convert, listing, plan, prepare, pretrain, reproduce, results, run
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, disk_error
 
 # In ``evalkit --help`` order: each command's parser builder and handler.
 COMMANDS = {
@@ -58,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: finished rows and cached features are kept")
         return 130
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or args.debug:  # any other OS error is a bug to see
+            raise
+        message = disk_error(exc, exc.filename or "a file")
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True
+        )
+        return 2
 
 
 if __name__ == "__main__":
