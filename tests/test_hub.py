@@ -94,6 +94,28 @@ def test_a_missing_hub_file_names_the_repository_file_and_remedy(hub_cache, caps
     assert f"hf download timm/{TIMM_TAGGED}" in err and "--weights PATH" in err
 
 
+def test_without_a_network_the_cache_is_asked_at_once_in_one_line(hub_cache, monkeypatch, capsys):
+    import socket
+
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online mode, but nothing answers
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    probes = []
+
+    def unreachable(address, timeout=None):
+        probes.append(address)
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}", "--pretrained",
+            "--data", "embedded"]  # fmt: skip
+    assert main(argv) == 2  # socket.socket.connect still fails the test if anything retries
+    err = capsys.readouterr().err.strip()
+    assert len(probes) == 1 and len(err.splitlines()) == 1 and "hf download" in err
+    assert "in the cache" in err and "did not give" not in err
+
+
 def test_an_untagged_timm_name_with_pretrained_says_to_name_a_tag(hub_cache):
     with pytest.raises(EvalkitError, match="no hub checkpoint|model.safetensors"):
         load_backbone("timm/vit_base_patch16_xp_224", BackboneOptions(pretrained=True))

@@ -30,15 +30,18 @@ def offline() -> bool:
 
 
 def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str) -> Path:
-    """The first of ``filenames`` the hub repository has in the cache (or, online, fetches)."""
+    """The first of ``filenames`` the hub repository has in the cache (or, online, fetches).
+    Without a route to the hub the cache alone is asked at once: the client would otherwise
+    retry each file for the better part of a minute before saying the same thing."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
+    local_only = offline() or not hub_reachable()
     for filename in filenames:
         try:
             with _quiet_network():
                 return Path(hf_hub_download(repo, filename, cache_dir=hub_cache(),
-                                            local_files_only=offline()))  # fmt: skip
+                                            local_files_only=local_only))  # fmt: skip
         except (EntryNotFoundError, LocalEntryNotFoundError):
             continue
         except Exception as exc:  # noqa: BLE001 - network and hub errors come in many types
@@ -48,6 +51,22 @@ def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str) -> Path
         f"{backbone}: no {' or '.join(filenames)} of hub repository {repo} in the cache "
         f"{hub_cache()}: {_placing(repo, filenames[0])}"
     )
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout`` seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
