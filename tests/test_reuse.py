@@ -74,7 +74,7 @@ def _context(spec: RunSpec, seed=0):
 def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
     """Fine-tuning checkpoints key on the run key itself; the request key (sweeps) moves with
     every input the run key moves with, library versions included."""
-    from tasks.finetuning import checkpoint_dir
+    from evalkit.tasks.finetuning import checkpoint_dir
 
     spec = RunSpec(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
     backbone, task, ctx = _context(spec)
