@@ -162,7 +162,7 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
     def check_training(self, classes: list[str], counts: list[int]):
         """Every class keeps at least one image to fit on after the hold-out is taken."""
         for name, count in zip(classes, counts, strict=True):
-            if count > 1 and max(1, round(self.holdout * count)) >= count:
+            if count > 1 and holdout_count(count, self.holdout) >= count:
                 raise EvalkitError(
                     f"holdout={self.holdout} would hold out all {count} training images of "
                     f"class {name!r}, leaving none to fit: lower holdout"
@@ -426,6 +426,12 @@ class ProbeData:
         return Rows(chunks, len(idx), len(self.scale.mean))
 
 
+def holdout_count(n: int, fraction: float) -> int:
+    """Images of a class of ``n`` held out: ``fraction`` of them, at least one when it has two
+    or more."""
+    return max(1, round(fraction * n)) if n > 1 else 0
+
+
 def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):
     """Seeded split of indices: ``fraction`` of each class (at least one, if the class has
     two or more examples) held out."""
@@ -434,7 +440,7 @@ def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):
     for cls in labels.unique():
         idx = torch.nonzero(labels == cls).squeeze(1)
         idx = idx[torch.randperm(len(idx), generator=gen)]
-        cut = max(1, round(fraction * len(idx))) if len(idx) > 1 else 0
+        cut = holdout_count(len(idx), fraction)
         held.append(idx[:cut])
         fit.append(idx[cut:])
     return torch.cat(fit).sort().values, torch.cat(held).sort().values

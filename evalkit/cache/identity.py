@@ -74,7 +74,7 @@ def content_id(path: str | Path, memo_dir: Path | None = None) -> str:
     path = Path(path).resolve()
     stamp = file_stamp(path)
     key = f"{os.fsencode(path).hex()}|{stamp}"
-    memo_path = Path(memo_dir or cache_root() / "identity") / MEMO_NAME
+    memo_path = _memo_path(memo_dir)
     memo = read_json(memo_path)
     if stamp is not None and key in memo:
         return memo[key]
@@ -85,12 +85,16 @@ def content_id(path: str | Path, memo_dir: Path | None = None) -> str:
     return digest
 
 
+def _memo_path(memo_dir: Path | None) -> Path:
+    return Path(memo_dir or cache_root() / "identity") / MEMO_NAME
+
+
 def recheck_content_ids(memo_dir: Path | None = None) -> tuple[int, int]:
     """Re-hash every file whose content id is memoised and still has its stamp; drop memos
     that no longer hold (changed bytes under a kept stamp, or a file gone or changed), so the
     next run hashes the file again. Returns (files re-hashed, of them changed under a kept
     stamp)."""
-    memo_path = Path(memo_dir or cache_root() / "identity") / MEMO_NAME
+    memo_path = _memo_path(memo_dir)
     memo, kept, hashed, changed = read_json(memo_path), {}, 0, 0
     for key, digest in memo.items():
         path_hex, _, stamp = key.partition("|")

@@ -42,7 +42,7 @@ def cmd_ls(args, console) -> int:
     elif args.what == "datasets":
         from evalkit.data import DATASETS as registry
 
-        examples = {"folder:PATH": "your own classification set: PATH/<class>/<image>"}
+        examples = {}
     else:
         from evalkit.backbones import BACKBONES as registry
         from evalkit.backbones import EXAMPLES as examples
@@ -50,7 +50,8 @@ def cmd_ls(args, console) -> int:
     for entry in registry.entries():
         table.add_row(entry.name, entry.summary, examples.get(entry.name, ""))
     if args.what == "datasets":
-        table.add_row("folder:PATH", examples["folder:PATH"], "--set dataset=folder:PATH")
+        table.add_row("folder:PATH", "your own classification set: PATH/<split>/<class>/<image>",
+                      "--set dataset=folder:PATH")  # fmt: skip
     console.print(table)
     return 0
 

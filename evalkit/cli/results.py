@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
@@ -108,14 +109,19 @@ def table_task(row) -> str:
 
 def _own_dataset(task: str, config: dict) -> str | None:
     """The dataset a row was run on when it is not the task's own (None when it is)."""
+    default, used = _default_dataset(task), config.get("dataset")
+    return used if used is not None and default is not None and used != default else None
+
+
+@functools.cache
+def _default_dataset(task: str) -> str | None:
+    """A task's own dataset (None for tasks unknown here or without one); once per name."""
     from evalkit.core.runner import resolve_task
 
     try:
-        default = getattr(resolve_task(task), "dataset", None)
+        return getattr(resolve_task(task), "dataset", None)
     except EvalkitError:
         return None
-    used = config.get("dataset")
-    return used if used is not None and default is not None and used != default else None
 
 
 def references_for(rows) -> dict:

@@ -4,8 +4,8 @@ or a named target (``--target 8xH100-80GB``, or ``gpus=8,gpu_gb=80,host_gb=1024`
 checked per rank (device) and per host (every rank a host runs holds its own host buffers).
 
 Nothing heavy runs: the built-in ViT-22B family is sized on the meta device (no weights), other
-backbones are built as for a run and sized from one forward pass of one image; split sizes come from the data when it is there, else from the
-dataset's published size (``DATASET_CARDS``). Each task states its stages in ``Task.plan``;
+backbones are built as for a run and sized from one forward pass of one image; split sizes come
+from the data when it is there, else from the dataset's published size (``DATASET_CARDS``). Each task states its stages in ``Task.plan``;
 the numbers are estimates of the largest buffers each stage holds, not measurements.
 """
 

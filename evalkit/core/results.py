@@ -59,8 +59,8 @@ def append_row(path: Path, row: Row):
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as f:
-            torn = f.tell() > 0 and not _ends_with_newline(path)
+        with path.open("a+b") as f:  # appends always go to the end; reads see the last byte
+            torn = _ends_torn(f)
             f.write((("\n" if torn else "") + json.dumps(row, sort_keys=True) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
@@ -70,10 +70,12 @@ def append_row(path: Path, row: Row):
         warn(f"{path} ended in a torn line (an earlier write was cut off): it is kept apart")
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+def _ends_torn(f) -> bool:
+    """Whether an open file is non-empty and does not end with a newline."""
+    if f.seek(0, os.SEEK_END) == 0:
+        return False
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) != b"\n"
 
 
 def load_rows(paths) -> list[Row]:

@@ -36,7 +36,7 @@ def load_rgb(path: Path) -> Image.Image:
         ) from exc
 
 
-WIDE_MODES = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I;16N": 65535, "I": 65535}
+WIDE_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})  # 16-bit data, 0–65535
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -46,7 +46,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode in WIDE_MODES or image.mode == "F":
         import numpy as np
 
-        top = 1.0 if image.mode == "F" else WIDE_MODES[image.mode]
+        top = 1.0 if image.mode == "F" else 65535.0
         values = np.asarray(image, dtype=np.float64) * (255.0 / top)
         image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
     return image.convert("RGB")

@@ -177,18 +177,19 @@ def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     read = {} if read is None else read
     if path not in read:
         read[path] = load_rows([path])
-    key = request_key(plan, job, read.setdefault("identities", {}))
+    key = request_key(plan, job, read.setdefault("identities", {}), task)
     newest = {r["metric"]: r for r in read[path] if r.get("request_key") == key}
     return list(newest.values())
 
 
-def request_key(plan: Plan, job: Job, identities: dict) -> str:
-    """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``)."""
+def request_key(plan: Plan, job: Job, identities: dict, task=None) -> str:
+    """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``); ``task``
+    is the job's task when the caller has resolved it already."""
     from evalkit.cache.identity import spec_key
     from evalkit.core.runner import request_spec, resolve_task
 
     spec = job_run_spec(plan, job)
-    task = resolve_task(job.task, job.overrides)
+    task = task or resolve_task(job.task, job.overrides)
     ctx = spec.context(job.seed, identities)
     return spec_key(request_spec(spec, task, job.backbone, ctx), length=16)
 

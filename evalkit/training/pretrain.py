@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed as mesh
-from evalkit.cache.identity import library_versions, spec_key, write_json
+from evalkit.cache.identity import library_versions, read_json, spec_key, write_json
 from evalkit.checkpoints import save_checkpoint
 from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
@@ -178,8 +178,6 @@ def claim(folder: Path, inputs: dict):
     """Mark ``folder`` as this spec's (``spec.json``); a folder already holding a run of
     another spec is refused, naming what differs: its weights or resumable state would
     otherwise be returned or continued for settings they were not trained with."""
-    from evalkit.cache.identity import read_json
-
     record = folder / "spec.json"
     held = read_json(record) if record.exists() else None
     if held is None and any((folder / f).exists() for f in ("provenance.json", "run")):
@@ -202,8 +200,6 @@ def claim(folder: Path, inputs: dict):
 
 def _finished(folder: Path, inputs: dict) -> dict | None:
     """The provenance of a size already trained from exactly ``inputs``, or None."""
-    from evalkit.cache.identity import read_json
-
     record = folder / "provenance.json"
     if not (record.exists() and (folder / "model.safetensors").exists()):
         return None
