@@ -11,6 +11,7 @@ import errno
 import os
 import sys
 
+from evalkit import __version__
 from evalkit.cli import cache, convert, listing, plan, prepare, pretrain, reproduce, results, run
 from evalkit.errors import EvalkitError, disk_error
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="evalkit", description="Evaluate frozen vision backbones."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add, _ in COMMANDS.values():
         add(sub)
