@@ -66,6 +66,9 @@ class Depth(DenseSettings):
     head: str = setting("dpt", one_of(*DEPTH_HEADS))
     # keep: the short side is image_size and the frame keeps its aspect (Waymo's 3:2)
     aspect: str = setting("keep", one_of("keep", "square"))
+    # What the ground truth's depth is: the data set's own convention (Waymo as prepared by
+    # default: range from the camera centre; KITTI, NYU: along the axis), or one named.
+    depth_convention: str = setting("dataset", one_of("dataset", "range", "forward"))
 
     trains_in_loop = True
     version = 2  # 2: mse_log and delta1.1 added
@@ -85,6 +88,7 @@ class Depth(DenseSettings):
             )  # fmt: skip
             for s in ("train", "val")
         )
+        convention = self.check_convention(train_set)
         if self.aspect == "keep":
             # an even number of patches along the long side: DPT halves the grid once
             size = frame_size(train_set.images, self.image_size, 2 * backbone.info.patch_size)
@@ -106,6 +110,7 @@ class Depth(DenseSettings):
             "mse_units": "metres^2 (mse), natural-log depth squared (mse_log)",
             "valid": f"{spec.min_depth} < depth < {spec.max_depth} m, LiDAR returns only",
             "crop": spec.crop or "none",
+            "depth_convention": convention,
             "aggregation": "per image, then mean over images",
             "input_size": list(train_set.size) if self.aspect == "keep" else [self.image_size] * 2,
             "features_cached": mode == "cached grids",
@@ -121,6 +126,20 @@ class Depth(DenseSettings):
                 metric, float(np.mean(values)), higher_is_better=metric not in LOWER_IS_BETTER,
                 stderr=mean_stderr(values), n=len(per_image), seeds=[ctx.seed], extra=extra,
             )  # fmt: skip
+
+    def check_convention(self, dataset) -> str:
+        """The convention scored, refusing data prepared with another one: a range map
+        scored as forward depth (or back) is off by up to 1/cos of the field of view."""
+        spec = DEPTH[self.dataset]
+        wanted = spec.convention if self.depth_convention == "dataset" else self.depth_convention
+        prepared = getattr(dataset, "prepared_convention", None)
+        if prepared is not None and prepared != wanted:
+            raise EvalkitError(
+                f"{self.dataset} depth was prepared as {prepared!r} (provenance.json) but this "
+                f"run scores {wanted!r}: pass --set depth_convention={prepared} or prepare again "
+                f"with --depth {wanted}"
+            )
+        return wanted if prepared else f"{wanted} (assumed: the data records none)"
 
     def build_head(self, dims: list[int]):
         spec = DEPTH[self.dataset]

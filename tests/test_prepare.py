@@ -103,6 +103,9 @@ def test_waymo_depths_equal_the_analytic_scene(tmp_path, capsys):
         "--splits",
         "training",
         "--quiet",
+        "--depth",
+        "forward",  # the wall's depth along the camera's axis is the analytic value
+        "--allow-skips",  # t=300 has no LiDAR frame
     ]
     assert main(argv) == 0
     out = tmp_path / "data" / "waymo_depth" / "training"
@@ -123,8 +126,9 @@ def test_waymo_depth_beyond_the_cap_is_dropped(tmp_path, capsys):
     waymo_scene(tmp_path / "v2")
     argv = ["prepare", "waymo", str(tmp_path / "v2"), str(tmp_path / "data"), "--splits", "training",
             "--quiet", "--max-depth", "10"]  # fmt: skip
-    assert main(argv) == 0
-    assert "no LiDAR return in the image" in capsys.readouterr().out
+    assert main(argv) == 1  # frames were skipped and --allow-skips was not given
+    out = capsys.readouterr().out
+    assert "no LiDAR return in the image" in out and "pass --allow-skips" in out
 
 
 def test_waymo_missing_components_are_one_line(tmp_path, capsys):

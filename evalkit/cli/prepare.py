@@ -26,7 +26,19 @@ def add_prepare_command(sub) -> None:
         "--cameras", default="FRONT", help="comma-separated camera names (default FRONT)"
     )
     waymo.add_argument("--max-depth", type=float, default=80.0, help="drop returns beyond (metres)")
-    waymo.add_argument("--splits", default="training,validation")
+    waymo.add_argument(
+        "--splits", default="training,validation", help="v2 split folders (also: testing)"
+    )
+    waymo.add_argument(
+        "--depth",
+        choices=("range", "forward"),
+        default="range",
+        help="range: distance from the camera centre (the dataset's own tools; default); "
+        "forward: along the camera's axis (KITTI's convention)",
+    )
+    waymo.add_argument(
+        "--allow-skips", action="store_true", help="exit 0 even when frames were skipped"
+    )
     imagenet = kinds.add_parser(
         "imagenet", help="official ImageNet val (flat + devkit) and train → class folders"
     )
@@ -84,6 +96,12 @@ def cmd_prepare(args, console) -> int:
     for key, value in report.items():
         if key != "options":
             console.print(f"{key}: {value}")
+    if args.kind == "waymo" and report["skipped"] and not args.allow_skips:
+        console.print(
+            f"{sum(report['skipped'].values())} skipped (reasons above): exit 1; pass "
+            "--allow-skips to accept them"
+        )
+        return 1
     return 0
 
 
@@ -99,7 +117,8 @@ def _waymo(args, track) -> dict:
         )
     if args.max_depth <= 0:
         raise EvalkitError(f"--max-depth must be positive, got {args.max_depth}")
-    options = WaymoOptions(
-        tuple(by_name[c] for c in wanted), args.max_depth, tuple(args.splits.split(","))
-    )
+    splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
+    if not splits:
+        raise EvalkitError("--splits names no split (e.g. training,validation,testing)")
+    options = WaymoOptions(tuple(by_name[c] for c in wanted), args.max_depth, splits, args.depth)
     return prepare_waymo(args.source, args.dest, options, track)

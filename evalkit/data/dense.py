@@ -21,6 +21,7 @@ for evaluation (predictions are upsampled to them).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class DepthSpec:
     crop: str | None  # evaluation crop: garg (KITTI), nyu, or none
     scene: str  # embedded stand-in kind
     embedded_size: tuple[int, int]
+    # What a depth value is: "range" (distance from the camera centre: the Waymo tools' and
+    # `evalkit prepare waymo`'s default) or "forward" (along the camera's axis: KITTI, NYU).
+    convention: str = "forward"
 
     def layout(self, split: str) -> str:
         return (
@@ -65,7 +69,15 @@ class DepthSpec:
 
 DEPTH = {
     "waymo": DepthSpec(
-        "waymo_depth", ("training", "validation"), 256.0, 1e-3, 80.0, None, "street", (160, 240)
+        "waymo_depth",
+        ("training", "validation"),
+        256.0,
+        1e-3,
+        80.0,
+        None,
+        "street",
+        (160, 240),
+        convention="range",
     ),
     "kitti": DepthSpec(
         "kitti_depth", ("train", "val"), 256.0, 1e-3, 80.0, "garg", "street", (128, 416)
@@ -243,6 +255,19 @@ class ADE20k(DenseDataset):
         return labels
 
 
+def prepared_convention(root: Path) -> str | None:
+    """The depth convention ``evalkit prepare`` recorded for a data set, if it recorded one."""
+    path = root / "provenance.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("depth")
+    except (OSError, ValueError, AttributeError):
+        raise EvalkitError(
+            f"{path} is not the JSON evalkit prepare writes: prepare again"
+        ) from None
+
+
 class DepthFolder(DenseDataset):
     def __init__(self, root: Path, split: str, size, preprocess, spec: DepthSpec):
         folder = spec.splits[0 if split == "train" else 1]
@@ -258,6 +283,7 @@ class DepthFolder(DenseDataset):
             raise EvalkitError(f"no images in {base / 'image'} (expected {spec.layout(folder)})")
         super().__init__(images, size, preprocess)
         self.base, self.spec, self.layout = base, spec, spec.layout(folder)
+        self.prepared_convention = prepared_convention(root)
 
     def target(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(depth in metres, valid mask) at the ground truth's resolution."""
