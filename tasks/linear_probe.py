@@ -50,7 +50,7 @@ from evalkit.data import open_dataset
 from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
-from evalkit.heads.zeroshot import label_space_hits
+from evalkit.heads.zeroshot import label_space_hits, restricted
 from evalkit.metrics import accuracy_stderr, topk_hits
 from evalkit.progress import ProgressBar
 from evalkit.training.loop import sampled_batches
@@ -319,22 +319,48 @@ def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
 
 
 def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, dataset, space):
-    """One row per eval image (``--save-predictions``): its identity, label, top-5 classes
-    (indices into the training classes) with their scores, and whether top-1 was right."""
+    """One row per eval image (``--save-predictions``), in the space that was scored: the
+    prediction and top-5 among the candidate classes only, with their names; the image's
+    label as an index of the same classes (``label_classes``: every class counted correct,
+    for ObjectNet's many-to-one mapping) and its name; and whether top-1 was right."""
     if ctx.predictions is None:
         return
-    top = scores.float().topk(min(5, scores.shape[1]), dim=1)
-    names = list(getattr(dataset, "classes", []))
+    own = list(getattr(dataset, "classes", []))
+    if space is None:  # the classifier's classes are the set's own
+        names, correct = own, [(label,) for label in range(max(len(own), scores.shape[1]))]
+    else:
+        names, correct = list(space.names), space.correct
+        if space.candidates is not None:
+            scores = restricted(scores, space.candidates)
+    scorable = (
+        scores.shape[1] if space is None or space.candidates is None else len(space.candidates)
+    )
+    top = scores.float().topk(min(5, scorable), dim=1)
+    label_classes = [list(correct[label]) for label in labels.tolist()]
     ids = image_ids(dataset)
     ctx.save_predictions({
         "image": ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))],
-        "label": labels.tolist(),
-        "label_name": [names[i] if i < len(names) else str(i) for i in labels.tolist()],
+        "label": [classes[0] if classes else -1 for classes in label_classes],
+        "label_classes": label_classes,
+        "label_name": [label_name(own, names, label, classes)
+                       for label, classes in zip(labels.tolist(), label_classes, strict=True)],
         "prediction": top.indices[:, 0].tolist(),
+        "prediction_name": [class_name(names, i) for i in top.indices[:, 0].tolist()],
         "top5": top.indices.tolist(),
+        "top5_names": [[class_name(names, i) for i in row] for row in top.indices.tolist()],
         "top5_scores": top.values.tolist(),
         "correct": scored_hits(scores, labels, space, 1).tolist(),
     })  # fmt: skip
+
+
+def class_name(names: list[str], index: int) -> str:
+    return names[index] if 0 <= index < len(names) else str(index)
+
+
+def label_name(own: list[str], names: list[str], label: int, classes: list[int]) -> str:
+    """The scored class's name when the image has one correct class, else its own class's
+    (an ObjectNet class that several ImageNet classes map to)."""
+    return class_name(names, classes[0]) if len(classes) == 1 else class_name(own, label)
 
 
 def image_ids(dataset) -> list[str]:

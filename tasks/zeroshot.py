@@ -18,6 +18,7 @@ ObjectNet 87.6 (LiT-e: 84.9).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from evalkit.heads.text import (
 )
 from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
 from evalkit.heads.zeroshot import (
+    PROMPT_STYLES,
     TEMPLATE_SETS,
     Prompting,
     class_embeddings,
@@ -71,8 +73,8 @@ from evalkit.metrics import accuracy_stderr
 from .linear_probe import save_classifications
 
 TEMPLATES = Rule(
-    f"one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",
-    lambda v: v in TEMPLATE_SETS or is_template_file(v),
+    f"auto, one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",
+    lambda v: v == "auto" or v in TEMPLATE_SETS or is_template_file(v),
 )
 PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
                  "objectnet": 87.6}  # fmt: skip
@@ -84,14 +86,21 @@ class ZeroShot(Task):
     name: str = "zeroshot-imagenet"
     dataset: str = "imagenet"
     eval_split: str = "val"
-    # a named set, or a text file of one template per line, each with {} (docs/data.md)
-    templates: str = setting("clip_paper", TEMPLATES)
+    # auto: the text tower's own protocol (open_clip: OpenAI's 80 templates; LiT: big_vision's
+    # clip_paper), a named set, or a text file of one template per line, each with {}
+    templates: str = setting("auto", TEMPLATES)
+    # auto: as the tower records (open_clip: verbatim, as CLIP's published numbers; LiT:
+    # canonical, as big_vision's evaluators); or forced
+    prompts: str = setting("auto", one_of("auto", *PROMPT_STYLES))
+    # protocol: the set's own label space (ImageNet val, v2, ReaL: all 1000 classes, however
+    # few a partial copy holds); present: only the classes the images hold (no paper number)
+    label_space: str = setting("protocol", one_of("protocol", "present"))
     first_alias: bool = False  # only the first comma-separated alias of a class name
     text_tower: str = ""  # a saved LiT tower; empty: the backbone's own text tower
     pool: str = setting("auto", one_of("auto", *POOLS))  # auto: embed, or the LiT tower's
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
-    version = 1
+    version = 2  # 2: prompts follow the tower; ImageNet val scored over all its classes
 
     def config(self) -> dict:
         """The settings, and the content of the files they name: a templates file or a saved
@@ -105,6 +114,8 @@ class ZeroShot(Task):
 
     @property
     def reference(self) -> dict:
+        if self.label_space == "present":  # not the protocol the paper measured
+            return {"top1": {}}
         paper = {"LiT-22B": PAPER_LIT_22B[self.dataset]} if self.dataset in PAPER_LIT_22B else {}
         if self.dataset in PAPER_LIT_E:
             paper["LiT-e"] = PAPER_LIT_E[self.dataset]
@@ -125,8 +136,9 @@ class ZeroShot(Task):
         text, request = self.text_side(backbone, tower)
         test = open_scored(self.dataset, self.eval_split, ctx.data, backbone.transform())
         feats = ctx.features(backbone, test, split=self.eval_split, request=request)
-        space = test.label_space
-        classes = self.classifier(text, space.names, ctx, self.tower_id(backbone, tower, ctx))
+        space = self.scored_space(test.label_space, feats.labels)
+        prompting = self.prompting(text, space.names)
+        classes = self.classifier(text, prompting, ctx, self.tower_id(backbone, tower, ctx))
         hits, kept = {1: [], 5: []}, []
         for rows, index in feats.by_shard(torch.arange(len(feats))):  # one shard at a time
             scores = _image_embeddings(rows, tower) @ classes.T
@@ -136,16 +148,47 @@ class ZeroShot(Task):
                 kept.append(scores.cpu())
         if kept:
             save_classifications(ctx, torch.cat(kept), feats.labels, test, space)
-        extra = {**extra, "templates": self.templates, "classes": len(space.names),
-                 "class_names_id": names_id(space.names), "pool": request.pool,
-                 "candidates": len(space.candidates or space.names)}  # fmt: skip
+        extra = {**extra, "templates": self.chosen_templates(text), "prompts": prompting.style,
+                 "classes": len(space.names), "class_names_id": names_id(space.names),
+                 "pool": request.pool, "candidates": len(space.candidates or space.names),
+                 "label_space": self.describe_space(space)}  # fmt: skip
         for k, found in hits.items():
             right = torch.cat(found)
             yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip
 
-    def classifier(self, text, names, ctx, tower_id: str | None) -> torch.Tensor:
-        prompting = Prompting(tuple(names), tuple(templates(self.templates)), self.first_alias)
+    def chosen_templates(self, text) -> str:
+        return (
+            getattr(text, "default_templates", "clip_paper")
+            if self.templates == "auto"
+            else self.templates
+        )
+
+    def prompting(self, text, names) -> Prompting:
+        """The prompts this tower is scored with: its own style unless one is forced."""
+        style = (
+            getattr(text, "prompt_style", "canonical") if self.prompts == "auto" else self.prompts
+        )
+        chosen = templates(self.chosen_templates(text), style)
+        return Prompting(tuple(names), tuple(chosen), self.first_alias, style)
+
+    def scored_space(self, space, labels: torch.Tensor):
+        """The set's own label space, or with ``label_space=present`` only the classes its
+        images hold."""
+        if self.label_space == "protocol":
+            return space
+        present = sorted({i for label in set(labels.tolist()) for i in space.correct[label]})
+        if space.candidates is not None:
+            present = sorted(set(present) & set(space.candidates))
+        return dataclasses.replace(space, candidates=tuple(present))
+
+    def describe_space(self, space) -> str:
+        if space.candidates is None:
+            return f"all {len(space.names)} classes"
+        why = "the classes present" if self.label_space == "present" else f"{self.dataset}'s own"
+        return f"{len(space.candidates)} of {len(space.names)} classes ({why})"
+
+    def classifier(self, text, prompting: Prompting, ctx, tower_id: str | None) -> torch.Tensor:
         folder = ctx.extract.cache_dir
         if folder is None or tower_id is None:
             return class_embeddings(text, prompting)

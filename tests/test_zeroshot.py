@@ -45,18 +45,49 @@ def test_prompts_cover_every_alias_and_template():
     assert prompts("Maillot, tank suit", ["{}"], first_alias=True) == ["maillot"]
 
 
-def test_class_embeddings_equal_open_clip_zero_shot_classifier():
+def test_open_clip_towers_are_scored_with_clip_benchmarks_exact_prompts(
+    tiny_clip_registered, tmp_path
+):
+    """The classifier a zero-shot run builds for an open_clip tower (every setting at its
+    default) equals open_clip's own ``build_zero_shot_classifier`` on open_clip's own ImageNet
+    class names and OpenAI's 80 templates, as CLIP_benchmark builds it: all 80,000 prompts
+    character for character, and the class embeddings."""
     open_clip = pytest.importorskip("open_clip")
-    from evalkit.backbones.open_clip_backbone import OpenClipText
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
-    torch.manual_seed(0)
-    model = open_clip.create_model("ViT-B-32", pretrained=None).eval()
-    tokenizer = open_clip.get_tokenizer("ViT-B-32")
-    names = ["tench", "great white shark", "goldfish"]
-    chosen = templates("clip_best")
-    ours = class_embeddings(OpenClipText(model, tokenizer), Prompting(tuple(names), tuple(chosen)))
-    theirs = open_clip.build_zero_shot_classifier(model, tokenizer, names, chosen)
-    torch.testing.assert_close(ours, theirs.T, atol=1e-5, rtol=1e-5)
+    from evalkit import load_backbone
+    from evalkit.core.runner import resolve_task
+    from evalkit.data.shifted import reference_classes
+
+    backbone = load_backbone("open_clip/Tiny-Test")
+    names = list(reference_classes(tmp_path).values())  # the ImageNet names evalkit ships
+    task = resolve_task("zeroshot-imagenet")
+    prompting = task.prompting(backbone.text, names)
+    ours = [prompts(n, list(prompting.templates), style=prompting.style) for n in names]
+    theirs = [[template(n) for template in OPENAI_IMAGENET_TEMPLATES] for n in IMAGENET_CLASSNAMES]
+    assert ours == theirs and sum(map(len, ours)) == 80_000
+    assert task.chosen_templates(backbone.text) == "openai" and prompting.style == "verbatim"
+    subset = dataclasses.replace(prompting, names=prompting.names[::25])  # 40 classes
+    embeddings = class_embeddings(backbone.text, subset)
+    reference = open_clip.build_zero_shot_classifier(
+        backbone.model, backbone.text.tokenizer, IMAGENET_CLASSNAMES[::25], OPENAI_IMAGENET_TEMPLATES,
+        num_classes_per_batch=10, use_tqdm=False,
+    )  # fmt: skip
+    torch.testing.assert_close(embeddings, reference.T, atol=1e-5, rtol=1e-5)
+
+
+def test_lit_towers_keep_big_visions_canonical_prompts():
+    from evalkit.core.runner import resolve_task
+    from evalkit.heads.text import LitModel, LitText, TowerConfig
+
+    tower = LitText(LitModel(TowerConfig(width=32, layers=1, heads=2, context=16, embed_dim=8)))
+    prompting = resolve_task("zeroshot-imagenet").prompting(tower, ["Kite (bird of prey)"])
+    assert prompting.style == "canonical" and len(prompting.templates) == 81
+    assert prompts("Kite (bird of prey)", list(prompting.templates), style="canonical")[0] == (
+        "a bad photo of a kite bird of prey"
+    )
+    forced = resolve_task("zeroshot-imagenet", ["prompts=verbatim"]).prompting(tower, ["Kite (x)"])
+    assert forced.style == "verbatim" and forced.templates[0] == "a bad photo of a {}."
 
 
 def test_class_embeddings_normalise_each_prompt_before_the_mean():
@@ -140,8 +171,10 @@ def test_objectnet_scoring_on_a_hand_made_case():
 
 def test_folder_and_numbered_label_spaces():
     reference = {"n1": "tench", "n2": "goldfish", "n3": "shark"}
-    subset = folder_space(["n3", "n1"], reference)
+    subset = folder_space(["n3", "n1"], reference, restrict=True)  # ImageNet-R and -A
     assert subset.correct == ((2,), (0,)) and subset.candidates == (0, 2)
+    partial_val = folder_space(["n3", "n1"], reference)  # ImageNet val: every class a candidate
+    assert partial_val.correct == ((2,), (0,)) and partial_val.candidates is None
     assert folder_space(["n1", "n2", "n3"], reference).candidates is None
     own = folder_space(["red_fox", "cat"], reference)  # a set of one's own: its folder names
     assert own.names == ("red fox", "cat") and own.correct == ((0,), (1,))

@@ -32,7 +32,11 @@ from evalkit.errors import EvalkitError, did_you_mean
 
 class OpenClipText:
     """open_clip's tokenizer and text encoder as a ``TextTower``; ``encode`` returns
-    L2-normalised embeddings in the space of the image tower's ``embed`` pool."""
+    L2-normalised embeddings in the space of the image tower's ``embed`` pool. Its zero-shot
+    prompts are CLIP's published ones: OpenAI's 80 ImageNet templates filled verbatim."""
+
+    prompt_style = "verbatim"
+    default_templates = "openai"
 
     def __init__(self, model, tokenizer):
         self.model = model

@@ -268,9 +268,12 @@ def error_tables(frame, top: int):
     if "miou" in frame:
         worst = frame.nsmallest(top, "miou")[["image", "miou", "pixel_acc"]]
         return [("images of lowest mIoU", worst)]
-    names = dict(zip(frame["label"], frame["label_name"], strict=False))
-    wrong = frame[~frame["correct"]].assign(
-        predicted=lambda f: [names.get(p, str(p)) for p in f["prediction"]],
+    if "prediction_name" in frame:  # predictions and labels named in the space scored
+        predicted = frame["prediction_name"]
+    else:  # files written before predictions carried their names
+        names = dict(zip(frame["label"], frame["label_name"], strict=False))
+        predicted = [names.get(p, str(p)) for p in frame["prediction"]]
+    wrong = frame.assign(predicted=list(predicted))[~frame["correct"]].assign(
         top_score=lambda f: [scores[0] for scores in f["top5_scores"]],
     )
     pairs = (wrong.groupby(["label_name", "predicted"]).size().rename("images")

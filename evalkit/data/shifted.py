@@ -100,9 +100,12 @@ def _names_file(path: Path) -> dict[str, str]:
     return dict(sorted((folder, name) for folder, name in pairs))
 
 
-def folder_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
+def folder_space(classes: list[str], reference: dict[str, str], *, restrict=False) -> LabelSpace:
     """Class folders named by reference ids (ImageNet's WordNet ids). A set whose folders are
-    none of them (a dataset of one's own) is its own reference: folder names as prompt text."""
+    none of them (a dataset of one's own) is its own reference: folder names as prompt text.
+    ``restrict``: logits restricted to the classes the set has (ImageNet-R and -A, whose
+    protocol is their 200); otherwise every reference class is a candidate, however few of
+    them a partial copy of the set holds (ImageNet val's protocol: all 1000)."""
     index = {key: i for i, key in enumerate(reference)}
     known = [name in index for name in classes]
     if not any(known):
@@ -115,8 +118,26 @@ def folder_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
             f"({len(reference)} classes): name folders by their ImageNet WordNet ids"
         )
     own = tuple(index[c] for c in classes)
-    subset = None if len(set(own)) == len(reference) else tuple(sorted(own))
+    subset = tuple(sorted(own)) if restrict and len(set(own)) < len(reference) else None
     return LabelSpace(*_table(reference), tuple((i,) for i in own), subset)
+
+
+def check_names_file(root: Path, classes: list[str]):
+    """A ``class_names.txt`` must name exactly the set's class folders: a key that matches no
+    folder (``C0`` for ``c0``) would otherwise leave prompts on folder names without a word."""
+    path = Path(root) / NAMES_FILE
+    if not path.exists():
+        return
+    keys, folders = set(_names_file(path)), set(classes)
+    if keys != folders:
+        stray, unnamed = sorted(keys - folders), sorted(folders - keys)
+        raise EvalkitError(
+            f"{path} must name every class folder and nothing else: "
+            + "; ".join(part for part in (
+                f"keys with no folder: {', '.join(stray[:5])}" if stray else "",
+                f"folders with no name: {', '.join(unnamed[:5])}" if unnamed else "") if part)
+            + " (folder names are case-sensitive)"
+        )  # fmt: skip
 
 
 def numbered_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
@@ -202,6 +223,7 @@ def open_scored(name: str, split: str, config: DataConfig, transform):
     dataset = open_dataset(name, split, config, transform=transform)
     if getattr(dataset, "label_space", None) is None:
         root = dataset_root(data_kind(name), config)
+        check_names_file(root, list(dataset.classes))
         dataset.label_space = folder_space(list(dataset.classes), reference_classes(root))
     return dataset
 
@@ -217,7 +239,8 @@ def _open_v2(root: Path, split: str, *, source: str, transform=None, classes=Non
 def _open_subset(layout: str):
     def open_split(root: Path, split: str, *, source: str, transform=None, classes=None):
         dataset = _folder(root, layout, transform)
-        dataset.label_space = folder_space(dataset.classes, reference_classes(root))
+        reference = reference_classes(root)
+        dataset.label_space = folder_space(dataset.classes, reference, restrict=True)
         return dataset
 
     return open_split

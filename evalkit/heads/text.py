@@ -42,6 +42,9 @@ class TowerConfig:
     loss: str = "softmax"
     temperature: float = 10.0
     image_tower: dict = field(default_factory=dict)  # what the cached embeddings came from
+    # The zero-shot prompts the tower is scored with: big_vision's canonicalised LiT prompts
+    # (towers saved before this field was recorded were scored so too).
+    prompts: str = "canonical"
 
 
 def _open_clip():
@@ -117,6 +120,8 @@ class LitText:
         self.cfg = model.cfg
         self.embed_dim = model.cfg.embed_dim
         self._tokenizer = tokenizer(model.cfg.context)
+        self.prompt_style = model.cfg.prompts
+        self.default_templates = "clip_paper"  # big_vision's LiT evaluators' set
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self._tokenizer(texts)

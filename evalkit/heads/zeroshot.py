@@ -1,12 +1,16 @@
 """Zero-shot classification with a text tower (effect-table row 6; docs/protocols.md,
 "Zero-shot").
 
-Class names and templates are canonicalised as big_vision's LiT evaluators do ("_" → space,
-punctuation removed except the alias separator "," in names and the slot "{}" in templates,
-lower case, whitespace collapsed). Each class's embedding is the L2-normalised mean of the
-normalised embeddings of every (template × alias) prompt. An image is scored by the dot
-product of its normalised embedding with the class embeddings, restricted to the label
-space's candidate classes; a prediction is right when it is one of the image's correct classes.
+Prompts follow the text tower they are fed to. ``verbatim``: each template filled with the
+class name exactly as written (``template.format(name)``), as OpenAI's CLIP and open_clip
+report ImageNet with (open_clip's ``build_zero_shot_classifier``); the default for open_clip
+towers. ``canonical``: names and templates canonicalised as big_vision's LiT evaluators do
+("_" → space, punctuation removed except the alias separator "," in names and the slot "{}" in
+templates, lower case, whitespace collapsed; every comma-separated alias prompted); the default
+for LiT towers. Each class's embedding is the L2-normalised mean of the normalised embeddings
+of its prompts. An image is scored by the dot product of its normalised embedding with the
+class embeddings, restricted to the label space's candidate classes; a prediction is right when
+it is one of the image's correct classes.
 """
 
 from __future__ import annotations
@@ -41,9 +45,13 @@ def canonicalize(text: str, *, keep: str | None = None) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def templates(name: str) -> list[str]:
+PROMPT_STYLES = ("verbatim", "canonical")
+
+
+def templates(name: str, style: str = "canonical") -> list[str]:
     """A named template set, or a text file of one template per line, each with one ``{}``
-    where the class name goes (blank lines and lines starting with ``#`` are skipped)."""
+    where the class name goes (blank lines and lines starting with ``#`` are skipped); as
+    written (``verbatim``) or canonicalised."""
     if name in TEMPLATE_SETS:
         raw = TEMPLATE_SETS[name]
     elif is_template_file(name):
@@ -53,7 +61,7 @@ def templates(name: str) -> list[str]:
             f"unknown template set {name!r}: choose from {', '.join(TEMPLATE_SETS)}, or name a "
             "text file of templates (one per line, each with {})"
         )
-    return [canonicalize(t, keep=SLOT) for t in raw]
+    return list(raw) if style == "verbatim" else [canonicalize(t, keep=SLOT) for t in raw]
 
 
 def is_template_file(name: str) -> bool:
@@ -76,8 +84,13 @@ def template_file_lines(path: Path) -> list[str]:
     return lines
 
 
-def prompts(name: str, template_list: list[str], *, first_alias: bool = False) -> list[str]:
-    """Every prompt of one class: each template filled with each of its aliases."""
+def prompts(name: str, template_list: list[str], *, first_alias=False, style="canonical"):
+    """Every prompt of one class. Verbatim: each template filled with the name as written
+    (its first comma-separated alias with ``first_alias``). Canonical: each template filled
+    with each canonicalised alias."""
+    if style == "verbatim":
+        name = name.split(",")[0].strip() if first_alias else name
+        return [t.replace(SLOT, name) for t in template_list]
     aliases = [a.strip() for a in canonicalize(name, keep=",").split(",") if a.strip()]
     if first_alias:
         aliases = aliases[:1]
@@ -97,6 +110,7 @@ class Prompting:
     names: tuple[str, ...]
     templates: tuple[str, ...]
     first_alias: bool = False
+    style: str = "canonical"  # one of PROMPT_STYLES
 
     def key(self, tower_id: str) -> str:
         return spec_key({"tower": tower_id, **asdict(self)}, length=24)
@@ -107,7 +121,8 @@ def class_embeddings(tower, prompting: Prompting, *, batch: int = 256) -> torch.
     """(classes, E): per class, the normalised mean of its prompts' normalised embeddings."""
     out = []
     for name in prompting.names:
-        texts = prompts(name, list(prompting.templates), first_alias=prompting.first_alias)
+        texts = prompts(name, list(prompting.templates), first_alias=prompting.first_alias,
+                        style=prompting.style)  # fmt: skip
         if not texts:
             raise EvalkitError(f"class name {name!r} is empty after canonicalisation")
         parts = [
@@ -137,14 +152,19 @@ def stored_class_embeddings(
     return embeddings
 
 
+def restricted(scores: torch.Tensor, candidates) -> torch.Tensor:
+    """Scores with every class outside ``candidates`` at -inf."""
+    masked = torch.full_like(scores, float("-inf"))
+    keep = torch.tensor(candidates)
+    masked[:, keep] = scores[:, keep]
+    return masked
+
+
 def label_space_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:
     """Per image, whether any of its top-``k`` classes (among the candidates) is correct.
     ``scores`` is (N, classes), ``labels`` the images' own labels, ``space`` a LabelSpace."""
     if space.candidates is not None:
-        masked = torch.full_like(scores, float("-inf"))
-        keep = torch.tensor(space.candidates)
-        masked[:, keep] = scores[:, keep]
-        scores = masked
+        scores = restricted(scores, space.candidates)
     top = scores.topk(
         min(k, scores.shape[1] if space.candidates is None else len(space.candidates)), dim=1
     ).indices
