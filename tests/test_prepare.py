@@ -280,3 +280,109 @@ def test_imagenet_c_sets_are_the_same_bytes_for_any_worker_count_and_resume(tmp_
     assert "written: 0" in capsys.readouterr().out
     provenance = json.loads((tmp_path / "one" / "provenance.json").read_text())
     assert provenance["seed"] == 0 and provenance["corruptions"] == ["fog", "gaussian_noise"]
+
+
+# --- ImageNet: what real downloads hold ------------------------------------------------------
+
+
+def prepare_imagenet_cli(source, dest, *extra) -> int:
+    return main(["prepare", "imagenet", str(source), str(dest), "--quiet", *extra])
+
+
+def devkit_data(root):
+    return root / "ILSVRC2012_devkit_t12" / "data"
+
+
+def shift_ground_truth(root, change):
+    path = devkit_data(root) / "ILSVRC2012_validation_ground_truth.txt"
+    lines = path.read_text().split()
+    path.write_text("".join(f"{change(int(v))}\n" for v in lines))
+
+
+def garbage_meta(root):
+    (devkit_data(root) / "meta.mat").write_bytes(b"MATLAB 5.0 garbage, not a mat file")
+
+
+def fieldless_meta(root):
+    from scipy.io import savemat
+
+    savemat(devkit_data(root) / "meta.mat", {"other": np.zeros(3)})
+
+
+def kaggle_rows(root, change):
+    path = root / "LOC_val_solution.csv"
+    path.write_text(change(path.read_text()))
+
+
+MALFORMED = {
+    "non-leaf synset id": ("devkit", lambda r: shift_ground_truth(r, lambda v: 1001), "'1001' is not the id"),
+    "0-based ids": ("devkit", lambda r: shift_ground_truth(r, lambda v: v - 1), "ids are 1-based"),
+    "garbage meta.mat": ("devkit", garbage_meta, "is not the devkit's meta.mat"),
+    "meta.mat without synsets": ("devkit", fieldless_meta, "is not the devkit's meta.mat"),
+    "empty PredictionString": ("kaggle", lambda r: kaggle_rows(r, lambda t: t.replace(",n01443537 1 2 30 40", ",", 1)), "line "),
+    "wrong CSV header": ("kaggle", lambda r: kaggle_rows(r, lambda t: t.replace("ImageId,", "Image,", 1)), "expected the header"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_imagenet_labels_file_is_one_line_naming_it(tmp_path, capsys, case):
+    labels, damage, message = MALFORMED[case]
+    official_imagenet(tmp_path / "o", labels=labels)
+    damage(tmp_path / "o")
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p") == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and ("meta.mat" in err or ".txt" in err or ".csv" in err)
+    assert "Traceback" not in err
+
+
+def test_lower_case_jpeg_names_are_val_images_too(tmp_path, capsys):
+    official_imagenet(tmp_path / "o", labels="kaggle")
+    for path in (tmp_path / "o" / "ILSVRC2012_img_val").iterdir():
+        path.rename(path.with_suffix(".jpeg"))
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p") == 0
+    assert "val: 12" in capsys.readouterr().out
+
+
+def test_the_shipped_outer_train_archive_is_read(tmp_path, capsys):
+    official_imagenet(tmp_path / "o", labels="kaggle")
+    folder = tmp_path / "o" / "ILSVRC2012_img_train"
+    with tarfile.open(tmp_path / "o" / "ILSVRC2012_img_train.tar", "w") as outer:
+        for archive in sorted(folder.glob("*.tar")):
+            outer.add(archive, arcname=archive.name)
+    for archive in folder.glob("*.tar"):
+        archive.unlink()
+    folder.rmdir()
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p") == 0
+    assert "train: 18" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "p/imagenet/train").iterdir()) == list(WNIDS)
+
+
+def test_kaggles_train_folders_are_read_and_no_train_at_all_is_one_line(tmp_path, capsys):
+    official_imagenet(tmp_path / "o", labels="kaggle")
+    kaggle = tmp_path / "o" / "ILSVRC" / "Data" / "CLS-LOC" / "train"
+    for archive in sorted((tmp_path / "o" / "ILSVRC2012_img_train").glob("*.tar")):
+        (kaggle / archive.stem).mkdir(parents=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(kaggle / archive.stem, filter="data")
+        archive.unlink()
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p") == 0
+    assert "train: 18" in capsys.readouterr().out
+    for folder in kaggle.iterdir():
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "q") == 2
+    assert "no training images" in capsys.readouterr().err
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "q", "--val-only") == 0
+
+
+def test_a_copy_rerun_replaces_the_links_and_the_counts_say_so(tmp_path, capsys):
+    official_imagenet(tmp_path / "o", labels="kaggle")
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p", "--val-only") == 0
+    assert "val_written: 12" in capsys.readouterr().out
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p", "--val-only") == 0
+    assert "val_kept: 12" in capsys.readouterr().out
+    assert prepare_imagenet_cli(tmp_path / "o", tmp_path / "p", "--val-only", "--copy") == 0
+    assert "val_written: 12" in capsys.readouterr().out
+    images = list((tmp_path / "p" / "imagenet" / "val").rglob("*.JPEG"))
+    assert len(images) == 12 and not any(p.is_symlink() for p in images)

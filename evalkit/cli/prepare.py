@@ -47,6 +47,9 @@ def add_prepare_command(sub) -> None:
     )
     imagenet.add_argument("dest", type=Path, help="data root to write imagenet/ under")
     imagenet.add_argument("--copy", action="store_true", help="copy images instead of linking them")
+    imagenet.add_argument(
+        "--val-only", action="store_true", help="prepare the validation split alone"
+    )
     corrupted = kinds.add_parser(
         "imagenet-c", help="write the 15 × 5 ImageNet-C sets of an ImageNet val"
     )
@@ -85,7 +88,9 @@ def cmd_prepare(args, console) -> int:
     elif args.kind == "imagenet":
         from evalkit.data.prepare.imagenet import prepare_imagenet
 
-        report = prepare_imagenet(args.source, args.dest, copy=args.copy, progress=track)
+        report = prepare_imagenet(
+            args.source, args.dest, copy=args.copy, progress=track, val_only=args.val_only
+        )
     else:
         from evalkit.data.corruptions import NAMES
         from evalkit.data.prepare.imagenet_c import prepare_imagenet_c
