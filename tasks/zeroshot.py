@@ -2,10 +2,12 @@
 "LiT").
 
 ``zeroshot-<set>``: the backbone's own text tower (open_clip models), or a LiT tower saved by an
-earlier run (``--set text_tower=PATH``), builds one embedding per class from canonicalised
-class names × a template set; test images are scored by cosine similarity within the set's
-label space (ImageNet val and v2: all classes; -R and -A: their 200; ObjectNet: the ImageNet
-classes mapped to its classes, correct when the prediction is any class mapped to the image's).
+earlier run (``--set text_tower=PATH``), builds one embedding per class from its prompts (as
+the tower's published protocol: verbatim OpenAI templates for open_clip, big_vision's
+canonicalised ones for LiT); test images are scored by cosine similarity within the set's
+label space (ImageNet val and v2: all classes, however few are present; -R and -A: their 200;
+ObjectNet: the ImageNet classes mapped to its classes, correct when the prediction is any class
+mapped to the image's).
 
 ``lit-<set>``: first trains a text tower on an image–caption set against the backbone's locked
 image embeddings, read from the feature cache (the image tower never runs again, across steps
