@@ -106,15 +106,20 @@ def average_gradients(module: torch.nn.Module):
 
     group = layout.mesh["dp"].get_group()
     for p in module.parameters():
-        if p.grad is not None and not _fsdp_reduced(p.grad):
-            dist.all_reduce(p.grad, group=group)
-            p.grad /= layout.dp_size
+        if p.grad is None or _fsdp_reduced(p.grad):
+            continue
+        # A tensor-parallel gradient is a DTensor on the ("tp",) mesh, which c10d cannot
+        # reduce: its local shard is reduced instead (dp ranks hold the same shard of it).
+        local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        dist.all_reduce(local, group=group)
+        local /= layout.dp_size
 
 
 def _fsdp_reduced(grad) -> bool:
-    """A gradient FSDP2 already averaged over the data-parallel ranks (it lives on their mesh)."""
+    """A gradient FSDP2 already averaged over the data-parallel ranks (it lives on a mesh with
+    their dimension: ("dp",) alone, or ("dp", "tp") with tensor parallelism)."""
     mesh = getattr(grad, "device_mesh", None)
-    return mesh is not None and mesh.mesh_dim_names == ("dp",)
+    return mesh is not None and "dp" in (mesh.mesh_dim_names or ())
 
 
 def mean_over_ranks(value: float) -> float:
@@ -124,6 +129,7 @@ def mean_over_ranks(value: float) -> float:
         return value
     import torch.distributed as dist
 
-    total = torch.tensor([value], dtype=torch.float64)
+    # on the group's device: NCCL takes CUDA tensors only
+    total = torch.tensor([value], dtype=torch.float64, device=layout.mesh.device_type)
     dist.all_reduce(total, group=layout.mesh["dp"].get_group())
     return total.item() / layout.dp_size

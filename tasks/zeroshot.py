@@ -143,7 +143,7 @@ class ZeroShot(Task):
         classes = self.classifier(text, prompting, ctx, self.tower_id(backbone, tower, ctx))
         hits, kept = {1: [], 5: []}, []
         for rows, index in feats.by_shard(torch.arange(len(feats))):  # one shard at a time
-            scores = _image_embeddings(rows, tower) @ classes.T
+            scores = _image_embeddings(rows.to(classes.device), tower) @ classes.T
             for k, found in hits.items():
                 found.append(label_space_hits(scores, feats.labels[index], space, k))
             if ctx.predictions is not None:

@@ -52,6 +52,7 @@ class OpenClipText:
         return self.tokenizer(texts)
 
     def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = tokens.to(next(self.model.parameters()).device)  # the tokenizer gives CPU ids
         return torch.nn.functional.normalize(self.model.encode_text(tokens), dim=-1)
 
 

@@ -99,7 +99,8 @@ class Standardizer:
         return cls(mean.float(), std.float() + 1e-5)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
+        # the statistics follow the rows: fitted on cached CPU rows, applied on any device
+        return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
 
 def _loss_and_grad(model: LinearModel, x, y, l2: float) -> torch.Tensor:

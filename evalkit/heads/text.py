@@ -127,11 +127,12 @@ class LitText:
         return self._tokenizer(texts)
 
     def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = tokens.to(next(self.model.parameters()).device)  # the tokenizer gives CPU ids
         return self.model.embed_text(tokens)
 
     def embed_images(self, features: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return self.model.embed_images(features)
+            return self.model.embed_images(features.to(next(self.model.parameters()).device))
 
 
 def tokenizer(context: int):

@@ -155,14 +155,15 @@ def stored_class_embeddings(
 def restricted(scores: torch.Tensor, candidates) -> torch.Tensor:
     """Scores with every class outside ``candidates`` at -inf."""
     masked = torch.full_like(scores, float("-inf"))
-    keep = torch.tensor(candidates)
+    keep = torch.tensor(candidates, device=scores.device)
     masked[:, keep] = scores[:, keep]
     return masked
 
 
 def label_space_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:
     """Per image, whether any of its top-``k`` classes (among the candidates) is correct.
-    ``scores`` is (N, classes), ``labels`` the images' own labels, ``space`` a LabelSpace."""
+    ``scores`` is (N, classes), ``labels`` the images' own labels, ``space`` a LabelSpace.
+    Computed on the scores' device; the hits come back on the CPU, beside the labels."""
     if space.candidates is not None:
         scores = restricted(scores, space.candidates)
     top = scores.topk(
@@ -171,4 +172,5 @@ def label_space_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) 
     correct = torch.zeros(len(space.correct), scores.shape[1], dtype=torch.bool)
     for label, ids in enumerate(space.correct):
         correct[label, list(ids)] = True
-    return correct[labels][torch.arange(len(labels))[:, None], top].any(dim=1)
+    rows = torch.arange(len(labels))[:, None]
+    return correct[labels.cpu()][rows, top.cpu()].any(dim=1)

@@ -81,6 +81,7 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
     first forward pass (attention statistics). ``groups`` (optional) are parameter groups
     with an ``lr_scale`` and whether weight decay applies (``decayed``). Returns the log of
     every step."""
+    model.to(device)  # the model trains where its batches go (before the optimiser holds it)
     optimizer = make_optimizer(model, schedule, groups)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
     log = resume(model, optimizer, lr_schedule, out) if out is not None else []
