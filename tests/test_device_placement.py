@@ -35,9 +35,10 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_task_family_keeps_its_tensors_on_one_side(
-    family, monkeypatch, tmp_path, tiny_clip_registered
+    family, monkeypatch, tmp_path, data_cache, tiny_clip_registered
 ):
     task, backbone, settings = FAMILIES[family]
+    monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))  # stand-in data written once a session
     monkeypatch.setenv("EVALKIT_EMBEDDED_SCENES", "16,8")
     with fake_cuda(monkeypatch):
         rows = evalkit.run(task, backbone, data="embedded", device="cuda", out=tmp_path / "rows",
