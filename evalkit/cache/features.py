@@ -312,12 +312,7 @@ def _workers(settings: ExtractSettings, shards: int) -> int:
     # Worker start-up costs about a second: only worth it beyond a couple of shards.
     if settings.workers is not None:
         return settings.workers
-    cores = os.cpu_count() or 1
-    if torch.device(settings.device).type == "cpu":
-        # A CPU forward already uses every core; decoding workers take cores from it. On an
-        # idle 2-core machine the main job extracted in 40 s with none and 49 s with two.
-        return 0 if cores <= 4 else min(8, cores // 4)
-    return min(8, cores) if shards > 2 else 0
+    return min(8, os.cpu_count() or 1) if shards > 2 else 0
 
 
 def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:
