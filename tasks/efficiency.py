@@ -163,6 +163,10 @@ class EfficiencyAblation(Task):
                     train_step(
                         model, optimizer, batch, loss, schedule, step, ctx.extract.device, None
                     )
+                if torch.device(ctx.extract.device).type == "cuda":
+                    torch.cuda.synchronize(
+                        ctx.extract.device
+                    )  # the steps' kernels, not their launch
                 if round_:  # the first round warms caches and allocators
                     rates[name].append(
                         self.timed_steps * self.batch_size / (time.perf_counter() - start)

@@ -44,6 +44,7 @@ def test_every_task_family_keeps_its_tensors_on_one_side(
         rows = evalkit.run(task, backbone, data="embedded", device="cuda", out=tmp_path / "rows",
                            cache_dir=tmp_path / "cache", progress=False, overrides=settings)  # fmt: skip
     assert rows and all(row["provenance"]["device"] == "cuda" for row in rows)
+    assert all(row["provenance"]["tf32"] is False for row in rows)  # full fp32, and said so
 
 
 def test_the_stand_in_device_catches_what_cuda_refuses(monkeypatch):

@@ -178,6 +178,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     if not spec.no_cache:
         writable_folder(Path(spec.cache_dir or cache_root()), "--cache-dir")
     distributed.setup(spec.tp, device=spec.resolved_device)
+    full_precision_matmuls()
     identities = {}
     try:
         for name in backbones:
@@ -195,6 +196,14 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
             del backbone  # free it before the next one loads
     finally:
         distributed.teardown()
+
+
+def full_precision_matmuls():
+    """fp32 matrix products and convolutions in full fp32 on every device: TF32 (on by default
+    for cuDNN) rounds them to ~1e-3, and features cached on a GPU must agree with a CPU's.
+    Every row records it (``provenance.tf32``)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def writable_folder(path: Path, flag: str):
@@ -363,6 +372,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "timm": pkg("timm"),
         "open_clip": pkg("open_clip_torch"),
+        "tf32": torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32,
     }
 
 
