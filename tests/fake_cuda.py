@@ -24,7 +24,6 @@ DEVICE = torch.device("cuda", 0)
 # Operations that take tensors on two devices by design.
 CROSSING = {"copy_", "to", "cuda", "cpu", "pin_memory", "__set__", "__get__", "_has_compatible_shallow_copy_type",
             "set_", "is_pinned", "_parse_to", "is_floating_point", "dim", "size", "numel", "__len__"}  # fmt: skip
-FACTORIES_WITH_DEVICE = True
 
 
 def on_cuda(value) -> bool:

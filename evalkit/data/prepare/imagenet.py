@@ -212,8 +212,6 @@ def _link_folder(folder: Path, target: Path, copy: bool) -> int:
 
 def _extract(archive: Path, target: Path) -> int:
     """The tar's images into ``target`` (a finished class is skipped: its marker exists)."""
-    if (target / ".complete").exists():
-        return int((target / ".complete").read_text())
     with tarfile.open(archive) as tar:
         return _extract_members(tar, target)
 

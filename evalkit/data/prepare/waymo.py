@@ -44,7 +44,6 @@ COMPONENTS = ("camera_image", "lidar", "lidar_calibration", "camera_calibration"
 CAMERAS = {1: "FRONT", 2: "FRONT_LEFT", 3: "FRONT_RIGHT", 4: "SIDE_LEFT", 5: "SIDE_RIGHT"}
 LASERS = {1: "TOP", 2: "FRONT", 3: "SIDE_LEFT", 4: "SIDE_RIGHT", 5: "REAR"}
 SCALE = 256.0  # uint16 value = metres × 256, as KITTI's projected-LiDAR PNGs
-CONVENTIONS = ("range", "forward")
 # The dataset's camera model leaves a point out when its radial factor is outside these bounds.
 RADIAL_BOUNDS = (0.8, 1.2)
 BATCH_ROWS = 1  # rows decoded at a time: one real TOP range image is ~2.7 MB
@@ -82,7 +81,7 @@ class WaymoOptions:
     cameras: tuple[int, ...] = (1,)  # FRONT, as monocular depth evaluations use
     max_depth: float = 80.0
     splits: tuple[str, ...] = ("training", "validation")
-    depth: str = "range"  # one of CONVENTIONS
+    depth: str = "range"  # or "forward" (the command line names the choices)
 
 
 # --- geometry ------------------------------------------------------------------------------
@@ -144,13 +143,6 @@ class Camera:
         inside = (x >= 0) & (x < self.width) & (y >= 0) & (y < self.height)
         depth = np.linalg.norm(local, axis=1) if convention == "range" else local[:, 0]
         return x[inside].astype(np.int64), y[inside].astype(np.int64), depth[inside]
-
-
-def depth_map(camera: Camera, points: np.ndarray, max_depth: float, convention="range"):
-    """The sparse depth image (metres, 0 = no return): the nearest return in each pixel."""
-    staged = StagedDepth(camera.height, camera.width)
-    staged.add(*camera.project(points, convention), max_depth)
-    return staged.image()
 
 
 @dataclass
@@ -263,7 +255,7 @@ def streamed(path: Path):
 
 def lidar_rows(path: Path, wanted: set[int]) -> Iterator[tuple[int, int | None, np.ndarray | None]]:
     """(timestamp, laser, first-return ranges or None when null) for the wanted timestamps,
-    decoded a few rows at a time."""
+    decoded one row at a time."""
 
     columns = [TIME, LASER, RANGE_VALUES, RANGE_SHAPE]
     for batch in streamed(path).iter_batches(
@@ -349,12 +341,16 @@ class SegmentWriter:
         suffix = ".jpg" if kind == "image" else ".png"
         return self.out / kind / f"{self.frame_id(time, camera)}{suffix}"
 
+    def staged_mask(self, time: int, camera: int) -> Path:
+        return self.out / ".staged" / f"{self.frame_id(time, camera)}-mask.png"
+
     def run(self):
         todo = self.frames_to_do()
         if not todo:
             return
-        staged = self.stage_depths(todo)
-        self.write_frames(todo, staged)
+        cameras = self.cameras()
+        staged = self.stage_depths(todo, cameras)
+        self.write_frames(todo, staged, cameras)
 
     def read(self, component: str, columns) -> list[dict]:
         return read_rows(component_path(self.source, self.split, component, self.segment), columns)
@@ -386,11 +382,11 @@ class SegmentWriter:
         rows = self.read("lidar_calibration", columns)
         return {sensor_id(row[LASER], LASERS): row for row in rows}
 
-    def stage_depths(self, todo: dict[int, set[int]]) -> set[tuple[int, int]]:
+    def stage_depths(self, todo: dict[int, set[int]], cameras) -> set[tuple[int, int]]:
         """Streams the LiDAR component once, projecting each laser's returns into the frame's
         cameras; a frame's depth map is staged on disk once all its lasers are in. Returns the
         (timestamp, camera) pairs staged."""
-        cameras, calibrations = self.cameras(), self.lidar_calibrations()
+        calibrations = self.lidar_calibrations()
         lidar = component_path(self.source, self.split, "lidar", self.segment)
         expected = self.lasers_per_frame(lidar, set(todo))
         pending: dict[int, dict[int, StagedDepth]] = {}
@@ -441,14 +437,15 @@ class SegmentWriter:
                 self.report.skip("no LiDAR return in the image")
                 continue
             Image.fromarray(encode_depth(image)).save(self.path(".staged", time, camera))
+            Image.fromarray(((image > 0) * 255).astype(np.uint8)).save(
+                self.staged_mask(time, camera)
+            )
             done.add((time, camera))
         return done
 
-    def write_frames(self, todo: dict[int, set[int]], staged: set[tuple[int, int]]):
+    def write_frames(self, todo: dict[int, set[int]], staged: set[tuple[int, int]], cameras):
         """Streams the camera images; each staged frame gets its JPEG (checked to decode
         whole), its depth map and, last, its mask."""
-
-        cameras = self.cameras()
         path = component_path(self.source, self.split, "camera_image", self.segment)
         columns = [TIME, CAMERA, IMAGE]
         for batch in streamed(path).iter_batches(
@@ -466,22 +463,18 @@ class SegmentWriter:
             return self.report.skip(f"no calibration for camera {name}")
         if (time, camera) not in staged:  # counted when its LiDAR frame was staged
             return
-        size = decoded_size(jpeg)
-        if size != (calibration.width, calibration.height):
+        size, expected = decoded_size(jpeg), (calibration.width, calibration.height)
+        if size != expected:
             self.path(".staged", time, camera).unlink()
-        if size is None:
+            self.staged_mask(time, camera).unlink()
             return self.report.skip(
                 "camera image does not decode whole (truncated or corrupt JPEG)"
-            )
-        if size != (calibration.width, calibration.height):
-            return self.report.skip(
-                f"camera {name} image is {size[0]}×{size[1]}, its calibration says {calibration.width}×{calibration.height}"
+                if size is None
+                else f"camera {name} image is {size[0]}×{size[1]}, its calibration says {expected[0]}×{expected[1]}"
             )
         self.path("image", time, camera).write_bytes(jpeg)
         self.path(".staged", time, camera).replace(self.path("depth", time, camera))
-        with Image.open(self.path("depth", time, camera)) as png:
-            mask = (np.asarray(png) > 0).astype(np.uint8) * 255
-        Image.fromarray(mask).save(self.path("mask", time, camera))
+        self.staged_mask(time, camera).replace(self.path("mask", time, camera))  # last: done
         self.report.written += 1
 
 
