@@ -53,6 +53,8 @@ def setup(tp: int = 1, *, device: str = "cpu") -> Layout:
     if tp < 1:
         raise EvalkitError(f"--tp must be at least 1, got {tp}")
     if world == 1 and tp == 1:
+        if torch.device(device).index is not None:
+            torch.cuda.set_device(device)  # kernels, memory figures and peaks on --device's GPU
         return current()
     if world % tp:
         raise EvalkitError(
@@ -65,9 +67,12 @@ def setup(tp: int = 1, *, device: str = "cpu") -> Layout:
 
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local)
+        if not dist.is_initialized():  # bound to its GPU: NCCL connects eagerly, no guessing
+            dist.init_process_group("nccl", device_id=local)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        dist.init_process_group("gloo")
     mesh = init_device_mesh(device_type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
     layout = Layout(
         mesh=mesh,

@@ -47,6 +47,7 @@ from evalkit.core.task import (
     setting,
 )
 from evalkit.data import open_dataset
+from evalkit.data.feeding import decode_workers, loader_options
 from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
@@ -297,14 +298,22 @@ class FinetunedClassifier:
 
 @torch.no_grad()
 def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and labels of every image of ``dataset``, in batches."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=ctx.extract.batch_size,
-                                         num_workers=ctx.extract.workers or 0)  # fmt: skip
+    """Logits and labels of every image of ``dataset``, in batches, fed and cast as feature
+    extraction is (the same workers, pinned memory and autocast)."""
+    device, size = ctx.extract.device, ctx.extract.batch_size
+    workers = ctx.extract.workers
+    if workers is None:
+        workers = decode_workers(device) if len(dataset) > 2 * size else 0
+    loader = torch.utils.data.DataLoader(dataset, batch_size=size,
+                                         **loader_options(device, workers))  # fmt: skip
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                              enabled=ctx.extract.dtype == "bf16")  # fmt: skip
     logits, labels = [], []
     model.eval()
     with ProgressBar(ctx.extract.progress, len(dataset), "score", status="rate") as advance:
         for images, y in loader:
-            logits.append(model(images.to(ctx.extract.device)).float().cpu())
+            with autocast:
+                logits.append(model(images.to(device, non_blocking=True)).float().cpu())
             labels.append(torch.as_tensor(y))
             advance(len(images))
     return torch.cat(logits), torch.cat(labels)

@@ -83,12 +83,13 @@ def test_cache_key_covers_what_changes_numbers(fake):
         cache_key(fake.info, FeatureRequest(layers=(-2,)), **base),
         cache_key(fake.info, FeatureRequest(dense=True), **base),
         cache_key(fake.info, FeatureRequest(), **{**base, "dtype": "bf16"}),
+        cache_key(fake.info, FeatureRequest(), **{**base, "device": "cuda:1"}),
         cache_key(fake.info, FeatureRequest(), **{**base, "dataset_id": "e"}),
         cache_key(fake.info, FeatureRequest(), **{**base, "split": "train"}),
         cache_key(fake.info, FeatureRequest(), **{**base, "shard_size": 100}),
         cache_key(fake.info, FeatureRequest(), **{**base, "subset": [1, 2]}),
     ]
-    assert len({key, *variants}) == 9
+    assert len({key, *variants}) == 10
 
 
 SCRIPT = textwrap.dedent("""

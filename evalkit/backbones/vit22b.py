@@ -11,6 +11,7 @@ There are no public ViT-22B weights, so the paper-scale sizes refuse random weig
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -51,8 +52,11 @@ class ViT22BBackbone:
 
     def trainable(self) -> ViT22BBackbone:
         """A fresh copy with gradients on, built as this one was (sharded the same way, weights
-        read again): sharded modules are rebuilt rather than deep-copied."""
-        fresh = build(*self.rebuild)
+        read again) but with fp32 parameters: sharded modules are rebuilt rather than
+        deep-copied, and a bf16 run trains under autocast with fp32 master weights (bf16
+        weights would drop the small, layer-decayed updates of the lower blocks)."""
+        size, opts = self.rebuild
+        fresh = build(size, dataclasses.replace(opts, dtype="fp32"))
         fresh.model.requires_grad_(True)
         fresh.info = self.info
         return fresh

@@ -20,7 +20,6 @@ clip: ``pooled`` is then (N, T, D), and a shard holds whole clips.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ import torch
 from evalkit import distributed as mesh
 from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
+from evalkit.data.feeding import decode_workers, loader_options
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -171,11 +171,14 @@ def backbone_spec(info, dtype: str) -> dict:
 
 def feature_spec(info, request: FeatureRequest, *, dtype: str, dataset_id: str, split: str,
                  subset: Sequence[int] | None, shard_size: int = 1024,
-                 storage: str = "fp32") -> dict:  # fmt: skip
+                 storage: str = "fp32", device: str = "cpu") -> dict:  # fmt: skip
     """The one description of what produces a set of cached features (and how they are cut
-    into shards: an entry's shards must all have the same boundaries)."""
+    into shards: an entry's shards must all have the same boundaries). The device type is
+    part of it: a GPU's kernels (cuDNN convolutions, fused attention) differ from a CPU's in
+    the last bits, and a probe fitted to one set must not silently read the other."""
     return {
         "shard_size": shard_size,
+        "device": torch.device(device).type,
         "format": FORMAT_VERSION,
         "backbone": backbone_spec(info, dtype),
         "request": request.key_material(),
@@ -210,7 +213,7 @@ def extract_features(
     if settings.cache_dir is not None:
         key = cache_key(backbone.info, request, dtype=settings.dtype, dataset_id=dataset_id,
                         split=split, subset=subset, shard_size=settings.shard_size,
-                        storage=settings.cache_dtype)  # fmt: skip
+                        storage=settings.cache_dtype, device=settings.device)  # fmt: skip
         folder = Path(settings.cache_dir) / "features" / key
         _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
     wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
@@ -247,9 +250,8 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
     ]
     computed = {}
     if todo:
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_sampler=batches, num_workers=_workers(settings, len(todo))
-        )
+        options = loader_options(settings.device, _workers(settings, len(todo)))
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, **options)
         try:
             computed = _run_loader(loader, backbone, shards, todo, request, settings, folder)
         except EvalkitError as exc:  # raised in a worker: keep only the original message
@@ -312,7 +314,7 @@ def _workers(settings: ExtractSettings, shards: int) -> int:
     # Worker start-up costs about a second: only worth it beyond a couple of shards.
     if settings.workers is not None:
         return settings.workers
-    return min(8, os.cpu_count() or 1) if shards > 2 else 0
+    return decode_workers(settings.device) if shards > 2 else 0
 
 
 def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:

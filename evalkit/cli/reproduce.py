@@ -45,7 +45,12 @@ def add_resource_arguments(parser) -> None:
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--partition")
     parser.add_argument("--timeout-min", type=int, default=240)
-    parser.add_argument("--cpus-per-task", type=int, default=8)
+    parser.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=None,
+        help="CPUs per job (default: 12 per GPU, 8 without one)",
+    )
     parser.add_argument("--mem-gb", type=int)
     parser.add_argument("--array-parallelism", type=int, default=32, help="jobs running at once")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -178,7 +179,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     if not spec.no_cache:
         writable_folder(Path(spec.cache_dir or cache_root()), "--cache-dir")
     distributed.setup(spec.tp, device=spec.resolved_device)
-    full_precision_matmuls()
+    restore = run_numerics()
     identities = {}
     try:
         for name in backbones:
@@ -195,15 +196,35 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
                     yield JobResult(task.name, name, seed, rows, skipped)
             del backbone  # free it before the next one loads
     finally:
+        restore()
         distributed.teardown()
 
 
-def full_precision_matmuls():
-    """fp32 matrix products and convolutions in full fp32 on every device: TF32 (on by default
-    for cuDNN) rounds them to ~1e-3, and features cached on a GPU must agree with a CPU's.
-    Every row records it (``provenance.tf32``)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def run_numerics() -> Callable[[], None]:
+    """Set, for the run, how its arithmetic is done; returns what puts the caller's back.
+
+    - fp32 matrix products and convolutions in full fp32: TF32 (on by default for cuDNN)
+      rounds them to ~1e-3.
+    - Deterministic algorithms: cuDNN picks no kernel by timing, cuBLAS gets a fixed
+      workspace, and an op with no deterministic CUDA kernel (bilinear-upsample backward)
+      warns rather than varying silently; the ADE20k and depth gates compare to 0.001.
+
+    Every row records both (``provenance.tf32``, ``provenance.deterministic``)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def restore():
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
+        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+
+    return restore
 
 
 def writable_folder(path: Path, flag: str):
@@ -271,6 +292,7 @@ def run_task(
             f"(see `evalkit plan`; --force runs it anyway)"
         )
     start = time.perf_counter()
+    reset_peak_memory(ctx.extract.device)  # this job's peak, not the run's
     ctx.artifacts = Path(out_dir) / "pictures"
     rows = []
     for metric in task.run(backbone, ctx):
@@ -346,6 +368,7 @@ def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
     seconds = ctx.stats["seconds"]
     return {
         **environment(),
+        **numerics(),
         "device": ctx.extract.device,
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
@@ -372,7 +395,14 @@ def environment() -> dict:
         "torch": torch.__version__,
         "timm": pkg("timm"),
         "open_clip": pkg("open_clip_torch"),
+    }
+
+
+def numerics() -> dict:
+    """How this run's arithmetic was set (``run_numerics``)."""
+    return {
         "tf32": torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
     }
 
 
@@ -391,6 +421,13 @@ def git_sha() -> str | None:
 
 
 def peak_memory_mb(device: str) -> float:
+    """The job's peak on the run's own device (``cuda:1`` is not GPU 0); the process's peak
+    resident memory on the CPU."""
     if device.startswith("cuda") and torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def reset_peak_memory(device: str):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)

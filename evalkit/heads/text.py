@@ -91,12 +91,19 @@ class LitModel(nn.Module):
 
 def contrastive_loss(images, texts, log_temperature, bias, *, kind: str = "softmax"):
     """Pairs are the diagonal. softmax: 0.5·(image→text + text→image) cross-entropy;
-    sigmoid: −Σ log σ(±(logit + bias)) over all pairs, divided by the batch size."""
-    logits = images @ texts.T * log_temperature.exp()
+    sigmoid: −Σ log σ(±(logit + bias)) over all pairs, divided by the batch size. The logits
+    and the loss are fp32 whatever the autocast around them: at temperature 1/100 a bf16
+    similarity's rounding (~0.004) moves a logit by ~0.4."""
+    with torch.autocast(images.device.type, enabled=False):
+        logits = images.float() @ texts.float().T * log_temperature.float().exp()
+        return _pair_loss(logits, bias.float(), kind)
+
+
+def _pair_loss(logits, bias, kind: str):
     if kind == "sigmoid":
-        signs = 2 * torch.eye(len(images), device=logits.device) - 1
-        return -nn.functional.logsigmoid(signs * (logits + bias)).sum() / len(images)
-    target = torch.arange(len(images), device=logits.device)
+        signs = 2 * torch.eye(len(logits), device=logits.device) - 1
+        return -nn.functional.logsigmoid(signs * (logits + bias)).sum() / len(logits)
+    target = torch.arange(len(logits), device=logits.device)
     ce = nn.functional.cross_entropy
     return 0.5 * (ce(logits, target) + ce(logits.T, target))
 

@@ -11,6 +11,8 @@ time. ``sharded_dim`` states the same plan without torch.distributed, for the pl
 
 from __future__ import annotations
 
+import torch
+
 from evalkit.errors import EvalkitError
 
 COLWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc1")
@@ -41,28 +43,17 @@ def check_divisible(cfg, tp: int):
 
 
 def tensor_parallel_plan(model) -> dict:
-    from torch.distributed.tensor import Partial, Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-    )
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan = {}
-    for index, block in enumerate(model.blocks):
+    for index, _ in enumerate(model.blocks):
         prefix = f"blocks.{index}."
         for name in COLWISE:
             plan[prefix + name] = ColwiseParallel()
         for name in ROWWISE:
             # Leave the partial sums unreduced: the block reduces once where branches meet.
             plan[prefix + name] = RowwiseParallel(output_layouts=Partial(), use_local_output=False)
-        for name in REDUCE:
-            if hasattr(block, name):
-                plan[prefix + name] = PrepareModuleInput(
-                    input_layouts=Partial(),
-                    desired_input_layouts=Replicate(),
-                    use_local_output=True,
-                )
     return plan
 
 
@@ -72,8 +63,22 @@ def apply_tensor_parallel(model, mesh):
 
     check_divisible(model.cfg, mesh.size())
     model = parallelize_module(model, mesh, tensor_parallel_plan(model))
+    for block in model.blocks:
+        for name in REDUCE:
+            if hasattr(block, name):
+                getattr(block, name).register_forward_pre_hook(reduce_partial_in_fp32)
     sum_head_local_gradients(model, mesh)
     return model
+
+
+def reduce_partial_in_fp32(module, args):
+    """The block's one all-reduce, of partial sums made whole in fp32 and handed on in the
+    dtype they came in: a bf16 sum over ranks would round each partial once more (~4e-3)."""
+    from torch.distributed.tensor import Replicate
+
+    (partial,) = args
+    whole = partial.to(torch.float32).redistribute(placements=[Replicate()]).to_local()
+    return (whole.to(partial.dtype),)
 
 
 def sum_head_local_gradients(model, mesh):

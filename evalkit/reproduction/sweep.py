@@ -27,6 +27,7 @@ from pathlib import Path
 
 import tomllib
 
+from evalkit.data.feeding import CPUS_PER_GPU
 from evalkit.errors import EvalkitError
 
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -57,9 +58,16 @@ class Resources:
     fsdp: bool = False
     partition: str | None = None
     timeout_min: int = 240
-    cpus_per_task: int = 8
+    cpus_per_task: int | None = None  # default: CPUS_PER_GPU for each GPU, 8 without one
     mem_gb: int | None = None
     array_parallelism: int = 32
+
+    @property
+    def cpus(self) -> int:
+        """CPUs asked per job: its decoding workers run on them (``evalkit.data.feeding``)."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return CPUS_PER_GPU * self.gpus if self.gpus else 8
 
 
 @dataclass(frozen=True)
@@ -255,7 +263,7 @@ def _parameters(r: Resources, cluster: str) -> dict:
     params = {"timeout_min": r.timeout_min, "nodes": r.nodes, "tasks_per_node": 1,
               "name": "evalkit-sweep"}  # fmt: skip
     if cluster == "slurm":
-        params |= {"gpus_per_node": r.gpus, "cpus_per_task": r.cpus_per_task,
+        params |= {"gpus_per_node": r.gpus, "cpus_per_task": r.cpus,
                    "slurm_array_parallelism": r.array_parallelism}  # fmt: skip
         if r.partition:
             params["slurm_partition"] = r.partition
@@ -281,7 +289,7 @@ def _array_script(plan: Plan, r: Resources, jobs: list[Job]) -> str:
         time=r.timeout_min,
         nodes=r.nodes,
         ntasks_per_node=1,
-        cpus_per_task=r.cpus_per_task,
+        cpus_per_task=r.cpus,
         gpus_per_node=r.gpus or None,
         mem=f"{r.mem_gb}GB" if r.mem_gb else None,
         array_parallelism=r.array_parallelism,

@@ -25,8 +25,11 @@ EMBEDDINGS = ("patch_embed", "pos_embed", "cls_token", "conv1", "class_embedding
 
 
 def trainable_copy(backbone):
-    """A copy of the backbone adapter whose weights require gradients: a deep copy, or, for a
-    sharded backbone (``--tp``/``--fsdp``), a fresh one built the same way (its ``trainable``)."""
+    """A copy of the backbone adapter whose weights require gradients, in fp32: a deep copy,
+    or, for a sharded backbone (``--tp``/``--fsdp``), a fresh one built the same way (its
+    ``trainable``). A bf16 run trains it under autocast, so the optimiser updates fp32 master
+    weights: in bf16 (8 bits of mantissa) an update below 1/256 of a weight is lost, which
+    is most of a layer-decayed lower block's."""
     if getattr(backbone, "sharded", False):
         if not hasattr(backbone, "trainable"):
             raise EvalkitError(
@@ -35,7 +38,7 @@ def trainable_copy(backbone):
         return backbone.trainable()
     backbone_module(backbone)  # a one-line error for adapters without one, before copying
     clone = copy.deepcopy(backbone)
-    backbone_module(clone).requires_grad_(True)
+    backbone_module(clone).float().requires_grad_(True)
     return clone
 
 

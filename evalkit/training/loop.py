@@ -33,6 +33,7 @@ import torch
 from evalkit import distributed as mesh
 from evalkit.cache.identity import read_json, write_json
 from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
+from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -85,6 +86,8 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
     optimizer = make_optimizer(model, schedule, groups)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
     log = resume(model, optimizer, lr_schedule, out) if out is not None else []
+    keys = [(s, m) for s in range(len(log), schedule.steps) for m in range(schedule.accumulate)]
+    batch = prefetched(batch, keys, device)  # decoded ahead by workers when feeding a GPU
     model.train()
     status = "loss {task.fields[loss]:.4f}  {task.fields[speed]:.0f} img/s"
     with ProgressBar(progress, schedule.steps, "train", status=status) as advance:
@@ -139,6 +142,7 @@ def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | Non
         images = torch.stack([item[0] for item in items])
         return images, torch.stack([torch.as_tensor(item[1]) for item in items])
 
+    batch.decodes = True  # a pure function of its key on the CPU: workers may compute it
     return batch
 
 
@@ -167,8 +171,8 @@ def train_step(
     for micro in range(schedule.accumulate):
         x, y = batch(step, micro)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x.to(device)).float()
-        loss = loss_fn(logits, y.to(device))
+            logits = model(x.to(device, non_blocking=True)).float()
+        loss = loss_fn(logits, y.to(device, non_blocking=True))
         if schedule.z_loss:
             loss = loss + schedule.z_loss * torch.logsumexp(logits, -1).pow(2).mean()
         if micro == 0 and observe is not None:

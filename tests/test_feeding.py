@@ -1,0 +1,87 @@
+"""How images reach the device and how a run's arithmetic is set (``evalkit.data.feeding``,
+``evalkit.core.runner.run_numerics``): worker counts from the CPUs a job has, training batches
+decoded ahead in worker processes on a (stand-in) GPU and identical to the plain ones, fp32
+master weights for fine-tuning, and the numerics each row records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_cuda import fake_cuda
+
+from evalkit.core.runner import numerics, run_numerics
+from evalkit.data import feeding
+from evalkit.reproduction.sweep import Resources
+from evalkit.training.loop import sampled_batches
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Items whose 'augmentation' draws from the global RNG, as real ones do."""
+
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, index):
+        return torch.full((3, 4, 4), float(index)) + torch.rand(3, 4, 4), index % 5
+
+
+def test_workers_follow_the_cpus_a_job_has(monkeypatch):
+    monkeypatch.setattr(feeding.os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert feeding.available_cpus() == 32
+    assert feeding.decode_workers("cuda") == 7  # 8 per rank, one kept to drive the GPU
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
+    assert feeding.decode_workers("cuda:1") == 3
+    assert feeding.decode_workers("cpu") == 4  # the forward needs the same cores
+
+
+def test_slurm_asks_for_cpus_per_gpu():
+    assert Resources(gpus=8).cpus == 8 * feeding.CPUS_PER_GPU
+    assert Resources().cpus == 8
+    assert Resources(gpus=8, cpus_per_task=20).cpus == 20
+
+
+def test_prefetched_batches_are_the_plain_ones_in_order(monkeypatch):
+    batch = sampled_batches(Noisy(), batch_size=4, seed=3)
+    keys = [(step, micro) for step in range(2, 6) for micro in range(2)]
+    expected = [batch(*key) for key in keys]
+    monkeypatch.setattr(feeding, "cpus_per_rank", lambda: 3)
+    with fake_cuda(monkeypatch):
+        ahead = feeding.prefetched(batch, keys, "cuda")
+        assert ahead is not batch  # worker processes decode
+        got = [ahead(*key) for key in keys]
+    for (x, y), (ex, ey) in zip(got, expected, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    assert feeding.prefetched(batch, keys, "cpu") is batch
+
+
+def test_prefetched_refuses_a_step_out_of_order(monkeypatch):
+    batch = sampled_batches(Noisy(), batch_size=4, seed=3)
+    monkeypatch.setattr(feeding, "cpus_per_rank", lambda: 2)
+    with fake_cuda(monkeypatch):
+        ahead = feeding.prefetched(batch, [(0, 0), (1, 0), (2, 0)], "cuda")
+        with pytest.raises(RuntimeError, match="asked for as"):
+            ahead(1, 0)
+
+
+def test_fine_tuning_trains_fp32_master_weights():
+    from evalkit import load_backbone
+    from evalkit.training.finetune import backbone_module, trainable_copy
+
+    backbone = load_backbone("vit22b/test", random_init=True, dtype="bf16")
+    copy = trainable_copy(backbone)
+    params = list(backbone_module(copy).parameters())
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in params)
+    assert next(backbone_module(backbone).parameters()).dtype == torch.bfloat16  # untouched
+
+
+def test_run_numerics_are_set_recorded_and_restored():
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    restore = run_numerics()
+    try:
+        assert numerics() == {"tf32": False, "deterministic": True}
+        assert not torch.backends.cudnn.benchmark
+    finally:
+        restore()
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
