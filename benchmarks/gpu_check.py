@@ -1,32 +1,173 @@
-"""The checks only an accelerator can answer, as one short script (at most 8 minutes on one
-GPU; its CPU branch runs the same code at test sizes in seconds, and the tests run it):
+"""The one device check: what only an accelerator can answer, as one short script (at most 8
+minutes on one GPU from a bare machine; its CPU branch runs the same code at small sizes and
+runs in CI). ``python -m benchmarks.gpu_check --device DEVICE --out FILE`` writes one JSON:
 
-1. extraction throughput — evalkit's ``extract`` (bf16 autocast, the model's SDPA attention)
-   against a bare forward of the same timm model on the same batch (baseline);
-2. the linear probe on the device against the same probe on the CPU: the same chosen L2 and
-   top-1 (the probe is float64 and pinned to its optimum, so they must agree);
-3. one fine-tuning step with bf16 autocast (trainable copy, layer-wise groups): finite loss;
-4. model FLOPs utilisation of a ``vit22b/g`` forward (``vit22b/test`` on the CPU branch) against
-   the device's dense bf16 peak;
-5. peak device memory of that forward against what ``evalkit plan`` predicts for the
-   extraction stage (weights plus the stage's device bytes): within 15%.
-
-Run: ``python -m benchmarks.gpu_check [--device cuda]``; writes results/bench/gpu_check.json.
+1. ``families`` — every task family through ``evalkit.run`` on embedded data (task, ok,
+   seconds, first metric): a tensor on the wrong side of the host–device boundary, a
+   collective on the wrong backend or a kernel the device lacks fails here;
+2. ``features_agree`` — the same images through the same weights on the device and on the CPU
+   (fp32, TF32 off): largest difference and cosine of the pooled features;
+3. ``probe`` — the linear probe on the device against the same probe on the CPU: the same
+   chosen L2 and top-1;
+4. ``collective`` — a one-rank process group (NCCL on a GPU, gloo on the CPU): an all-reduce,
+   and a ``vit22b/test`` forward tensor-parallel (DTensor) and FSDP2-sharded against the plain
+   model;
+5. ``feeding`` — images per second decoded by the loader evalkit builds (workers, pinned
+   memory) against a bare forward of the backbone on the device: below 1 the device waits;
+6. ``extraction`` — evalkit's ``extract`` against a bare forward of the same timm model;
+7. ``finetune_step`` — one fine-tuning step under bf16 autocast with fp32 master weights;
+8. ``vit22b_forward`` — MFU of a ``vit22b/g`` forward (``vit22b/test`` on the CPU branch)
+   against the device's dense bf16 peak, and its peak memory against ``evalkit plan``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+import os
+import tempfile
 import time
+import traceback
+from pathlib import Path
 
 import torch
-
-from benchmarks.common import report
 
 SIZES = {  # what each branch runs: (timm model, images, probe rows, vit22b size, batch)
     "cuda": ("timm/vit_base_patch16_224", 256, 20_000, "g", 32),
     "cpu": ("timm/vit_tiny_patch16_224", 16, 1_000, "test", 4),
 }
+SMALL_TRAINING = ["size=test", "image=32", "patch=8", "batch_size=8", "steps=2", "warmup=1"]
+FAMILIES = {  # one run per family: (task, backbone, settings)
+    "linear probe": ("imagenet-linear", "fake", ["l2_grid=0.1,0.01"]),
+    "few-shot": ("imagenet-5shot", "fake", []),
+    "kNN": ("imagenet-knn", "fake", []),
+    "zero-shot (open_clip)": ("zeroshot-imagenet", "open_clip/Check-Tiny", ["templates=clip_paper"]),
+    "LiT": ("lit-imagenet", "fake", ["steps=3", "batch_size=32"]),
+    "segmentation": ("ade20k-1/16", "fake", ["steps=2"]),
+    "depth": ("waymo-depth-linear", "fake", ["steps=2"]),
+    "video": ("kinetics400", "fake", ["steps=2"]),
+    "calibration": ("imagenet-ece", "fake", ["l2_grid=0.1"]),
+    "distillation": ("distill-imagenet", "vit22b/test", ["steps=2", "student=test", "l2_grid=0.1"]),
+    "fine-tuning": ("imagenet-linear", "vit22b/test", ["finetune=true", "finetune_steps=2", "finetune_batch_size=8"]),
+    "stability ablation": ("qk-norm-stability", "none", ["steps=2"]),
+    "efficiency ablation": ("bias-efficiency", "none", [*SMALL_TRAINING, "rounds=1", "timed_steps=1"]),
+}  # fmt: skip
+# A small open_clip architecture with random weights: the zero-shot family's text and image
+# towers on the device, without a download.
+CHECK_CLIP = {"embed_dim": 64,
+              "vision_cfg": {"image_size": 64, "layers": 2, "width": 96, "patch_size": 16, "head_width": 32},
+              "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}  # fmt: skip
+
+
+def register_check_clip():
+    """``open_clip/Check-Tiny``, through open_clip's own config loader."""
+    import open_clip
+
+    folder = Path(tempfile.mkdtemp(prefix="evalkit-check-clip-"))
+    (folder / "Check-Tiny.json").write_text(json.dumps(CHECK_CLIP))
+    open_clip.add_model_config(folder)
+
+
+def families(device: str, work: Path) -> dict:
+    """Every task family on embedded data on ``device``; a failure is recorded, not raised."""
+    import evalkit
+
+    register_check_clip()
+    os.environ.setdefault("EVALKIT_EMBEDDED_SCENES", "16,8")
+    out = {}
+    for family, (task, backbone, settings) in FAMILIES.items():
+        start = time.perf_counter()
+        try:
+            rows = evalkit.run(task, backbone, data="embedded", device=device,
+                               out=work / "rows", cache_dir=work / "cache", progress=False,
+                               overrides=settings, random_init=backbone.startswith("open_clip"))  # fmt: skip
+            entry = {"ok": True, "metric": rows[0]["metric"], "value": rows[0]["value"],
+                     "device": rows[0]["provenance"]["device"]}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the check reports every family, whatever fails
+            entry = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                     "where": traceback.format_exc(limit=-3)}  # fmt: skip
+        out[family] = {"task": task, **entry, "seconds": round(time.perf_counter() - start, 1)}
+    return out
+
+
+def features_agree(device: str) -> dict:
+    """The same weights and images on ``device`` and on the CPU, in fp32 with TF32 off."""
+    from evalkit import load_backbone
+    from evalkit.core.runner import run_numerics
+
+    restore = run_numerics()
+    try:
+        here = load_backbone(SIZES[device][0], device=device)
+        there = load_backbone(SIZES[device][0], device="cpu")
+        there.model.load_state_dict(here.model.state_dict())
+        images = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            a = here.extract(images.to(device), pool="cls").pooled.cpu()
+            b = there.extract(images, pool="cls").pooled
+    finally:
+        restore()
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=1).min().item()
+    return {"max_abs_diff": float(f"{(a - b).abs().max().item():.3g}"),
+            "min_cosine": round(cosine, 7), "scale": round(b.abs().max().item(), 3)}  # fmt: skip
+
+
+def collective(device: str) -> dict:
+    """A one-rank group on the device's backend: an all-reduce, then a forward of a model
+    sharded tensor-parallel and with FSDP2 over one-rank mesh axes, against the plain model."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from evalkit.models.vit22b import build, config
+    from evalkit.parallel.plan import apply_fsdp, apply_tensor_parallel
+
+    kind = torch.device(device).type
+    backend = "nccl" if kind == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+    try:
+        total = torch.full((4,), 2.0, device=device)
+        dist.all_reduce(total)
+        mesh = init_device_mesh(kind, (1, 1), mesh_dim_names=("dp", "tp"))
+        plain = build(config("test"), seed=3).to(device).eval()
+        sharded = copy.deepcopy(plain)
+        apply_tensor_parallel(sharded, mesh["tp"])
+        apply_fsdp(sharded, mesh["dp"])
+        images = torch.randn(2, 3, 224, 224, device=device)
+        with torch.no_grad():
+            diff = (sharded(images) - plain(images)).abs().max().item()
+    finally:
+        dist.destroy_process_group()
+    return {"backend": backend, "all_reduce_ok": bool((total == 2.0).all()),
+            "sharded_vs_plain_max_diff": float(f"{diff:.3g}"), "ok": diff <= 1e-4}  # fmt: skip
+
+
+def feeding(device: str, work: Path) -> dict:
+    """Loader images/s (evalkit's workers and pinned memory, decoding the embedded JPEGs)
+    against a bare forward of the timm backbone on the device, images/s."""
+    from evalkit import load_backbone
+    from evalkit.core.task import TaskContext
+    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data.feeding import decode_workers, loader_options
+
+    backbone = load_backbone(SIZES[device][0], device=device)
+    ctx = TaskContext(data=DataConfig(source="embedded", cache=work / "cache"))
+    dataset = open_dataset("imagenet", "train", ctx.data, transform=backbone.transform())
+    workers = decode_workers(device)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=False,
+                                         **loader_options(device, workers))  # fmt: skip
+    start, seen = time.perf_counter(), 0
+    for images, _ in loader:
+        images.to(device, non_blocking=True)
+        seen += len(images)
+    loader_rate = seen / (time.perf_counter() - start)
+    batch = torch.randn(64, 3, 224, 224, device=device)
+    autocast = torch.autocast(torch.device(device).type, torch.bfloat16, enabled=device != "cpu")
+    with torch.inference_mode(), autocast:
+        seconds = timed(lambda: backbone.model.forward_features(batch), device)
+    forward_rate = len(batch) / seconds
+    return {"workers": workers, "images": seen, "loader_img_s": round(loader_rate, 1),
+            "forward_img_s": round(forward_rate, 1),
+            "loader_vs_forward": round(loader_rate / forward_rate, 3)}  # fmt: skip
 
 
 def timed(fn, device: str, repeats: int = 3) -> float:
@@ -152,15 +293,33 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = "cuda" if torch.cuda.is_available() else "cpu"
     parser.add_argument("--device", default=default, choices=("cuda", "cpu"))
+    parser.add_argument("--out", type=Path, default=Path("results/bench/gpu_check.json"))
+    parser.add_argument("--skip", default="", help="checks to leave out, comma-separated")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
-    for check in (extraction, probe, finetune_step, vit22b_forward):
-        start = time.perf_counter()
-        record[check.__name__] = check(args.device) | {
-            "check_seconds": round(time.perf_counter() - start, 1)
-        }
-    report("gpu_check", record)
+    device = args.device
+    record = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    with tempfile.TemporaryDirectory(prefix="evalkit-gpu-check-") as folder:
+        work = Path(folder)
+        checks = {"families": lambda: families(device, work),
+                  "features_agree": lambda: features_agree(device), "probe": lambda: probe(device),
+                  "collective": lambda: collective(device), "feeding": lambda: feeding(device, work),
+                  "extraction": lambda: extraction(device), "finetune_step": lambda: finetune_step(device),
+                  "vit22b_forward": lambda: vit22b_forward(device)}  # fmt: skip
+        skipped = set(filter(None, args.skip.split(",")))
+        for name, check in [(n, c) for n, c in checks.items() if n not in skipped]:
+            start = time.perf_counter()
+            record[name] = check() | {"check_seconds": round(time.perf_counter() - start, 1)}
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record, indent=2))  # what finished survives a crash
+    ran = record.get("families", {})
+    failed = [name for name, f in ran.items() if name != "check_seconds" and not f["ok"]]
+    record["all_families_ok"] = not failed if ran else "not run"
+    args.out.write_text(json.dumps(record, indent=2))
+    print(
+        f"[gpu_check] {device}: families ok {record['all_families_ok']} "
+        f"(failed: {', '.join(failed) or 'none'}); written to {args.out}"
+    )
     return record
 
 

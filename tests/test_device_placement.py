@@ -14,23 +14,13 @@ import torch
 from fake_cuda import fake_cuda, on_cuda
 
 import evalkit
+from benchmarks import gpu_check
 
-SMALL_TRAINING = ["size=test", "image=32", "patch=8", "batch_size=8", "steps=2", "warmup=1"]
+# The device check's table of task families, with the test's own tiny open_clip architecture.
 FAMILIES = {
-    "linear probe": ("imagenet-linear", "fake", ["l2_grid=0.1,0.01"]),
-    "few-shot": ("imagenet-5shot", "fake", []),
-    "kNN": ("imagenet-knn", "fake", []),
+    **gpu_check.FAMILIES,
     "zero-shot (open_clip)": ("zeroshot-imagenet", "open_clip/Tiny-Test", []),
-    "LiT": ("lit-imagenet", "fake", ["steps=3", "batch_size=32"]),
-    "segmentation": ("ade20k-1/16", "fake", ["steps=2"]),
-    "depth": ("waymo-depth-linear", "fake", ["steps=2"]),
-    "video": ("kinetics400", "fake", ["steps=2"]),
-    "calibration": ("imagenet-ece", "fake", ["l2_grid=0.1"]),
-    "distillation": ("distill-imagenet", "vit22b/test", ["steps=2", "student=test", "l2_grid=0.1"]),
-    "fine-tuning": ("imagenet-linear", "vit22b/test", ["finetune=true", "finetune_steps=2", "finetune_batch_size=8"]),
-    "stability ablation": ("qk-norm-stability", "none", ["steps=2"]),
-    "efficiency ablation": ("bias-efficiency", "none", [*SMALL_TRAINING, "rounds=1", "timed_steps=1"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
