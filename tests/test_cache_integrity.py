@@ -149,3 +149,28 @@ def test_a_full_disk_while_writing_a_shard_is_one_line(fake, data_cache, tmp_pat
     assert sorted(p.name for p in folder.iterdir() if "shard" in p.name) == [
         "shard-00000.safetensors"
     ]  # the finished shard is kept, no partial file left
+
+
+def test_a_shard_swapped_in_under_its_stamp_is_caught_on_the_warm_path(fake, data_cache, tmp_path,
+                                                                       capsys):  # fmt: skip
+    """Another entry's shard written over this one in place, size, inode and modification
+    time kept (``cat other > mine; touch -r``): the header says whose it is."""
+    clean = _extract(fake, data_cache, tmp_path).pooled
+    _extract(fake, data_cache, tmp_path, pool="mean")
+    mine, other = _entry(tmp_path, "cls"), _entry(tmp_path, "mean")
+    for shard in mine.glob("shard-*"):
+        _age(shard)
+    _extract(fake, data_cache, tmp_path)  # vouches for every stamp
+    victim = mine / "shard-00001.safetensors"
+    stat = victim.stat()
+    swapped = (other / "shard-00001.safetensors").read_bytes()
+    assert len(swapped) == stat.st_size
+    with open(victim, "r+b") as f:
+        f.write(swapped)
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert file_stamp(victim) == f"{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+    again = _extract(fake, data_cache, tmp_path)
+    assert torch.equal(again.pooled, clean)
+    assert "shard-00001.safetensors are unusable (written for" in " ".join(
+        capsys.readouterr().err.split()
+    )

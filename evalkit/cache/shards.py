@@ -8,9 +8,12 @@ one (it is reported, deleted and recomputed). A finished entry's ``manifest.json
 every shard's checksum, so a swapped file is caught even when its own metadata is consistent.
 
 Checking reads a shard whole. A warm cache skips that: a shard that passed is recorded in
-``verified.json`` by its (size, modification time, inode), and is read again only when that
-stamp changes. Damage that keeps the stamp (bit rot) is found by ``evalkit cache verify`` or
-``evalkit run --verify-cache``, which re-read every shard whatever its stamp.
+``verified.json`` by its (size, modification time, inode), and is read whole again only when
+that stamp changes. The warm path still reads every shard's header (a few hundred bytes): its
+place and checksum must be the ones the entry and its manifest expect, so a shard swapped in
+with its stamp kept (``touch -r`` after a copy) is caught without hashing the file. Damage
+that keeps both stamp and header (bit rot) is found by ``evalkit cache verify`` or ``evalkit
+run --verify-cache``, which re-read every shard whatever its stamp.
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ def verify_shards(folder: Path, wanted: Iterable[Place], *, recheck: bool = Fals
         if not path.exists():
             continue
         stamp = file_stamp(path)
-        if recheck or stamp is None or verified.get(path.name) != stamp:
+        known = verified.get(path.name) == stamp and _header_matches(path, place, listed)
+        if recheck or stamp is None or not known:
             verified[path.name] = _verify_one(path, place, listed.get(str(place.index)))
             if verified[path.name] is None and not path.exists():
                 bad.append(path)
@@ -159,6 +163,19 @@ def verify_shards(folder: Path, wanted: Iterable[Place], *, recheck: bool = Fals
         (folder / MANIFEST).unlink(missing_ok=True)
     write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
     return bad
+
+
+def _header_matches(path: Path, place: Place, listed: dict) -> bool:
+    """The shard's header names this place, and the checksum the manifest lists (if any)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception:  # noqa: BLE001 - an unreadable header is checked in full, and fails there
+        return False
+    expected = listed.get(str(place.index))
+    return metadata.get(PLACE) == place.text() and expected in (None, metadata.get(CHECKSUM))
 
 
 def _verify_one(path: Path, place: Place, listed: str | None) -> str | None:
