@@ -7,7 +7,6 @@ exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
-import errno
 import sys
 from pathlib import Path
 
@@ -37,9 +36,6 @@ def warn(message: str):
 
 def disk_error(exc: OSError, path: Path) -> EvalkitError:
     """One line for a write that failed: what, where, and what to do."""
-    if exc.errno == errno.ENOSPC:
-        return EvalkitError(
-            f"no space left on the device writing {path}: free space (or write elsewhere) and "
-            "rerun; finished work is kept"
-        )
-    return EvalkitError(f"cannot write {path}: {exc.strerror or exc}")
+    from evalkit.writes import write_error
+
+    return write_error(exc, path) or EvalkitError(f"cannot write {path}: {exc.strerror or exc}")

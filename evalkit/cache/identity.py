@@ -21,6 +21,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from evalkit.writes import replacing
+
 CHUNK = 8 << 20
 MEMO_NAME = "content-ids.json"
 RACY_NS = 3_000_000_000
@@ -125,11 +127,8 @@ def read_json(path: Path) -> dict:
 
 def write_json(path: Path, value):
     """Write JSON to a temporary name and rename it into place: readers never see half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        tmp.write_text(json.dumps(value))
 
 
 def files_identity(paths, root: Path, *, content: bool = False, extra: str = "") -> str:

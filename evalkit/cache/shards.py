@@ -19,7 +19,6 @@ run --verify-cache``, which re-read every shard whatever its stamp.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,8 @@ from pathlib import Path
 import torch
 
 from evalkit.cache.identity import file_stamp, read_json, write_json
-from evalkit.errors import disk_error, warn
+from evalkit.errors import warn
+from evalkit.writes import replacing
 
 CHECKSUM = "evalkit_sha256"
 PLACE = "evalkit_place"
@@ -79,15 +79,9 @@ def save_shard(folder: Path, place: Place, shard: dict):
     from safetensors.torch import save_file
 
     shard = {k: v.contiguous() for k, v in shard.items()}
-    path = shard_path(folder, place.index)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     metadata = {CHECKSUM: shard_checksum(shard, place), PLACE: place.text()}
-    try:
+    with replacing(shard_path(folder, place.index)) as tmp:
         save_file(shard, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise disk_error(exc, path) from None
 
 
 def read_shard(path: Path) -> dict:

@@ -28,6 +28,7 @@ from evalkit.cache.features import (
 )
 from evalkit.data import DataConfig, data_identity
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.writes import replacing
 
 
 @dataclass(frozen=True)
@@ -246,10 +247,8 @@ class TaskContext:
             return
         import pandas as pd
 
-        self.predictions.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.predictions.with_suffix(".tmp")
-        pd.DataFrame(columns).to_parquet(tmp, index=False)
-        tmp.replace(self.predictions)
+        with replacing(self.predictions) as tmp:
+            pd.DataFrame(columns).to_parquet(tmp, index=False)
 
     def data_identity(self, name: str) -> str:
         """Identity of every file of dataset ``name`` (walked once per run)."""

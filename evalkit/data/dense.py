@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
+from evalkit.writes import replacing, sweep_stale
 
 ADE_DIR = "ADEChallengeData2016"
 ADE_SPLITS = {"train": "training", "val": "validation"}
@@ -339,14 +339,23 @@ def embedded_scene_set(kind: str) -> SceneSet:
 
 def write_scene_set(spec: SceneSet, root: Path) -> Path:
     """Write the stand-in once under ``root/<key>`` (atomically); returns the dataset root."""
-    from evalkit.data.scenes import scene
-
     target = Path(root) / spec.key()
     name = ADE_DIR if spec.kind == "ade20k" else DEPTH[spec.kind].dirname
     if (target / "done").exists():
         return target / name
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    sweep_stale(target.parent)  # what a run killed mid-write left
+    try:
+        with replacing(target) as tmp:
+            _fill_scene_set(spec, tmp, name)
+    except OSError:  # another process finished first (a folder is not replaced): keep theirs
+        if not (target / "done").exists():
+            raise
+    return target / name
+
+
+def _fill_scene_set(spec: SceneSet, tmp: Path, name: str):
+    from evalkit.data.scenes import scene
+
     for split, count in (("train", spec.train), ("val", spec.val)):
         for index in range(count):
             if spec.kind == "ade20k":
@@ -357,11 +366,6 @@ def write_scene_set(spec: SceneSet, root: Path) -> Path:
                 parts = scene(depth_spec.scene, spec.seed, split, index, depth_spec.embedded_size)
                 _write_depth(tmp / name, depth_spec, split, index, parts)
     (tmp / "done").write_text(spec.key())
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target / name
 
 
 def _write_ade(root: Path, split: str, index: int, image, labels):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from evalkit.writes import replacing, sweep_stale
 
 SHAPES = ("circle", "square", "triangle", "cross")
 COLOURS = {"red": (220, 50, 40), "green": (40, 180, 60), "blue": (40, 80, 220)}
@@ -228,13 +228,13 @@ def write_once(target: Path, fill, spec: dict) -> Path:
     half-written set; a finished ``target`` is returned as it is."""
     if (target / DONE).exists():
         return target
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fill(tmp)
-    (tmp / DONE).write_text(json.dumps(spec))
+    sweep_stale(target.parent)  # what a run killed mid-write left
     try:
-        tmp.rename(target)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+        with replacing(target) as tmp:
+            tmp.mkdir(parents=True)
+            fill(tmp)
+            (tmp / DONE).write_text(json.dumps(spec))
+    except OSError:  # another process finished first (a folder is not replaced): keep theirs
+        if not (target / DONE).exists():
+            raise
     return target

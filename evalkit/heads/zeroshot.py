@@ -16,7 +16,6 @@ it is one of the image's correct classes.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import string
@@ -28,6 +27,7 @@ import torch
 
 from evalkit.cache.identity import spec_key
 from evalkit.errors import EvalkitError
+from evalkit.writes import replacing
 
 TEMPLATE_SETS: dict[str, list[str]] = json.loads(
     resources.files("evalkit.data").joinpath("meta", "templates.json").read_text()
@@ -145,10 +145,8 @@ def stored_class_embeddings(
         except (RuntimeError, EOFError, OSError, pickle.UnpicklingError):  # damaged: recompute
             path.unlink(missing_ok=True)
     embeddings = class_embeddings(tower, prompting)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(embeddings, tmp)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        torch.save(embeddings, tmp)
     return embeddings
 
 

@@ -1,0 +1,102 @@
+"""Where evalkit writes files: every cache entry, manifest, stand-in data set, class-embedding
+table, predictions file and JSON record goes through ``replacing``.
+
+A file (or folder) is written under a temporary name beside its target and renamed into place,
+so a reader never sees half of one and a crash never counts half-written work as done. A write
+that fails removes its temporary file and ends in one line naming the path and what to do: a
+full disk, a read-only file system or a missing permission, whichever library raised it
+(safetensors reports a full disk as its own error type). Temporary names carry the writer's
+process id; ``sweep_stale`` removes those whose process is gone, so what a killed run left
+behind does not stay for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+MARK = ".tmp-"
+OS_ERROR = re.compile(r"os error (\d+)")  # how Rust libraries (safetensors) report errno
+WRITE_ERRORS = {
+    errno.ENOSPC: "no space left on the device writing {path}: free space (or write elsewhere) "
+    "and rerun; finished work is kept",
+    errno.EROFS: "{path} is on a read-only file system: choose a writable folder (a read-only "
+    "feature cache is read with --cache-dir and computes what it lacks in memory)",
+    errno.EACCES: "no permission to write {path}: choose a folder you can write in",
+    errno.EDQUOT: "disk quota exceeded writing {path}: free space (or write elsewhere) and rerun; "
+    "finished work is kept",
+}
+
+
+def temporary(path: Path) -> Path:
+    """This process's temporary name for ``path``, in the same folder (so the rename is atomic)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{MARK}{os.getpid()}")
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """Yield a temporary path to write ``path``'s content (a file or a folder) into; on success
+    it replaces ``path``, on any failure it is removed and a write error is one line."""
+    path = Path(path)
+    tmp = temporary(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _remove(tmp)
+        error = write_error(exc, path)
+        if error is None:
+            raise
+        raise error from None
+
+
+def write_error(exc: BaseException, path: Path) -> EvalkitError | None:
+    """The one-line error for a write that failed for want of space or permission, or None
+    when ``exc`` is something else."""
+    code = getattr(exc, "errno", None)
+    if code is None and (found := OS_ERROR.search(str(exc))):
+        code = int(found[1])
+    if code in WRITE_ERRORS:
+        return EvalkitError(WRITE_ERRORS[code].format(path=path))
+    return None
+
+
+def sweep_stale(folder: Path):
+    """Remove temporary files and folders in ``folder`` whose writer process has ended."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        pid = entry.name.rpartition(MARK)[2]
+        if entry.name.startswith(".") and MARK in entry.name and pid.isdigit() and _ended(int(pid)):
+            _remove(entry)
+
+
+def _ended(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _remove(path: Path):
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
