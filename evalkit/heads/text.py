@@ -96,7 +96,7 @@ def contrastive_loss(images, texts, log_temperature, bias, *, kind: str = "softm
     similarity's rounding (~0.004) moves a logit by ~0.4."""
     with torch.autocast(images.device.type, enabled=False):
         logits = images.float() @ texts.float().T * log_temperature.float().exp()
-        return _pair_loss(logits, bias.float(), kind)
+        return _pair_loss(logits, None if bias is None else bias.float(), kind)
 
 
 def _pair_loss(logits, bias, kind: str):
