@@ -63,13 +63,16 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
-        if found is None:
+        if not _is_pickle(path):
             raise EvalkitError(
                 f"cannot read checkpoint {path}: not a safetensors file or a torch checkpoint"
             ) from exc
+        # Any refusal of torch's weights-only unpickler (its wording varies by version and by
+        # pickle protocol) means the pickle holds more than tensors.
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" ({found[1]})" if found else ""
         raise EvalkitError(
-            f"cannot read checkpoint {path}: it holds a pickled Python object ({found[1]}) "
+            f"cannot read checkpoint {path}: it is a pickle holding Python objects{what} "
             "besides tensors, which evalkit never runs: save the model's state_dict alone, or "
             "convert it to safetensors"
         ) from exc
@@ -80,6 +83,13 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             "(expected a safetensors file or a torch state dict of tensors)"
         ) from exc
     return _unwrap(state, path)
+
+
+def _is_pickle(path: Path) -> bool:
+    """A torch checkpoint (a zip archive) or a bare pickle of protocol 2 or later."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return head == b"PK" or head[:1] == b"\x80"
 
 
 def _unwrap(state, path: Path) -> dict[str, torch.Tensor]:

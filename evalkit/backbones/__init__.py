@@ -58,6 +58,9 @@ def row_name(spec: str) -> str:
     return f"{family}/{variant}" if variant else family
 
 
+BUILT_FROM_SEED = frozenset({"fake", "none"})  # backbones with no weights file to read
+
+
 def load_backbone(spec: str, opts: BackboneOptions | None = None):
     """Build the backbone named ``spec`` (e.g. ``timm/vit_tiny_patch16_224``)."""
     family, _, variant = spec.partition("/")
@@ -73,6 +76,11 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
             f"--tp shards the built-in vit22b family only; {spec} runs data-parallel (drop --tp)"
         )
     opts = opts or BackboneOptions()
+    if opts.weights and family in BUILT_FROM_SEED:
+        raise EvalkitError(
+            f"{spec} loads no weights (it is built from the seed): drop --weights, or name a "
+            "backbone that takes them (timm/…, open_clip/…, vit22b/…)"
+        )
     check_model_options(family, declared_options(build), opts.model_kwargs)
     backbone = build(variant, opts)
     # The options reach every key through the info, whatever the adapter does with them.

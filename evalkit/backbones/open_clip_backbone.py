@@ -25,7 +25,7 @@ from evalkit.backbones.base import (
     pool_tokens,
     random_init_id,
 )
-from evalkit.backbones.options import BackboneOptions
+from evalkit.backbones.options import BackboneOptions, rejected_options
 from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
@@ -123,7 +123,8 @@ def _create(open_clip, variant: str, opts: BackboneOptions):
     arch, _, tag = variant.partition(":")
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
-        model = open_clip.create_model(arch, pretrained=None, **opts.model_kwargs)
+        with rejected_options(f"open_clip/{arch}", opts.model_kwargs):
+            model = open_clip.create_model(arch, pretrained=None, **opts.model_kwargs)
     if opts.pretrained:
         return model, _load_from_hub(open_clip, model, arch, tag)
     if tag:

@@ -11,6 +11,7 @@ change the weights behind the cache key's back, so it is refused by name.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from dataclasses import dataclass, field
@@ -85,3 +86,23 @@ def check_model_options(family: str, declared: frozenset[str], kwargs: dict[str,
             if not hint.startswith("did you mean"):
                 hint = "they take " + (", ".join(sorted(declared)) or "none")
             raise EvalkitError(f"{family} backbones take no --model-arg {key!r}: {hint}")
+
+
+@contextlib.contextmanager
+def rejected_options(name: str, kwargs: dict[str, Any]):
+    """A constructor that rejects a ``--model-arg`` value (timm looks ``act_layer`` up in a
+    table and raises ``KeyError``, others ``TypeError`` or ``ValueError``) ends in one line
+    naming the options; without options its exception is a bug and goes through."""
+    from evalkit.errors import EvalkitError
+
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - whatever the constructor raised about its input
+        if not kwargs:
+            raise
+        given = " ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EvalkitError(
+            f"{name} rejected --model-arg {given} ({type(exc).__name__}: {detail}): "
+            "check each value against the model's constructor"
+        ) from None

@@ -22,7 +22,7 @@ from evalkit.backbones.base import (
     random_init_id,
     resolve_layers,
 )
-from evalkit.backbones.options import BackboneOptions
+from evalkit.backbones.options import BackboneOptions, rejected_options
 from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
 
@@ -90,12 +90,8 @@ def _create(timm, variant: str, opts: BackboneOptions):
         return _from_hub(timm, variant, kwargs)
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
-        try:
+        with rejected_options(f"timm/{variant}", opts.model_kwargs):
             model = timm.create_model(variant, pretrained=False, **kwargs)
-        except TypeError as exc:  # an option the model's constructor does not take
-            raise EvalkitError(
-                f"timm/{variant} rejected --model-arg {opts.model_kwargs}: {exc}"
-            ) from exc
     if opts.weights is None:
         return model, random_init_id(f"timm/{variant}", opts.seed, opts.model_kwargs)
     head = model.pretrained_cfg.get("classifier") or "head"

@@ -14,6 +14,7 @@ libraries that compute features — and the one way a spec becomes a key (``spec
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -147,6 +148,16 @@ def files_identity(paths, root: Path, *, content: bool = False, extra: str = "")
             except FileNotFoundError:  # a link to nothing: the reader will say so
                 digest.update(b"missing\n")
                 continue
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                from evalkit.errors import EvalkitError
+
+                name = os.fsdecode(path)
+                raise EvalkitError(
+                    f"{name} is a symbolic link loop (→ {os.fsdecode(os.readlink(path))} → …): "
+                    "remove or fix the link"
+                ) from None
             digest.update(f"{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 

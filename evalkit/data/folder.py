@@ -4,7 +4,9 @@ and the ``imagenet`` dataset kind that resolves to one or the other."""
 
 from __future__ import annotations
 
+import errno
 import os
+import unicodedata
 from pathlib import Path
 
 import torch
@@ -88,15 +90,25 @@ def class_index(own: list[str], reference, *, where: str) -> list[int]:
     its images would be scored against a class the head never saw."""
     if reference is None:
         return list(range(len(own)))
-    index = {name: i for i, name in enumerate(reference)}
-    unknown = [name for name in own if name not in index]
+    # Names are compared in Unicode's composed form (NFC): macOS writes "café" decomposed
+    # (NFD), Linux keeps what it was given, and both spellings print alike.
+    index = {unicodedata.normalize("NFC", name): i for i, name in enumerate(reference)}
+    unknown = [name for name in own if unicodedata.normalize("NFC", name) not in index]
     if unknown:
-        listed = ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else "")
+        listed = ", ".join(map(_spelled, unknown[:5])) + (" …" if len(unknown) > 5 else "")
         raise EvalkitError(
             f"{where} has {len(unknown)} classes the training split lacks: {listed} "
             f"(an evaluation split may only hold training classes: rename or remove them)"
         )
-    return [index[name] for name in own]
+    return [index[unicodedata.normalize("NFC", name)] for name in own]
+
+
+def _spelled(name: str) -> str:
+    """A class name as printed, with its code points when it is not plain ASCII (two names
+    that print alike can differ)."""
+    if name.isascii():
+        return name
+    return f"{name} ({' '.join(f'U+{ord(c):04X}' for c in name)})"
 
 
 def _scan(root: Path, hint: str):
@@ -104,18 +116,61 @@ def _scan(root: Path, hint: str):
         raise EvalkitError(
             f"dataset folder not found: {root} (expected {hint or '<class>/<image>'})"
         )
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    entries = [p for p in sorted(root.iterdir()) if not p.name.startswith(".")]
+    for entry in entries:
+        check_link(entry, root)
+    class_dirs = [p for p in entries if p.is_dir()]
     if not class_dirs:
         raise EvalkitError(f"no class folders in {root} (expected {hint or '<class>/<image>'})")
+    names = [unicodedata.normalize("NFC", d.name) for d in class_dirs]
+    if len(set(names)) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise EvalkitError(
+            f"{root} holds two class folders named {_spelled(twice)} (one composed, one "
+            "decomposed Unicode): merge them"
+        )
     samples = []
     for label, class_dir in enumerate(class_dirs):
-        images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not images:
-            raise EvalkitError(
-                f"class folder {class_dir} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})"
-            )
-        samples += [(p, label) for p in images]
+        samples += [(p, label) for p in _class_images(class_dir)]
     return [d.name for d in class_dirs], samples
+
+
+def _class_images(class_dir: Path) -> list[Path]:
+    entries = sorted(class_dir.iterdir())
+    for entry in entries:
+        check_link(entry, class_dir)
+    images = [p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES]
+    if images:
+        return images
+    folders = [p.name for p in entries if p.is_dir()]
+    inside = f"; it holds folders ({', '.join(folders[:3])}), and images go directly in " \
+        "<class>/" if folders else ""  # fmt: skip
+    raise EvalkitError(
+        f"class folder {class_dir} has no images ({', '.join(sorted(IMAGE_SUFFIXES))}){inside}"
+    )
+
+
+def check_link(path: Path, parent: Path):
+    """A symbolic link that goes round in a loop (to itself, to another link back to it, or to
+    a folder above it) is refused in one line naming it."""
+    if not path.is_symlink():
+        return
+    try:
+        target = path.resolve(strict=True)
+    except FileNotFoundError:
+        return  # a dangling link: the reader says the image is unreadable
+    except (OSError, RuntimeError) as exc:  # ELOOP, or Python's own loop detection
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise
+        raise EvalkitError(
+            f"{path} is a symbolic link loop ({path.name} → {os.readlink(path)} → …): remove "
+            "or fix the link"
+        ) from None
+    above = parent.resolve()
+    if target.is_dir() and (target == above or target in above.parents):
+        raise EvalkitError(
+            f"{path} links to {target}, a folder that contains it (a loop): remove the link"
+        )
 
 
 class HFImages(torch.utils.data.Dataset):
