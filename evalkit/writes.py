@@ -17,6 +17,7 @@ import errno
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +59,16 @@ def replacing(path: Path) -> Iterator[Path]:
         if error is None:
             raise
         raise error from None
+
+
+def writable(folder: Path) -> bool:
+    """Whether this process can create a file in ``folder`` (permissions and read-only mounts
+    both answer here)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def write_error(exc: BaseException, path: Path) -> EvalkitError | None:

@@ -143,10 +143,10 @@ def checkpoint_dir(task, backbone, ctx) -> Path | None:
     """``<cache>/finetune/<run key>``: keyed by the runner's own job spec (task version and
     settings, backbone with its options, weights, dtypes and library versions, data, seed),
     so a checkpoint is resumed only by the job that wrote it."""
-    if ctx.extract.cache_dir is None:
+    if ctx.extract.writable_cache is None:
         return None
     key = spec_key(job_spec(task, backbone.info, ctx), 16)
-    return Path(ctx.extract.cache_dir) / "finetune" / key
+    return Path(ctx.extract.writable_cache) / "finetune" / key
 
 
 def finetune_extra(task: FinetuneSettings, log: list[dict], size: int) -> dict:

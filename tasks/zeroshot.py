@@ -191,7 +191,7 @@ class ZeroShot(Task):
         return f"{len(space.candidates)} of {len(space.names)} classes ({why})"
 
     def classifier(self, text, prompting: Prompting, ctx, tower_id: str | None) -> torch.Tensor:
-        folder = ctx.extract.cache_dir
+        folder = ctx.extract.writable_cache
         if folder is None or tower_id is None:
             return class_embeddings(text, prompting)
         return stored_class_embeddings(text, prompting, tower_id=tower_id, folder=folder)

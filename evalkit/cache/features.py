@@ -67,6 +67,13 @@ class ExtractSettings:
     shard_size: int = 1024
     progress: bool = True
     verify_cache: bool = False  # re-read every cached shard, whatever its stamp
+    read_only: bool = False  # the cache is read, never written: what it lacks stays in memory
+
+    @property
+    def writable_cache(self) -> Path | None:
+        """Where a task may keep what it computes (checkpoints, classifiers); None when the
+        cache is off or read-only."""
+        return None if self.read_only else self.cache_dir
 
 
 class FeatureSet:
@@ -158,7 +165,7 @@ def _part_keys(part) -> list[str]:
 def backbone_spec(info, dtype: str) -> dict:
     """Everything about a backbone that changes its features: name, weights content id, every
     constructor option, preprocessing, compute dtype and the versions of the libraries that run
-    it. The device is not in it (see the README's "Feature cache")."""
+    it. The device type is added by ``feature_spec``."""
     return {
         "name": info.name,
         "weights": info.weights_id,
@@ -215,19 +222,25 @@ def extract_features(
                         split=split, subset=subset, shard_size=settings.shard_size,
                         storage=settings.cache_dtype, device=settings.device)  # fmt: skip
         folder = Path(settings.cache_dir) / "features" / key
-        _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
+        if not settings.read_only:
+            _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
     wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
+    unusable = set()
     if folder is not None and mesh.current().main:
-        files.verify_shards(folder, wanted, recheck=settings.verify_cache)
+        bad = files.verify_shards(folder, wanted, recheck=settings.verify_cache,
+                                  read_only=settings.read_only)  # fmt: skip
+        unusable = {files.shard_index(path) for path in bad}
     mesh.barrier()  # all ranks agree on what is missing before any rank writes
-    done = {i for i in range(len(shards)) if folder and files.shard_path(folder, i).exists()}
-    computed = _compute_missing(backbone, dataset, shards, done, request, settings, folder)
+    done = {i for i in range(len(shards))
+            if folder and i not in unusable and files.shard_path(folder, i).exists()}  # fmt: skip
+    writes_to = None if settings.read_only else folder
+    computed = _compute_missing(backbone, dataset, shards, done, request, settings, writes_to)
     mesh.barrier()  # every group's shards are on disk
     if folder is None:
         parts = [computed[i] for i in range(len(shards))]
     else:
-        parts = [files.shard_path(folder, i) for i in range(len(shards))]
-        if mesh.current().main and not (folder / files.MANIFEST).exists():
+        parts = [computed.get(i) or files.shard_path(folder, i) for i in range(len(shards))]
+        if writes_to and mesh.current().main and not (folder / files.MANIFEST).exists():
             files.write_manifest(folder, wanted, len(indices))
     features = FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
     features.extracted = sum(len(shards[i]) for i in computed)  # by this process's group
@@ -398,10 +411,11 @@ def list_cache(root: Path) -> list[dict]:
     return entries
 
 
-def verify_cache(root: Path, *, backbone: str | None = None, progress: bool = True) -> list[dict]:
+def verify_cache(root: Path, *, backbone: str | None = None, progress: bool = True,
+                 read_only: bool = False) -> list[dict]:  # fmt: skip
     """Re-read every shard of every entry (or of ``backbone``'s) against its checksum, place
-    and the manifest, whatever its stamp; a bad shard is deleted, so the next run recomputes
-    it. One dict per entry: key, backbone, split, shards checked, bad."""
+    and the manifest, whatever its stamp; a bad shard is deleted (unless ``read_only``), so
+    the next run recomputes it. One dict per entry: key, backbone, split, shards checked, bad."""
     entries = [e for e in list_cache(root) if backbone in (None, e["backbone"])]
     total = sum(e["shards"] for e in entries)
     report = []
@@ -413,7 +427,8 @@ def verify_cache(root: Path, *, backbone: str | None = None, progress: bool = Tr
                 advance(entry["shards"])
                 continue
             wanted = files.places(entry["key"], entry["n"], entry["shard_size"])
-            bad = files.verify_shards(folder, wanted, recheck=True, advance=advance)
+            bad = files.verify_shards(folder, wanted, recheck=True, advance=advance,
+                                      read_only=read_only)  # fmt: skip
             report.append({**entry, "checked": entry["shards"], "bad": len(bad), "old": False})
     return report
 

@@ -22,6 +22,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from evalkit.errors import EvalkitError
 from evalkit.writes import replacing
 
 CHUNK = 8 << 20
@@ -83,7 +84,7 @@ def content_id(path: str | Path, memo_dir: Path | None = None) -> str:
         return memo[key]
     digest = file_digest(path)
     if stamp is not None:
-        with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
+        with contextlib.suppress(OSError, EvalkitError):  # read-only: a re-hash next time
             write_json(memo_path, read_json(memo_path) | {key: digest})
     return digest
 
@@ -114,7 +115,8 @@ def recheck_content_ids(memo_dir: Path | None = None) -> tuple[int, int]:
         else:
             changed += 1
     if memo:
-        write_json(memo_path, kept)
+        with contextlib.suppress(OSError, EvalkitError):  # a read-only cache keeps its memos
+            write_json(memo_path, kept)
     return hashed, changed
 
 
@@ -151,8 +153,6 @@ def files_identity(paths, root: Path, *, content: bool = False, extra: str = "")
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
-                from evalkit.errors import EvalkitError
-
                 name = os.fsdecode(path)
                 raise EvalkitError(
                     f"{name} is a symbolic link loop (→ {os.fsdecode(os.readlink(path))} → …): "

@@ -132,11 +132,11 @@ def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
 
 
 def verify_shards(folder: Path, wanted: Iterable[Place], *, recheck: bool = False,
-                  advance=None) -> list[Path]:  # fmt: skip
+                  advance=None, read_only: bool = False) -> list[Path]:  # fmt: skip
     """Check the shards of ``wanted`` that are on disk; a bad one is warned about and deleted
     (with the manifest) so that it is recomputed. Without ``recheck`` a shard whose stamp is in
     ``verified.json`` is not read again. ``advance(1)`` is called per shard on disk. Returns
-    the deleted shards."""
+    the bad shards. ``read_only``: nothing is deleted or written (a read-only cache)."""
     folder = Path(folder)
     verified = read_json(folder / VERIFIED)
     listed = read_json(folder / MANIFEST).get("checksums", {})
@@ -148,15 +148,21 @@ def verify_shards(folder: Path, wanted: Iterable[Place], *, recheck: bool = Fals
         stamp = file_stamp(path)
         known = verified.get(path.name) == stamp and _header_matches(path, place, listed)
         if recheck or stamp is None or not known:
-            verified[path.name] = _verify_one(path, place, listed.get(str(place.index)))
-            if verified[path.name] is None and not path.exists():
+            verified[path.name] = _verify_one(path, place, listed.get(str(place.index)), read_only)
+            if verified[path.name] is None and (read_only or not path.exists()):
                 bad.append(path)
         if advance is not None:
             advance(1)
+    if read_only:
+        return bad
     if bad:
         (folder / MANIFEST).unlink(missing_ok=True)
     write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
     return bad
+
+
+def shard_index(path: Path) -> int:
+    return int(Path(path).stem.removeprefix("shard-"))
 
 
 def _header_matches(path: Path, place: Place, listed: dict) -> bool:
@@ -172,15 +178,16 @@ def _header_matches(path: Path, place: Place, listed: dict) -> bool:
     return metadata.get(PLACE) == place.text() and expected in (None, metadata.get(CHECKSUM))
 
 
-def _verify_one(path: Path, place: Place, listed: str | None) -> str | None:
+def _verify_one(path: Path, place: Place, listed: str | None, read_only: bool = False):
     """The shard's stamp when it checks out (None while too fresh to vouch for); None, and
-    the shard deleted, when not."""
+    the shard deleted (kept in a read-only cache), when not."""
     try:
         load_shard(path, place, listed)
-        return file_stamp(path)
+        return file_stamp(path) or (read_only and "fresh")
     except CorruptShard as exc:
         warn(f"cached features {path} are unusable ({exc}): recomputing them")
-        path.unlink(missing_ok=True)
+        if not read_only:
+            path.unlink(missing_ok=True)
         return None
 
 

@@ -64,8 +64,11 @@ def _verify(root: Path, args, console) -> int:
 
     from evalkit.cache.features import verify_cache
     from evalkit.cache.identity import recheck_content_ids
+    from evalkit.writes import writable
 
-    report = verify_cache(root, backbone=args.backbone, progress=not args.quiet)
+    read_only = Path(root).is_dir() and not writable(root)
+    report = verify_cache(root, backbone=args.backbone, progress=not args.quiet,
+                          read_only=read_only)  # fmt: skip
     table = Table("key", "backbone", "split", "shards", "damaged")
     for e in report:
         damaged = "old format: `evalkit cache clear`" if e["old"] else str(e["bad"])
@@ -78,6 +81,9 @@ def _verify(root: Path, args, console) -> int:
         bad += changed
         console.print(f"{hashed} memoised files re-hashed, {changed} changed under a kept stamp "
                       "(their ids are dropped: the next run hashes them again)")  # fmt: skip
-    if bad:
+    if bad and read_only:
+        console.print("the cache is read-only: nothing was deleted (runs compute damaged "
+                      "shards in memory); ask whoever writes it to rerun `evalkit cache verify`")  # fmt: skip
+    elif bad:
         console.print("damaged shards were deleted: the next run recomputes them")
     return 1 if bad else 0

@@ -13,6 +13,7 @@ a job that crashed resumes from its finished shards.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -38,7 +39,8 @@ from evalkit.core.plan import unfit
 from evalkit.core.results import Row, append_row, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, warn
+from evalkit.writes import writable
 
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
 
@@ -76,6 +78,7 @@ class RunSpec:
     tp: int = 1
     fsdp: bool = False
     save_predictions: bool = False  # per-image outputs as Parquet beside the rows
+    read_only_cache: bool = False  # set by the runner when the cache cannot be written
 
     def __post_init__(self):
         for name in ("tasks", "backbones", "seeds", "overrides"):
@@ -138,6 +141,7 @@ class RunSpec:
             cache_dtype=self.cache_dtype or self.resolved_dtype,
             progress=self.progress,
             verify_cache=self.verify_cache,
+            read_only=self.read_only_cache,
         )
         data = DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
         ctx = TaskContext(data=data, extract=extract, seed=seed)
@@ -176,8 +180,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
     backbones = spec.backbones or _no_backbone(tasks)
     writable_folder(spec.out, "--out")  # before any work: where its results would go
-    if not spec.no_cache:
-        writable_folder(Path(spec.cache_dir or cache_root()), "--cache-dir")
+    spec = read_only_cache(spec)
     distributed.setup(spec.tp, device=spec.resolved_device)
     restore = run_numerics()
     identities = {}
@@ -225,6 +228,23 @@ def run_numerics() -> Callable[[], None]:
         torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
 
     return restore
+
+
+def read_only_cache(spec: RunSpec) -> RunSpec:
+    """``spec`` as given when its cache is writable; when the cache folder exists but cannot
+    be written (a team's cache on a read-only mount), ``spec`` reading it read-only, with one
+    warning. A path that is a file, or a folder that cannot be made, is a one-line error."""
+    if spec.no_cache:
+        return spec
+    root = Path(spec.cache_dir or cache_root())
+    if not root.is_dir() or writable(root):
+        writable_folder(root, "--cache-dir")
+        return spec
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise EvalkitError(f"--cache-dir {root} can be neither written nor read: choose another")
+    warn(f"the feature cache {root} is read-only: what it holds is read; what it lacks is "
+         "computed in memory for this run and not kept")  # fmt: skip
+    return dataclasses.replace(spec, read_only_cache=True)
 
 
 def writable_folder(path: Path, flag: str):
