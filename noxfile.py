@@ -1,4 +1,4 @@
-"""Developer sessions: tests (default), lint, demo, bench, regression."""
+"""Developer sessions: tests (default), faults, lint, demo, bench, regression."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def tests(session):
     install(session)
     session.run("lint-imports")
     session.run("pytest", "-q", *session.posargs, env=OFFLINE)
+
+
+@nox.session
+def faults(session):
+    """The whole fault-injection suite: kills at random moments, a full disk at every write,
+    processes racing on one cache (tests/test_faults.py; a short subset runs by default)."""
+    install(session)
+    session.run("pytest", "-q", "-m", "slow", "tests/test_faults.py", env=OFFLINE)
 
 
 @nox.session
