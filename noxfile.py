@@ -63,8 +63,9 @@ def demo(session):
 
 @nox.session
 def bench(session):
-    """Every benchmark in benchmarks/, each printing ratios against its own baseline."""
-    install(session)
+    """Every benchmark in benchmarks/, each printing ratios against its own baseline (faiss
+    and scikit-learn come with the bench extra)."""
+    install(session, "bench")
     for module in (
         "bench_extraction",
         "bench_linear_probe",

@@ -55,10 +55,11 @@ class KNN(FrozenClassification):
         scores = {k: [] for k in self.ks}
         for start in range(0, len(test), self.query_chunk):
             queries = test.take(torch.arange(start, min(start + self.query_chunk, len(test))))
-            sims, labels = nearest(self.train_chunks(train), queries.float(), max(self.ks),
-                                   self.search)  # fmt: skip
+            queries = queries.float().to(ctx.extract.device)  # the search runs on the device
+            sims, labels = nearest(self.train_chunks(train), queries, max(self.ks), self.search)
             for k in self.ks:
-                scores[k].append(vote(sims, labels, k, classes, self.weighting, self.temperature))
+                votes = vote(sims, labels, k, classes, self.weighting, self.temperature)
+                scores[k].append(votes.cpu())
         extra = {"n_train": len(train), "weighting": self.weighting,
                  "temperature": self.temperature, "num_classes": classes}  # fmt: skip
         for k in self.ks:

@@ -4,9 +4,10 @@ docs/protocols.md, "kNN").
 Features are L2-normalised; each eval image's neighbours are the training images of highest
 cosine similarity; neighbour i votes for its class with weight exp(sim_i / T) (T = 0.07), or 1
 with ``weighting="uniform"``. The training features arrive in chunks and only the running
-top-k (k = the largest requested) survives each chunk, so memory is about
-chunk × eval images similarities, whatever the training split's size; several k come from
-one pass, since the neighbours of k = 20 are the first 20 of k = 200.
+top-k (k = the largest requested) survives each chunk; the chunks are read once and met by
+the queries a block at a time, so memory is about chunk × block similarities, whatever the
+training split's size, on whatever device the queries are; several k come from one pass,
+since the neighbours of k = 20 are the first 20 of k = 200.
 """
 
 from __future__ import annotations
@@ -17,26 +18,40 @@ import torch
 import torch.nn.functional as F
 
 TEMPERATURE = 0.07
+QUERY_BLOCK = 1024  # queries per similarity product: bounds memory at block × chunk
 
 
 def nearest(train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], queries: torch.Tensor,
-            k: int, search: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+            k: int, search: str = "fp32", block: int = QUERY_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The ``k`` most similar training rows of every query: (similarities, labels), each
-    (Q, k), most similar first. ``train_chunks`` yields (features, labels). ``search="bf16"``
-    finds 2k candidates per chunk with a bf16 product (several times faster on CPUs with bf16
-    instructions and on GPUs) and ranks them by their exact float32 similarity."""
+    (Q, k), most similar first, on the queries' device. ``train_chunks`` yields (features,
+    labels) and is read once: each chunk is normalised once and met by every query, ``block``
+    queries at a time. ``search="bf16"`` finds 2k candidates per chunk with a bf16 product
+    (several times faster on CPUs with bf16 instructions and on GPUs) and ranks them by their
+    exact float32 similarity."""
     queries = F.normalize(queries.float(), dim=1)
-    best_sim = torch.full((len(queries), 0), -torch.inf, device=queries.device)
-    best_lab = torch.zeros((len(queries), 0), dtype=torch.long, device=queries.device)
+    blocks = [slice(s, s + block) for s in range(0, len(queries), block)]
+    best = [_empty(queries[b], k) for b in blocks]
     for features, labels in train_chunks:
         features = F.normalize(features.float().to(queries.device), dim=1)
-        # The chunk's own top-k first, so the merge with the running top-k stays k wide.
-        sims, index = _chunk_top(queries, features, k, search)
-        sims = torch.cat([best_sim, sims], dim=1)
-        labs = torch.cat([best_lab, labels.to(queries.device)[index]], dim=1)
-        best_sim, index = sims.topk(min(k, sims.shape[1]), dim=1)
-        best_lab = labs.gather(1, index)
-    return best_sim, best_lab
+        labels = labels.to(queries.device)
+        for i, rows in enumerate(blocks):
+            best[i] = _merge(best[i], _chunk_top(queries[rows], features, k, search), labels, k)
+    return torch.cat([b[0] for b in best]), torch.cat([b[1] for b in best])
+
+
+def _empty(queries: torch.Tensor, k: int):
+    return (queries.new_full((len(queries), 0), -torch.inf),
+            torch.zeros((len(queries), 0), dtype=torch.long, device=queries.device))  # fmt: skip
+
+
+def _merge(best, found, labels, k: int):
+    """The running top-k of a query block and a chunk's own top-k, still k wide."""
+    sims, index = found
+    sims = torch.cat([best[0], sims], dim=1)
+    labs = torch.cat([best[1], labels[index]], dim=1)
+    top, order = sims.topk(min(k, sims.shape[1]), dim=1)
+    return top, labs.gather(1, order)
 
 
 def _chunk_top(queries, features, k: int, search: str):
