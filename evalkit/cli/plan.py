@@ -81,7 +81,7 @@ def cmd_plan(args, console) -> int:
     from rich.table import Table
 
     from evalkit.cache.identity import cache_root
-    from evalkit.core.plan import human, parse_target, plan_run, stage_flops
+    from evalkit.core.plan import feeding_rates, human, parse_target, plan_run, stage_flops
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
     from evalkit.parallel.planner import human as flops
@@ -107,7 +107,21 @@ def cmd_plan(args, console) -> int:
                   f"cache disk free {human(budget.disk)}", highlight=False)  # fmt: skip
     console.print(f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} "
                   "per host", highlight=False)  # fmt: skip
+    device = args.device or ("cuda" if target is None and budget.device is not None else "cpu")
+    print_feeding(console, feeding_rates(shape, target, device))
     for problem in budget.problems:
         console.print(f"[bold red]does not fit:[/] {problem}", highlight=False, soft_wrap=True)
     console.print(f"{'does not fit' if budget.problems else 'fits'} {budget.name}")
     return 0
+
+
+def print_feeding(console, rates: dict):
+    """The decode rate the loader is expected to reach per rank, beside the forward's."""
+    line = (f"feeding: {rates['workers']} decoding workers per rank, about "
+            f"{rates['decode']:,.0f} img/s decoded")  # fmt: skip
+    if rates["forward"]:
+        verdict = "keeps up" if rates["decode"] >= rates["forward"] else (
+            f"the device waits about {1 - rates['decode'] / rates['forward']:.0%} of the time")  # fmt: skip
+        line += f"; the forward takes about {rates['forward']:,.0f} img/s ({verdict})"
+    console.print(line + " (estimates; benchmarks.gpu_check measures both)", highlight=False,
+                  soft_wrap=True)  # fmt: skip

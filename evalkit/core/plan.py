@@ -366,3 +366,23 @@ def placement(task, backbone: str, inputs_of, target: Target) -> tuple[int, list
                 return ranks, []
             problems = budget.problems
     return TP_SIZES[-1], problems
+
+
+DECODE_IMG_S_PER_WORKER = 150  # an ImageNet JPEG decoded, resized and cropped by PIL, per core
+ASSUMED_MFU = 0.4  # a ViT forward in bf16 on a recent GPU reaches about this much of its peak
+
+
+def feeding_rates(shape: Shape, target: Target | None, device: str) -> dict:
+    """Images per second a rank's decoding workers are expected to deliver, beside what the
+    device's forward is expected to take (None where the device's peak is unknown): where the
+    first is lower, the device waits for data. ``benchmarks.gpu_check`` measures both."""
+    from evalkit.data.feeding import CPUS_PER_GPU, cpus_per_rank, decode_workers
+
+    if target is not None:
+        workers = max((CPUS_PER_GPU if target.gpus else cpus_per_rank()) - 1, 1)
+        peak = target.peak_tflops
+    else:
+        workers = decode_workers(device)
+        peak = 0.0
+    forward = peak * 1e12 * ASSUMED_MFU / shape.flops_per_image if peak else None
+    return {"workers": workers, "decode": workers * DECODE_IMG_S_PER_WORKER, "forward": forward}
