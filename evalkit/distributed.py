@@ -138,3 +138,27 @@ def mean_over_ranks(value: float) -> float:
     total = torch.tensor([value], dtype=torch.float64, device=layout.mesh.device_type)
     dist.all_reduce(total, group=layout.mesh["dp"].get_group())
     return total.item() / layout.dp_size
+
+
+_DTYPES = (torch.float32, torch.uint8, torch.int64, torch.float16, torch.bfloat16, torch.bool)
+
+
+def broadcast_from_first(tensor: torch.Tensor | None, group, device: str) -> torch.Tensor:
+    """``tensor`` as the group's first rank holds it, on every rank of ``group`` (others pass
+    None): its dtype and shape travel first, then its values, on ``device`` (NCCL takes device
+    tensors only)."""
+    import torch.distributed as dist
+
+    src = dist.get_global_rank(group, 0)
+    header = torch.zeros(8, dtype=torch.int64, device=device)
+    if tensor is not None:
+        header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.ndim
+        header[2 : 2 + tensor.ndim] = torch.tensor(tensor.shape)
+    dist.broadcast(header, src=src, group=group)
+    dtype, ndim = _DTYPES[int(header[0])], int(header[1])
+    if tensor is None:
+        tensor = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=device)
+    else:
+        tensor = tensor.to(device, non_blocking=True)
+    dist.broadcast(tensor, src=src, group=group)
+    return tensor

@@ -265,3 +265,35 @@ def test_distillation_on_two_ranks_equals_one_process(cli_env, data_cache):
                  cwd=cli_env, env_extra=env)  # fmt: skip
         rows = {r["metric"]: r["value"] for r in load_rows([cli_env / name])}
         assert rows == pytest.approx(one, rel=1e-4), name
+
+
+DECODE_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from evalkit import distributed as mesh, load_backbone
+from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.data import DataConfig, open_dataset
+
+mesh.setup(tp=2)
+backbone = load_backbone("vit22b/test", random_init=True)
+data = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=Path(sys.argv[2])),
+                    transform=backbone.transform())
+decoded = []
+read = type(data).__getitem__
+type(data).__getitem__ = lambda self, i: decoded.append(i) or read(self, i)
+settings = ExtractSettings(cache_dir=sys.argv[3], workers=0, progress=False, shard_size=128)
+request = FeatureRequest(pool="map")
+features = extract_features(backbone, data, request=request, settings=settings, split="val")
+with open(f"{sys.argv[1]}.{mesh.current().rank}", "w") as f:
+    json.dump({"decoded": len(decoded), "rows": len(features.labels)}, f)
+mesh.teardown()
+"""
+
+
+def test_a_tensor_parallel_group_decodes_each_image_once(tmp_path, data_cache):
+    script = tmp_path / "decode.py"
+    script.write_text(DECODE_SCRIPT)
+    torchrun(str(script), str(tmp_path / "count"), str(data_cache), str(tmp_path / "cache"))
+    counts = [json.loads((tmp_path / f"count.{rank}").read_text()) for rank in (0, 1)]
+    assert counts[0]["decoded"] == counts[0]["rows"] > 0  # the group's first rank decodes
+    assert counts[1] == {"decoded": 0, "rows": counts[0]["rows"]}  # the other receives them

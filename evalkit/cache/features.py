@@ -263,8 +263,7 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
     ]
     computed = {}
     if todo:
-        options = loader_options(settings.device, _workers(settings, len(todo)))
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, **options)
+        loader = _decoded_once(dataset, batches, settings, len(todo))
         try:
             computed = _run_loader(loader, backbone, shards, todo, request, settings, folder)
         except EvalkitError as exc:  # raised in a worker: keep only the original message
@@ -276,6 +275,24 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
         for _ in range(most - len(batches)):
             _idle_forward(backbone, request, settings)
     return computed
+
+
+def _decoded_once(dataset, batches: list, settings: ExtractSettings, shards: int):
+    """The batches of ``batches``, decoded once per tensor-parallel group: every rank of a
+    group runs the same forward on the same images, so the group's first rank decodes them
+    (with the loader's workers) and broadcasts each batch to the others."""
+    layout = mesh.current()
+    loader = None
+    if layout.tp_rank == 0:
+        options = loader_options(settings.device, _workers(settings, shards))
+        loader = iter(torch.utils.data.DataLoader(dataset, batch_sampler=batches, **options))
+    if layout.tp_size == 1:
+        yield from loader
+        return
+    group = layout.mesh["tp"].get_group()
+    for _ in batches:
+        pair = next(loader) if loader is not None else (None, None)
+        yield tuple(mesh.broadcast_from_first(t, group, settings.device) for t in pair)
 
 
 def _gathers_weights(backbone) -> bool:
