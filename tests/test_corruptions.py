@@ -248,3 +248,27 @@ def test_bad_corruption_requests_are_clear_errors(images):
         corrupt(images, "fog", 6)
     with pytest.raises(EvalkitError, match="uint8 RGB"):
         corrupt(images.astype(np.float32), "fog", 1)
+
+
+def test_glass_blur_shuffle_is_the_originals_statement_on_the_same_offsets():
+    """The original's loop body, ``x[h, w], x[h', w'] = x[h', w'], x[h, w]`` on NumPy rows,
+    run on one image at a time, against evalkit's batched loop given the same offsets: equal
+    to the last bit (the tuple "swap" of views copies one way, and so does evalkit)."""
+    from evalkit.data.corruptions import shuffle_like_original
+
+    rng = np.random.default_rng(0)
+    delta, iterations, n, size = 2, 3, 3, 24
+    images = rng.integers(0, 256, (n, size, size, 3)).astype(np.float32)
+    offsets = rng.integers(-delta, delta, (iterations, size, size, 2, n))
+    ours = images.copy()
+    shuffle_like_original(ours, offsets, delta)
+    for i in range(n):
+        x = images[i].copy()
+        for step in offsets:
+            for h in range(size - delta, delta, -1):
+                for w in range(size - delta, delta, -1):
+                    dy, dx = step[h, w, :, i]
+                    h_prime, w_prime = h + dy, w + dx
+                    x[h, w], x[h_prime, w_prime] = x[h_prime, w_prime], x[h, w]
+        np.testing.assert_array_equal(ours[i], x)
+    assert not np.array_equal(ours, images)

@@ -8,8 +8,9 @@ image). Where the original needs something we do not have, we say what stands in
 
 - ``motion_blur`` and ``snow`` blur along a line with Gaussian weights on one side of each
   pixel, as ImageMagick's motion blur does (the original calls ImageMagick);
-- ``glass_blur`` shuffles pixels locally with one random offset per pixel and iteration (the
-  original swaps pixel pairs in a sequential Python loop, which cannot be batched);
+- ``glass_blur`` copies pixels in the original's sequential order (its "swap" of NumPy views
+  copies one way), every image of a batch at once: a Python loop over the pixels, the slowest
+  corruption;
 - ``frost`` blends crops of the original's frost photographs when the ``imagecorruptions``
   package is installed (they are not redistributed here), else a procedural ice texture
   matched to their average brightness and tint;
@@ -32,7 +33,8 @@ from evalkit.errors import EvalkitError, did_you_mean
 SEVERITIES = (1, 2, 3, 4, 5)
 # 2: motion blur on whole-pixel taps, the fog fractal's wibble², elastic's reflecting
 # smoothing, frost from the photographs or a texture of their brightness (stand-ins rewritten)
-CORRUPTIONS_VERSION = 2
+# 3: glass_blur's sequential swaps and SciPy's zoom geometry (zoom_blur, snow), as the original
+CORRUPTIONS_VERSION = 3
 REFERENCE_SIZE = 224  # the pixel-sized parameters are for 224-px images
 
 
@@ -103,12 +105,17 @@ def line_blur(x: torch.Tensor, radius: float, sigma: float, angles: torch.Tensor
 
 
 def clipped_zoom(x: torch.Tensor, factor: float) -> torch.Tensor:
-    """The centre 1/factor of each image, enlarged back to the full size (bilinear)."""
+    """The centre 1/factor of each image enlarged by ``factor`` and trimmed back to the full
+    size, as the original does with SciPy's ``zoom`` (order 1): the enlarged crop has
+    round(crop · factor) pixels with its corner pixels on the output's corners."""
     h, w = x.shape[-2:]
     ch, cw = max(1, math.ceil(h / factor)), max(1, math.ceil(w / factor))
     top, left = (h - ch) // 2, (w - cw) // 2
     crop = x[..., top : top + ch, left : left + cw]
-    return F.interpolate(crop, size=(h, w), mode="bilinear", align_corners=False)
+    big_h, big_w = max(h, round(ch * factor)), max(w, round(cw * factor))
+    big = F.interpolate(crop, size=(big_h, big_w), mode="bilinear", align_corners=True)
+    trim_h, trim_w = (big_h - h) // 2, (big_w - w) // 2
+    return big[..., trim_h : trim_h + h, trim_w : trim_w + w]
 
 
 def plasma_fractal(size: int, decay: float, generator: np.random.Generator) -> np.ndarray:
@@ -177,18 +184,33 @@ def defocus_blur(x, c, gen):
 
 
 def glass_blur(x, c, gen):
+    """The original's local shuffle: after a blur (kept to 8 bits, as the original's
+    ``np.uint8`` does), every pixel of the inner region, from the last row and column back to
+    the first, takes the value of the pixel at a random offset in [-delta, delta). The
+    original writes this as a swap of two NumPy rows, ``x[a], x[b] = x[b], x[a]``, but the
+    right-hand side holds views, so ``x[b]`` gets back its own value: each step copies one
+    pixel, and a value copied backwards is met again and can travel further. The loop is the
+    original's, run on every image of the batch at once."""
     sigma, delta, iterations = c[0] * _scale(x), max(1, round(c[1] * _scale(x))), c[2]
-    x = gaussian_blur(x, sigma)
+    x = torch.floor(gaussian_blur(x, sigma) * 255) / 255
     n, _, h, w = x.shape
-    xs, ys = _grid(n, h, w)
-    for _ in range(iterations):
-        dx = torch.randint(-delta, delta, (n, h, w), generator=gen)
-        dy = torch.randint(-delta, delta, (n, h, w), generator=gen)
-        cols = (xs + dx).clamp(0, w - 1).long()
-        rows = (ys + dy).clamp(0, h - 1).long()
-        flat = (rows * w + cols).view(n, 1, -1).expand(-1, 3, -1)
-        x = x.flatten(2).gather(2, flat).view_as(x)
-    return gaussian_blur(x, sigma)
+    pixels = x.permute(0, 2, 3, 1).numpy().copy()  # (n, h, w, 3)
+    offsets = torch.randint(-delta, delta, (iterations, h, w, 2, n), generator=gen).numpy()
+    shuffle_like_original(pixels, offsets, delta)
+    return gaussian_blur(torch.from_numpy(pixels).permute(0, 3, 1, 2), sigma)
+
+
+def shuffle_like_original(pixels: np.ndarray, offsets: np.ndarray, delta: int):
+    """Glass blur's pixel loop, in place on ``pixels`` (N, H, W, 3): per iteration, rows and
+    columns from H - delta and W - delta down to delta + 1, pixel (row, col) of every image
+    takes the value at (row + dy, col + dx), with ``offsets`` (iterations, H, W, 2 (dy, dx), N)."""
+    n, h, w, _ = pixels.shape
+    images = np.arange(n)
+    for step in offsets:
+        for row in range(h - delta, delta, -1):
+            for col in range(w - delta, delta, -1):
+                dy, dx = step[row, col]
+                pixels[images, row, col] = pixels[images, row + dy, col + dx]
 
 
 def motion_blur(x, c, gen):
