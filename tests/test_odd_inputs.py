@@ -106,3 +106,15 @@ def test_a_bare_pickle_as_weights_is_called_a_pickle(tmp_path):
     path.write_bytes(b"not a checkpoint at all")
     with pytest.raises(EvalkitError, match="not a safetensors file or a torch checkpoint"):
         read_state_dict(path)
+
+
+def test_check_data_notes_evaluation_images_copied_from_training(tmp_path, capsys):
+    import shutil
+
+    root = _dataset(tmp_path / "data")
+    val = root / "imagenet" / "val"
+    shutil.copy(root / "imagenet" / "train" / "dog" / "1.png", val / "cat" / "copy.png")
+    assert main(["check-data", "--task", "imagenet-linear", "--data", "folder",
+                 "--data-dir", str(root), "--quiet"]) == 0  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert "val: 1 images are exact copies of train images" in out and "copy.png" in out

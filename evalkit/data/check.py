@@ -10,10 +10,13 @@ notes (a training class an evaluation split does not have) are shown without fai
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from PIL import Image
 
+from evalkit.cache.identity import file_digest
 from evalkit.data import DataConfig, data_kind, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
@@ -38,7 +41,7 @@ class DataReport:
 
 def check_dataset(name: str, splits: tuple[str, ...], config: DataConfig, *, progress=True):
     """Check the ``splits`` of dataset ``name`` (the first is the training split)."""
-    report, train_classes = DataReport(name), None
+    report, train_classes, opened = DataReport(name), None, {}
     for split in splits:
         try:
             dataset = open_split_for_check(name, split, config, train_classes)
@@ -52,7 +55,44 @@ def check_dataset(name: str, splits: tuple[str, ...], config: DataConfig, *, pro
         if getattr(dataset, "skipped", None):
             report.notes.append(f"{split}: skipped {dataset.skipped}")
         _check_files(dataset, split_report, report, progress=progress)
+        opened[split] = dataset
+    _check_duplicates(opened, report)
     return report
+
+
+def _check_duplicates(opened: dict, report: DataReport):
+    """A note for every evaluation split holding exact copies of training images: a probe
+    scored on them is scored on what it was fitted to. Only files whose byte size occurs in
+    both splits are hashed."""
+    names = list(opened)
+    if len(names) < 2:
+        return
+    train = _by_size(_files(opened[names[0]]))
+    for split in names[1:]:
+        copies = []
+        for size, paths in _by_size(_files(opened[split])).items():
+            if size in train:
+                seen = {file_digest(p): p for p in train[size]}
+                copies += [(p, seen[d]) for p in paths if (d := file_digest(p)) in seen]
+        if copies:
+            first, original = copies[0]
+            report.notes.append(
+                f"{split}: {len(copies)} images are exact copies of {names[0]} images (e.g. "
+                f"{first} = {original}): scores on them measure memory, not generalisation"
+            )
+
+
+def _files(dataset) -> list:
+    if hasattr(dataset, "samples"):
+        return [path for path, _ in dataset.samples]
+    return [p for p in getattr(dataset, "images", []) if isinstance(p, str | Path)]
+
+
+def _by_size(paths) -> dict[int, list]:
+    groups: dict[int, list] = {}
+    for path in paths:
+        groups.setdefault(os.path.getsize(path), []).append(path)
+    return groups
 
 
 @dataclass(frozen=True)
