@@ -135,6 +135,8 @@ def full_disk_at(at: int, args, tmp_path, monkeypatch, capsys, expected: dict):
         code = main([*args, "--cache-dir", str(cache), "--out", str(out)])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert code == 2 and len(err) == 1 and "no space left" in err[0], (at, err)
+    assert "writing a file" not in err[0], (at, err)  # the path is named
+    assert leftovers(cache, out) == [], at  # the failed write took its temporary file away
     assert main([*args, "--cache-dir", str(cache), "--out", str(out)]) == 0
     assert rows(out) == expected, at
     assert leftovers(cache, out) == [], at
