@@ -13,7 +13,9 @@ a job that crashed resumes from its finished shards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -296,8 +298,34 @@ def run_task(
 ) -> tuple[list[Row], bool]:  # fmt: skip
     """Run ``task`` on ``backbone``; returns (rows, skipped). Rows on disk are reused only
     when their run key — the whole ``job_spec`` — matches (and, with ``predictions``, when
-    the per-image Parquet file is there too)."""
+    the per-image Parquet file is there too). Identical jobs started at once on one ``--out``
+    run one after the other: the later finds the earlier's rows and skips."""
     key = spec_key(job_spec(task, backbone.info, ctx), length=16)
+    with job_lock(out_dir, key):
+        return _run_task(task, backbone, ctx, key, out_dir=out_dir, force=force, rerun=rerun,
+                         predictions=predictions)  # fmt: skip
+
+
+@contextlib.contextmanager
+def job_lock(out_dir: Path, key: str):
+    """An exclusive ``flock`` on ``<out>/.locks/<run key>.lock`` while one process runs the
+    job (the kernel releases it when the process dies, so a killed run blocks nothing).
+    Under torchrun the ranks of one job decide together, and no lock is taken."""
+    if distributed.current().mesh is not None:
+        yield
+        return
+    folder = Path(out_dir) / ".locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{key}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_task(task: Task, backbone, ctx: TaskContext, key: str, *, out_dir: Path, force: bool,
+              rerun: bool, predictions: bool) -> tuple[list[Row], bool]:  # fmt: skip
     path = rows_file(out_dir, task.name)
     done = [r for r in load_rows([path]) if r.get("run_key") == key] if path.exists() else []
     if predictions and distributed.current().main:
