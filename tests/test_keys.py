@@ -34,6 +34,7 @@ NOT_IN_KEY = {
     "cache_dir": "where the cache lives",
     "no_cache": "whether the cache is used",
     "verify_cache": "how hard cached shards are checked; a bad one is recomputed the same",
+    "read_only_cache": "set by the runner: features are read or computed the same, only not kept",
     "batch_size": "batching; features agree to float rounding",
     "workers": "loader processes",
     "device": "recorded in the row; features agree to float rounding (README: Feature cache)",
