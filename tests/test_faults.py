@@ -3,7 +3,7 @@ full disk at any one write, a read-only `--out`, several processes on one cache 
 the rerun gives the clean run's rows, and nothing is left behind (no temporary file or folder,
 `evalkit cache verify` clean).
 
-The default suite runs a short subset; the rest is marked ``slow`` (``nox -s faults`` or
+The default suite runs the full-disk subset; the rest is marked ``slow`` (``nox -s faults`` or
 ``pytest -m slow tests/test_faults.py``): kills during extraction, the probe, LiT and a
 sweep, every write of a run failing in turn, four processes at once."""
 
@@ -77,6 +77,7 @@ def interrupted_then_rerun(args, tmp_path: Path, signum: int, seed: int):
     assert main(["cache", "verify", "--cache-dir", str(cache), "--quiet"]) == 0
 
 
+@pytest.mark.slow  # the default suite kills an extraction in tests/test_features.py
 def test_sigkill_during_a_probe_run_then_rerun(cli_env, tmp_path):
     interrupted_then_rerun(PROBE, tmp_path, signal.SIGKILL, seed=0)
 
