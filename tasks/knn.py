@@ -34,7 +34,8 @@ class KNN(FrozenClassification):
     weighting: str = setting("exp", one_of("exp", "uniform"))
     chunk: int = setting(65536, POSITIVE)  # training rows compared at once (cache shards)
     query_chunk: int = setting(4096, POSITIVE)  # eval rows at once
-    search: str = setting("fp32", one_of("fp32", "bf16"))  # bf16: candidates, fp32 ranking
+    # bf16: candidates, fp32 ranking, fp32 search where it could miss; auto: bf16 where fast
+    search: str = setting("auto", one_of("auto", "fp32", "bf16"))
 
     version = 1
 

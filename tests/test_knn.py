@@ -68,3 +68,28 @@ def test_knn_settings_are_checked():
 
     with pytest.raises(EvalkitError, match="ks=0"):
         resolve_task("imagenet-knn", ["ks=0"])
+
+
+def test_the_bf16_search_finds_the_exact_neighbours_where_bf16_cannot_tell_them_apart():
+    """Training rows whose similarities to the query differ by less than bf16 resolves: the
+    candidates of a bf16 product are a lottery there, so the search must notice and redo the
+    query in float32 — the neighbours equal the float32 search's, in order."""
+    generator = torch.Generator().manual_seed(3)
+    query = torch.nn.functional.normalize(torch.randn(4, 64, generator=generator), dim=1)
+    near = query.repeat_interleave(50, 0) + 1e-3 * torch.randn(200, 64, generator=generator)
+    far = torch.randn(300, 64, generator=generator)
+    train = torch.cat([far[:150], near, far[150:]])
+    labels = torch.arange(len(train))
+    exact = nearest([(train, labels)], query, k=5, search="fp32")
+    rough = nearest([(train, labels)], query, k=5, search="bf16")
+    assert torch.equal(exact[1], rough[1])
+    assert torch.allclose(exact[0], rough[0])
+
+
+def test_auto_search_uses_bf16_only_where_it_is_fast(monkeypatch):
+    from evalkit.heads import knn
+
+    monkeypatch.setattr(knn, "_cpu_has_bf16", lambda: False)
+    assert not knn.fast_bf16(torch.device("cpu")) and knn.fast_bf16(torch.device("cuda"))
+    monkeypatch.setattr(knn, "_cpu_has_bf16", lambda: True)
+    assert knn.fast_bf16(torch.device("cpu"))

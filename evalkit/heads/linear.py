@@ -130,7 +130,7 @@ def _rows_loss_and_grad(
     loss = torch.zeros((), dtype=model.weight.dtype, device=model.weight.device)
     grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
     for x, y in _blocks(rows):
-        compute = compute or _compute_dtype(x)
+        compute = compute or _compute_dtype(x.dtype)
         x = x.to(compute)
         weight, bias = model.weight.to(compute), model.bias.to(compute)
         logits = x @ weight + bias
@@ -148,8 +148,8 @@ def _rows_loss_and_grad(
     return loss + 0.5 * l2 * model.weight.pow(2).sum()
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _blocks(rows: Rows):
@@ -171,7 +171,7 @@ class Preconditioner:
     def of(cls, rows: Rows) -> Preconditioner:
         moments = None
         for x, _ in _blocks(rows):
-            x = x.to(_compute_dtype(x))
+            x = x.to(_compute_dtype(x.dtype))
             block = (x.T @ x).double()
             moments = block if moments is None else moments + block
         spectrum, basis = torch.linalg.eigh(moments / rows.n)
@@ -180,10 +180,6 @@ class Preconditioner:
     def maps(self, mu: float) -> tuple[torch.Tensor, torch.Tensor]:
         root = (self.spectrum + mu).sqrt()
         return (self.basis / root) @ self.basis.T, (self.basis * root) @ self.basis.T
-
-
-class _Converged(Exception):
-    """Raised by the objective at the first point whose gradient meets the tolerance."""
 
 
 def fit_logistic(
@@ -197,66 +193,163 @@ def fit_logistic(
     tol: float = TOL,
     precondition: Preconditioner | None = None,
 ) -> LinearModel:
-    """Minimise the L2-regularised multinomial logistic loss with preconditioned L-BFGS
-    (strong Wolfe) until the largest entry of the gradient in W is at most ``tol``. ``x`` is
-    a feature tensor with labels ``y``, or ``Rows`` (then ``y`` is None); ``precondition``
-    (computed from the rows when absent) is shared by the fits of one path. A weak penalty
-    pins its optimum less (the weights can move by about gradient / l2), so the tolerance
-    tightens to ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4."""
-    tol = min(tol, WEAK_TOL_PER_L2 * l2)
+    """Minimise the L2-regularised multinomial logistic loss with preconditioned L-BFGS until
+    the largest entry of the gradient in W is at most ``tol``. ``x`` is a feature tensor with
+    labels ``y``, or ``Rows`` (then ``y`` is None); ``precondition`` (computed from the rows
+    when absent) is shared by the fits of one path. A weak penalty pins its optimum less (the
+    weights can move by about gradient / l2), so the tolerance tightens to
+    ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4."""
     rows = x if isinstance(x, Rows) else Rows.of(x, y)
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
     precondition = precondition or Preconditioner.of(rows)
-    forward, inverse = (
-        m.to(init.weight.device) for m in precondition.maps(MU_SCALE * l2 * num_classes)
-    )
+    forward, _ = precondition.maps(MU_SCALE * l2 * num_classes)
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
-    v = inverse @ model.weight
-    progress = {"evaluations": 0, "iterations": 0, "grad_max": float("inf"), "compute": None}
-
-    def objective():
-        model.weight = forward @ v
-        loss = _rows_loss_and_grad(model, rows, l2, progress["compute"])
-        grads = (model.weight.grad.abs().max().item(), model.bias.grad.abs().max().item())
-        progress["evaluations"] += 1
-        progress["grad_max"] = max(grads)
-        if progress["grad_max"] <= tol:
-            raise _Converged
-        v.grad = forward @ model.weight.grad
-        return loss
-
-    # fp32 products first; if their rounding stops the line search short of ``tol`` (the
-    # objective's last decreases are below fp32's resolution), fp64 from where it stopped.
-    for compute in (None, torch.float64):
-        progress["compute"] = compute
-        if _minimise(objective, [v, model.bias], max_iter - progress["iterations"], progress):
-            break
-    model.weight = model.weight.detach()
-    converged = progress["grad_max"] <= tol
-    model.fit = FitInfo(
-        progress["iterations"], converged, progress["grad_max"], progress["evaluations"]
-    )
-    return model
+    fit = _LineFit(rows, model, l2, forward.to(model.weight.device))
+    fit.run(max_iter, min(tol, WEAK_TOL_PER_L2 * l2))
+    return fit.model
 
 
-def _minimise(objective, params, max_iter: int, progress: dict) -> bool:
-    """L-BFGS (strong Wolfe) on ``params`` until ``objective`` raises ``_Converged`` (True)
-    or L-BFGS stops: at ``max_iter`` or when no step decreases the objective (False)."""
-    if max_iter <= 0:
-        return False
-    opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, max_eval=2 * max_iter,
-                            history_size=20, tolerance_grad=0, tolerance_change=1e-15,
-                            line_search_fn="strong_wolfe")  # fmt: skip
-    try:
-        with torch.no_grad():
-            opt.step(objective)
-            objective()  # the gradient where L-BFGS stopped short
-        return False
-    except _Converged:
+class _LineFit:
+    """L-BFGS whose line search costs no pass over the rows: the logits of every row are kept
+    (fp64), and a step's direction is turned into logits once (one product, Z = X·dW + db),
+    so the objective along the line, logits + t·Z, is searched exactly by Newton's method on
+    its derivative, in O(rows × classes). An iteration is two passes over the rows (the
+    direction's logits, the gradient), never more; the derivative-only search also keeps
+    resolving steps after the objective's own decreases have fallen below fp32's resolution.
+    The kept logits drift from X·W by the products' rounding, so every ``REFRESH`` iterations,
+    and before a fit is declared converged, they are recomputed from the weights."""
+
+    HISTORY = 20  # curvature pairs kept
+    REFRESH = 10  # iterations between recomputations of the logits
+    LINE_TOL = 0.1  # the search stops where |φ'(t)| ≤ LINE_TOL·|φ'(0)|
+    LINE_STEPS = 20
+
+    def __init__(self, rows: Rows, model: LinearModel, l2: float, forward: torch.Tensor):
+        self.rows, self.model, self.l2, self.forward = rows, model, l2, forward
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.iterations = self.evaluations = 0
+
+    def run(self, max_iter: int, tol: float) -> None:
+        self.logits = self._exact_logits()
+        grad, grad_max = self._gradient()
+        while True:
+            if grad_max <= tol:  # confirmed on logits recomputed from the weights
+                grad, grad_max = self._refreshed_gradient()
+                if grad_max <= tol:
+                    break
+            if self.iterations >= max_iter or not self._step(grad):
+                break
+            self.iterations += 1
+            if self.iterations % self.REFRESH == 0:
+                self.logits = self._exact_logits()
+            new_grad, grad_max = self._gradient()
+            self._remember(new_grad - grad)
+            grad = new_grad
+        self.model.fit = FitInfo(self.iterations, grad_max <= tol, grad_max, self.evaluations)
+
+    def _refreshed_gradient(self):
+        self.logits = self._exact_logits()
+        return self._gradient()
+
+    def _exact_logits(self) -> list[torch.Tensor]:
+        weight, bias = self.model.weight, self.model.bias
+        return [_product(x, weight).double() + bias for x, _ in _blocks(self.rows)]
+
+    def _gradient(self) -> tuple[torch.Tensor, float]:
+        """The gradient in preconditioned coordinates (weights then bias, flat) and the
+        largest entry of the gradient in W and b, from the kept logits."""
+        model, n = self.model, self.rows.n
+        grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
+        for (x, y), logits in zip(_blocks(self.rows), self.logits, strict=True):
+            residual = _residual(logits, y, x.dtype)
+            grad_w += _product(x.T, residual).double()
+            grad_b += residual.double().sum(0)
+        grad_w, grad_b = grad_w / n + self.l2 * model.weight, grad_b / n
+        self.evaluations += 1
+        grad_max = max(grad_w.abs().max().item(), grad_b.abs().max().item())
+        return torch.cat([(self.forward @ grad_w).flatten(), grad_b]), grad_max
+
+    def _step(self, grad: torch.Tensor) -> bool:
+        """One step along the L-BFGS direction to the minimum on its line; False when no
+        step lowers the objective (floating point has run out)."""
+        direction = self._direction(grad)
+        slope = (grad @ direction).item()
+        if not slope < 0:  # the history no longer gives a descent direction: restart
+            self.pairs.clear()
+            direction, slope = -grad, -(grad @ grad).item()
+        classes = self.model.bias.numel()
+        step_w = self.forward @ direction[:-classes].view_as(self.model.weight)
+        step_b = direction[-classes:]
+        line = [_product(x, step_w).double() + step_b for x, _ in _blocks(self.rows)]
+        t = self._line_search(line, step_w, slope, start=1.0 if self.pairs else 0.0)
+        if not t > 0:
+            return False
+        self.model.weight = self.model.weight + t * step_w
+        self.model.bias = self.model.bias + t * step_b
+        self.logits = [logits + t * z for logits, z in zip(self.logits, line, strict=True)]
+        self.last_step = t * direction
         return True
-    finally:
-        progress["iterations"] += opt.state[opt._params[0]].get("n_iter", 0)
+
+    def _direction(self, grad: torch.Tensor) -> torch.Tensor:
+        """The two-loop recursion: −H·grad for the inverse-Hessian estimate of the pairs."""
+        q, alphas = grad.clone(), []
+        for s, y in reversed(self.pairs):
+            alpha = (s @ q) / (y @ s)
+            alphas.append(alpha)
+            q -= alpha * y
+        if self.pairs:
+            s, y = self.pairs[-1]
+            q *= (s @ y) / (y @ y)
+        for (s, y), alpha in zip(self.pairs, reversed(alphas), strict=True):
+            q += (alpha - (y @ q) / (y @ s)) * s
+        return -q
+
+    def _remember(self, grad_change: torch.Tensor) -> None:
+        s = self.last_step
+        if (s @ grad_change).item() > 1e-12 * s.norm().item() * grad_change.norm().item():
+            self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change)]
+
+    def _line_search(self, line, step_w, slope: float, start: float) -> float:
+        """Newton's method on φ'(t), bracketed, where φ(t) is the objective at logits + t·Z:
+        φ'(t) = mean (softmax − onehot)·Z + l2·(W + t·dW)·dW, φ''(t) its derivative."""
+        weight_dot, step_dot = (self.model.weight * step_w).sum().item(), step_w.pow(2).sum().item()
+        low, high, t = 0.0, math.inf, start
+        for _ in range(self.LINE_STEPS):
+            first, second = self._line_derivatives(line, t) if t else (slope, None)
+            first += self.l2 * (weight_dot + t * step_dot) if t else 0.0
+            if t and abs(first) <= self.LINE_TOL * abs(slope):
+                return t
+            low, high = (t, high) if first < 0 else (low, t)
+            if second is None:
+                second = self._line_derivatives(line, 0.0)[1]
+            guess = t - first / (second + self.l2 * step_dot)
+            t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
+        return low  # the search did not settle: the last point known to lie before the minimum
+
+    def _line_derivatives(self, line, t: float) -> tuple[float, float]:
+        """The loss part of φ'(t) and φ''(t), summed block by block in a fixed order."""
+        first = second = 0.0
+        for (_, y), logits, z in zip(_blocks(self.rows), self.logits, line, strict=True):
+            z32 = z.float()
+            probs = torch.softmax((logits + t * z).float(), dim=1)
+            mean_z = (probs * z32).sum(1)
+            first += (mean_z - z32.gather(1, y[:, None]).squeeze(1)).double().sum().item()
+            second += ((probs * z32 * z32).sum(1) - mean_z * mean_z).double().sum().item()
+        return first / self.rows.n, second / self.rows.n
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
+    compute = _compute_dtype(a.dtype)
+    return a.to(compute) @ b.to(compute)
+
+
+def _residual(logits: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(logits) − onehot(y), in the products' precision."""
+    probs = torch.softmax(logits.to(_compute_dtype(dtype)), dim=1)
+    probs[torch.arange(len(y)), y] -= 1.0
+    return probs
 
 
 def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, tol: float = TOL):
