@@ -223,15 +223,20 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
-        # One float64 block: its features, logits, probabilities and their gradient
-        logits = min(n_train, BLOCK) * (dim + 3 * inputs.classes) * 8
+        # One float64 block (features, logits, probabilities, gradient) and the fit's kept
+        # logits of every row (fp64) with its step's logits (fp32), in either mode
+        logits = min(n_train, BLOCK) * (dim + 3 * inputs.classes) * 8 + kept_logits_bytes(
+            n_train, inputs.classes
+        )
+        flops = PROBE_PASSES * 2 * n_train * dim * inputs.classes
         if resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
             probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
-                          + logits, device_bytes=train_bytes + eval_bytes + logits)  # fmt: skip
+                          + logits, device_bytes=train_bytes + eval_bytes + logits,
+                          flops=flops)  # fmt: skip
         else:
             shard = inputs.shard_size * dim * 4 + logits
             probe = Stage("linear probe", "streamed", host_bytes=2 * shard + n_train * 8,
-                          device_bytes=2 * shard)  # fmt: skip
+                          device_bytes=2 * shard, flops=flops)  # fmt: skip
         return [self.extraction_stage(inputs), probe]
 
     def _select_l2(self, data, fit_idx, held_idx, num_classes):
@@ -387,6 +392,16 @@ def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> to
     if space is None:
         return topk_hits(scores, labels, k)
     return label_space_hits(scores, labels, space, k)
+
+
+# Passes over the training rows (one matrix product each) of an 8-value L2 path and its refit:
+# ~320 for the path of benchmarks.bench_linear_probe (20k × 768, 100 classes), ~40 the refit
+PROBE_PASSES = 360
+
+
+def kept_logits_bytes(rows: int, classes: int) -> int:
+    """The fit keeps every row's logits (fp64) and its step's logits (fp32)."""
+    return rows * classes * 12
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:
