@@ -44,6 +44,7 @@ NOT_IN_KEY = {
     "random_init": "permits untrained weights; the weights id says they are random",
     "pretrained": "reaches the key as the cached file's content id (tests/test_hub.py)",
     "save_predictions": "writes a Parquet file beside the rows; the numbers do not change",
+    "log": "sends rows and curves to trackers as well; the numbers do not change",
 }
 BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
 

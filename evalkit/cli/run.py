@@ -137,6 +137,14 @@ def add_execution_arguments(run) -> None:
         help="backbone option, e.g. qk_norm=false or parallel=false (vit22b), img_size=384 (timm)",
     )
     run.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        metavar="TRACKER[:KEY=VALUE,...]",
+        help="also send each job's rows and training curves to wandb, mlflow or tensorboard "
+        "(repeatable), e.g. wandb:project=vit-evals,mode=offline; see docs/ecosystem.md",
+    )
+    run.add_argument(
         "--random-init",
         action="store_true",
         help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit import distributed
+from evalkit import distributed, tracking
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
@@ -42,6 +42,7 @@ from evalkit.core.results import Row, append_row, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError, warn
+from evalkit.tracking import LogTarget
 from evalkit.writes import writable
 
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
@@ -81,9 +82,10 @@ class RunSpec:
     fsdp: bool = False
     save_predictions: bool = False  # per-image outputs as Parquet beside the rows
     read_only_cache: bool = False  # set by the runner when the cache cannot be written
+    log: tuple[str, ...] = ()  # experiment trackers, "wandb|mlflow|tensorboard[:key=value,...]"
 
     def __post_init__(self):
-        for name in ("tasks", "backbones", "seeds", "overrides"):
+        for name in ("tasks", "backbones", "seeds", "overrides", "log"):
             value = getattr(self, name)
             as_tuple = (value,) if isinstance(value, str | int) else tuple(value)
             object.__setattr__(self, name, as_tuple)
@@ -106,6 +108,8 @@ class RunSpec:
             )
         if self.device is not None:
             check_device(self.device)
+        for target in self.log:
+            LogTarget.parse(target)
         bad_seeds = [s for s in self.seeds if not 0 <= s <= MAX_SEED]
         if bad_seeds:
             raise EvalkitError(f"--seed {bad_seeds[0]}: expected a whole number in 0 … {MAX_SEED}")
@@ -195,14 +199,25 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
                 for seed in spec.seeds:
                     ctx = spec.context(seed, identities)
                     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
-                    rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
-                                             force=spec.force, rerun=spec.rerun,
-                                             predictions=spec.save_predictions)  # fmt: skip
+                    with tracked_job(spec, task, name, seed) as log:
+                        rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
+                                                 force=spec.force, rerun=spec.rerun,
+                                                 predictions=spec.save_predictions)  # fmt: skip
+                        log.rows(rows)
+                        log.artifact(ctx.predictions)
                     yield JobResult(task.name, name, seed, rows, skipped)
             del backbone  # free it before the next one loads
     finally:
         restore()
         distributed.teardown()
+
+
+def tracked_job(spec: RunSpec, task: Task, backbone: str, seed: int):
+    """The job's tracker runs (``--log``), on the main process only."""
+    main = distributed.current().main
+    targets = tuple(LogTarget.parse(t) for t in spec.log) if main else ()
+    config = {"task": task.name, "backbone": backbone, "seed": seed, "settings": task.config()}
+    return tracking.job(targets, spec.out, f"{task.name}/{backbone}/s{seed}", config)
 
 
 def run_numerics() -> Callable[[], None]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evalkit.progress import ProgressBar
+from evalkit.tracking import curve
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ def train(
             schedule.step()
             losses.append(loss.item())
             update(loss=losses[-1])
+            curve({"loss": losses[-1], "lr": schedule.get_last_lr()[0]}, len(losses) - 1)
     module.eval()
     return losses
 

@@ -36,6 +36,7 @@ from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
+from evalkit.tracking import curve
 
 OPTIMIZERS = ("adamw", "adafactor")
 LATEST = "latest.json"
@@ -103,6 +104,7 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
                 raise
             lr_schedule.step()
             log.append(entry)
+            curve({k: v for k, v in entry.items() if k != "step"}, step)
             images = schedule.batch_size * schedule.accumulate
             advance(1, loss=entry["loss"], speed=images / (time.perf_counter() - start))
             if out is not None and (step + 1) % schedule.checkpoint_every == 0:
