@@ -131,3 +131,13 @@ def test_bad_log_values_are_one_line_errors(value, says):
 
     with pytest.raises(EvalkitError, match=says):
         RunSpec(tasks="imagenet-linear", backbones="fake", log=value)
+
+
+def test_sweep_passes_log_to_every_job(tmp_path, capsys):
+    from evalkit.cli import main
+
+    args = ["sweep", "--task", "imagenet-linear", "--backbone", "fake", "--dry-run",
+            "--out", str(tmp_path), "--log", "mlflow:experiment=sweep"]  # fmt: skip
+    assert main(args) == 0
+    assert "--log mlflow:experiment=sweep" in capsys.readouterr().out
+    assert main([*args[:-1], "mlflow:colour=red"]) == 2

@@ -1,7 +1,7 @@
 """The ``evalkit`` command: parses arguments and calls the API, printing with rich; no
 evaluation logic lives here. Each command is a module holding its parser and its handler:
 ``run``, ``listing`` (ls, backbones), ``results`` (table, compare, errors), ``convert``,
-``plan`` (plan, check-data), ``cache``, ``pretrain``, ``reproduce`` (reproduce, sweep) and
+``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce`` (reproduce, sweep) and
 ``prepare``."""
 
 from __future__ import annotations
@@ -12,7 +12,18 @@ import os
 import sys
 
 from evalkit import __version__
-from evalkit.cli import cache, convert, listing, plan, prepare, pretrain, reproduce, results, run
+from evalkit.cli import (
+    cache,
+    card,
+    convert,
+    listing,
+    plan,
+    prepare,
+    pretrain,
+    reproduce,
+    results,
+    run,
+)
 from evalkit.errors import EvalkitError, disk_error
 
 # In ``evalkit --help`` order: each command's parser builder and handler.
@@ -21,6 +32,7 @@ COMMANDS = {
     "ls": (listing.add_ls, listing.cmd_ls),
     "table": (results.add_table, results.cmd_table),
     "compare": (results.add_compare, results.cmd_compare),
+    "card": (card.add_card, card.cmd_card),
     "backbones": (listing.add_backbones, listing.cmd_backbones),
     "convert": (convert.add_convert, convert.cmd_convert),
     "check-data": (plan.add_check_data, plan.cmd_check_data),

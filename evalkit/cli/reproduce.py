@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from evalkit.cli.run import add_log_argument, log_run_args
 from evalkit.errors import EvalkitError
 
 
@@ -18,6 +20,7 @@ def add_reproduce_command(sub) -> None:
     rep.add_argument("--out", type=Path, default=Path("results/paper"))
     rep.add_argument("--cache-dir", type=Path, help="features, stand-in data and the ladder")
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_log_argument(rep)
     paper = rep.add_argument_group("scale paper")
     paper.add_argument("--data-dir", type=Path, help="the real data sets")
     paper.add_argument("--weights", action="append", default=[], metavar="MODEL=PATH",
@@ -82,7 +85,8 @@ def cmd_reproduce(args, console) -> int:
         raise EvalkitError(f"{', '.join(given)}: for --scale paper only; --scale {args.scale} runs "
                            "on embedded data with the pretraining ladder")  # fmt: skip
     records = reproduce(args.scale, only=only, out=args.out, cache=args.cache_dir,
-                        progress=not args.quiet and sys.stderr.isatty(), echo=console.print)  # fmt: skip
+                        progress=not args.quiet and sys.stderr.isatty(), echo=console.print,
+                        log=log_run_args(args.log)[1::2])  # fmt: skip
     show_effects(records, args, console)
     return 0
 
@@ -98,6 +102,7 @@ def reproduce_paper(args, only, console) -> int:
     run = paper_scale.PaperRun(args.data_dir, args.out, pairs(args.weights, "--weights"),
                                pairs(args.backbone, "--backbone"), only)  # fmt: skip
     job, effects = run.reproduction(resources_from(args))
+    job.plan = replace(job.plan, run_args=(*job.plan.run_args, *log_run_args(args.log)))
     sweep.check(job.plan)
     gpu = paper_scale.Accelerator(peak_tflops=args.peak_tflops, utilisation=args.mfu,
                                   name="A100" if args.peak_tflops == 312.0 else "GPU")  # fmt: skip
@@ -171,6 +176,7 @@ def add_sweep_command(sub) -> None:
         "--dry-run", action="store_true", help="print what would run (slurm: the batch script)"
     )
     add_resource_arguments(sweep)
+    add_log_argument(sweep)
 
 
 def cmd_sweep(args, console) -> int:
@@ -182,7 +188,8 @@ def cmd_sweep(args, console) -> int:
         raise EvalkitError(
             f"--seeds expects comma-separated integers, got {args.seeds!r}"
         ) from None
-    run_args = ("--data", args.data, *(("--data-dir", str(args.data_dir)) if args.data_dir else ()))
+    run_args = ("--data", args.data, *(("--data-dir", str(args.data_dir)) if args.data_dir else ()),
+                *log_run_args(args.log))  # fmt: skip
     common = {"out": args.out, "run_args": run_args, "resources": resources_from(args)}
     plan = (sweep.plan_from_toml(args.plan, **common) if args.plan else
             sweep.plan_from_args(args.task, args.backbone, seeds, args.overrides, args.weights, **common))  # fmt: skip

@@ -136,7 +136,16 @@ def add_execution_arguments(run) -> None:
         metavar="KEY=VALUE",
         help="backbone option, e.g. qk_norm=false or parallel=false (vit22b), img_size=384 (timm)",
     )
+    add_log_argument(run)
     run.add_argument(
+        "--random-init",
+        action="store_true",
+        help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
+    )
+
+
+def add_log_argument(parser) -> None:
+    parser.add_argument(
         "--log",
         action="append",
         default=[],
@@ -144,11 +153,15 @@ def add_execution_arguments(run) -> None:
         help="also send each job's rows and training curves to wandb, mlflow or tensorboard "
         "(repeatable), e.g. wandb:project=vit-evals,mode=offline; see docs/ecosystem.md",
     )
-    run.add_argument(
-        "--random-init",
-        action="store_true",
-        help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
-    )
+
+
+def log_run_args(log: list[str]) -> tuple[str, ...]:
+    """``--log`` values as options of each job's ``evalkit run`` (checked here, before any job)."""
+    from evalkit.tracking import LogTarget
+
+    for value in log:
+        LogTarget.parse(value)
+    return tuple(arg for value in log for arg in ("--log", value))
 
 
 def cmd_run(args, console) -> int:

@@ -54,6 +54,7 @@ class Reproduction:
     weights: dict[str, str] = field(default_factory=dict)
     plan: object = None  # scale paper: the sweep whose rows the table is written from
     read: dict = field(default_factory=dict)  # its rows files, each read once
+    log: tuple[str, ...] = ()  # --log: every job's rows and curves also go to these trackers
 
     @property
     def runs(self) -> Path:
@@ -109,7 +110,7 @@ class Reproduction:
             rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
                                weights=job.weights, overrides=job.overrides, data="embedded",
                                seeds=(job.seed,), out=self.runs, progress=self.progress,
-                               cache_dir=self.cache)  # fmt: skip
+                               cache_dir=self.cache, log=self.log)  # fmt: skip
         seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
         pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
         values = {r["metric"]: r["value"] for r in rows}
@@ -199,14 +200,14 @@ def relative(effect: EffectRow, outcome: Outcome) -> dict:
 
 
 def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
-              progress=False, echo=print) -> list[dict]:  # fmt: skip
+              progress=False, echo=print, log=()) -> list[dict]:  # fmt: skip
     """Measure every row (or the numbers in ``only``), write the table, return its records."""
     if scale == "paper":
         raise EvalkitError("scale paper runs as a sweep: evalkit reproduce --scale paper --dry-run")
     if scale not in SCALES:
         raise EvalkitError(f"unknown scale {scale!r}: choose from {', '.join(SCALES)}")
     effects = selected(only)
-    job = Reproduction(SCALES[scale], Path(out), cache, progress)
+    job = Reproduction(SCALES[scale], Path(out), cache, progress, log=tuple(log))
     start = time.perf_counter()
     ladder_s = job.pretrain_ladder() if any(r.scaling for r in effects) else 0.0
     return tabulate(job, effects, ladder_s, start, echo)

@@ -1,0 +1,25 @@
+"""``evalkit card``: a Hugging Face model card holding a backbone's result rows in its
+``model-index`` (shown on the model's Hub page); ``--push`` uploads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_card(sub) -> None:
+    card = sub.add_parser("card", help="write a Hugging Face model card of a backbone's results")
+    card.add_argument("results", type=Path, help="a folder of rows (evalkit run's --out)")
+    card.add_argument("--model-id", required=True, help="the Hub repository, ORG/NAME")
+    card.add_argument("--backbone", help="whose rows, when the folder holds several backbones")
+    card.add_argument("--out", type=Path, default=Path("README.md"), help="the card's file")
+    card.add_argument("--push", action="store_true", help="upload it as the model's README.md")
+
+
+def cmd_card(args, console) -> int:
+    from evalkit.card import push_card, write_card
+
+    path = write_card(args.results, args.model_id, args.out, args.backbone)
+    console.print(f"card: {path}")
+    if args.push:
+        console.print(f"pushed: {push_card(path, args.model_id)}")
+    return 0

@@ -1,0 +1,83 @@
+"""``evalkit card``: the card's ``model-index`` parses with huggingface_hub's own ``ModelCard``
+and ``model_index_to_eval_results`` and gives back every row (task, dataset, split, revision,
+metric, value, seed, run key, provenance); one backbone per card; ``--push`` needs a token."""
+
+from __future__ import annotations
+
+import pytest
+
+import evalkit
+from evalkit.cli import main
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, data_cache):
+    out = tmp_path_factory.mktemp("card") / "rows"
+    rows = evalkit.run("imagenet-knn", "fake", data="embedded", seeds=(0, 1), out=out,
+                       cache_dir=data_cache, progress=False, overrides=["ks=1,20"])  # fmt: skip
+    return out, rows
+
+
+def test_the_card_round_trips_every_row_through_huggingface_hub(results, tmp_path):
+    from huggingface_hub import ModelCard
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    out, rows = results
+    card_path = tmp_path / "README.md"
+    assert main(["card", str(out), "--model-id", "org/fake-vit", "--out", str(card_path)]) == 0
+    card = ModelCard.load(card_path)
+    name, parsed = model_index_to_eval_results(card.data.to_dict()["model-index"])
+    assert name == "org/fake-vit"
+    assert len(parsed) == len(rows) == 8  # 2 seeds × (top1, top5) × k = 1, 20
+    found = {(r.task_name, r.metric_name, r.metric_args["seed"]): r for r in parsed}
+    for row in rows:
+        result = found[(row["task"], row["metric"], row["seed"])]
+        assert result.metric_value == row["value"]
+        assert result.task_type == "image-classification"
+        assert (result.dataset_name, result.dataset_split) == ("imagenet", "val")
+        assert result.dataset_revision == row["data_id"]["val"]
+        assert result.metric_args["run_key"] == row["run_key"]
+        assert result.metric_args["provenance"]["torch"] == row["provenance"]["torch"]
+        assert result.verified is False
+    assert [r.metric_value for r in card.data.eval_results] == [r.metric_value for r in parsed]
+    assert "| imagenet-knn | top1/k=1 |" in card.text
+
+
+def test_a_card_is_for_one_backbone(results, tmp_path, capsys):
+    import shutil
+
+    out, _ = results
+    mixed = tmp_path / "mixed"
+    shutil.copytree(out, mixed)
+    rows_file = next(mixed.glob("*.jsonl"))
+    rows_file.write_text(rows_file.read_text() + rows_file.read_text().replace('"fake"', '"other"'))
+    assert main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "c.md")]) == 2
+    assert "2 backbones (fake, other)" in capsys.readouterr().err
+    assert main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "c.md"),
+                 "--backbone", "other"]) == 0  # fmt: skip
+
+
+def test_push_needs_a_token_and_uploads_the_card_when_there_is_one(
+    results, tmp_path, monkeypatch, capsys
+):
+    from huggingface_hub import ModelCard
+
+    out, _ = results
+    args = [
+        "card",
+        str(out),
+        "--model-id",
+        "org/fake-vit",
+        "--out",
+        str(tmp_path / "R.md"),
+        "--push",
+    ]
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    assert main(args) == 2 and "needs a Hugging Face token" in capsys.readouterr().err
+    pushed = []
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_test")
+    monkeypatch.setattr(
+        ModelCard, "push_to_hub", lambda card, repo, **kw: pushed.append((repo, card)) or "url"
+    )
+    assert main(args) == 0 and pushed[0][0] == "org/fake-vit"
+    assert pushed[0][1].data.eval_results[0].task_name == "imagenet-knn"
