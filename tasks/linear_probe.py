@@ -315,10 +315,17 @@ def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
                               enabled=ctx.extract.dtype == "bf16")  # fmt: skip
     logits, labels = [], []
     model.eval()
-    with ProgressBar(ctx.extract.progress, len(dataset), "score", status="rate") as advance:
-        for images, y in loader:
+
+    def piece(images):
+        def forward(start: int, stop: int) -> torch.Tensor:
             with autocast:
-                logits.append(model(images.to(device, non_blocking=True)).float().cpu())
+                return model(images[start:stop].to(device, non_blocking=True)).float().cpu()
+
+        return forward
+
+    with ProgressBar(ctx.extract.progress, len(dataset), "score", status="rate") as advance:
+        for images, y in loader:  # a batch that runs out of memory is scored in pieces
+            logits += ctx.extract.limit.pieces(piece(images), len(images), "prediction")
             labels.append(torch.as_tensor(y))
             advance(len(images))
     return torch.cat(logits), torch.cat(labels)

@@ -23,12 +23,13 @@ import json
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from evalkit import distributed as mesh
+from evalkit.batching import BatchLimit
 from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
 from evalkit.data.feeding import decode_workers, loader_options
@@ -68,6 +69,8 @@ class ExtractSettings:
     progress: bool = True
     verify_cache: bool = False  # re-read every cached shard, whatever its stamp
     read_only: bool = False  # the cache is read, never written: what it lacks stays in memory
+    # the batch that fits: halved on an out-of-memory error, kept for the run's later batches
+    limit: BatchLimit = field(default_factory=BatchLimit, compare=False, repr=False)
 
     @property
     def writable_cache(self) -> Path | None:
@@ -348,6 +351,17 @@ def _workers(settings: ExtractSettings, shards: int) -> int:
 
 
 def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:
+    """One batch's features; a batch that runs out of memory is done in smaller pieces."""
+    labels = torch.as_tensor(labels)
+
+    def piece(start: int, stop: int) -> dict:
+        return _forward_once(backbone, images[start:stop], labels[start:stop], request, settings)
+
+    pieces = settings.limit.pieces(piece, len(labels), "feature extraction")
+    return pieces[0] if len(pieces) == 1 else _merge(pieces)
+
+
+def _forward_once(backbone, images, labels, request, settings: ExtractSettings) -> dict:
     device = torch.device(settings.device)
     frames = _clip_frames(images, request)
     if frames:

@@ -95,7 +95,13 @@ def add_data_arguments(run) -> None:
 
 def add_execution_arguments(run) -> None:
     """How to run: batches, device, precision, seeds, sharding."""
-    run.add_argument("--batch-size", type=int, default=64)
+    run.add_argument(
+        "--batch-size",
+        type=batch_size_value,
+        default=64,
+        help="images per forward (default 64), or auto: the largest that fits the device by "
+        "the planner's estimate; a batch that runs out of memory is halved and retried",
+    )
     run.add_argument(
         "--workers",
         type=int,
@@ -142,6 +148,10 @@ def add_execution_arguments(run) -> None:
         action="store_true",
         help="allow untrained weights for backbones that refuse them by default (vit22b/22b)",
     )
+
+
+def batch_size_value(text: str) -> int | str:
+    return text if text == "auto" else int(text)
 
 
 def add_log_argument(parser) -> None:

@@ -34,10 +34,11 @@ import torch
 
 from evalkit import distributed, tracking
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
+from evalkit.backbones.vit22b import available_bytes
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.core.catalog import TASKS
-from evalkit.core.plan import unfit
+from evalkit.core.plan import measured_shape, unfit
 from evalkit.core.results import Row, append_row, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig
@@ -72,7 +73,7 @@ class RunSpec:
     cache_dir: Path | None = None
     no_cache: bool = False
     verify_cache: bool = False  # re-read every cached shard the run uses, whatever its stamp
-    batch_size: int = 64
+    batch_size: int | str = 64  # or "auto": the planner's estimate for the device's free memory
     workers: int | None = None
     device: str | None = None
     dtype: str | None = None
@@ -94,8 +95,10 @@ class RunSpec:
 
     def check(self):
         """Refuse options that would fail later with a traceback or give a wrong number."""
-        if self.batch_size < 1:
-            raise EvalkitError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.batch_size != "auto" and not (
+            isinstance(self.batch_size, int) and self.batch_size >= 1
+        ):
+            raise EvalkitError(f"--batch-size must be auto or at least 1, got {self.batch_size}")
         if self.workers is not None and self.workers < 0:
             raise EvalkitError(f"--workers must be 0 or more, got {self.workers}")
         if self.tp < 1:
@@ -134,13 +137,16 @@ class RunSpec:
             model_kwargs=dict(self.model_args),
         )
 
-    def context(self, seed: int, identities: dict | None = None) -> TaskContext:
+    def context(
+        self, seed: int, identities: dict | None = None, batch_size: int = 0
+    ) -> TaskContext:
         """A fresh context for one job: its own run statistics; ``identities`` (dataset
-        identities) may be shared by the jobs of one run, so each dataset is walked once."""
+        identities) may be shared by the jobs of one run, so each dataset is walked once;
+        ``batch_size`` is the resolved ``--batch-size auto``."""
         root = Path(self.cache_dir or cache_root())
         extract = ExtractSettings(
             cache_dir=None if self.no_cache else root,
-            batch_size=self.batch_size,
+            batch_size=batch_size or self.batch_size,
             workers=self.workers,
             device=self.resolved_device,
             dtype=self.resolved_dtype,
@@ -195,9 +201,10 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
             backbone = load_backbone(name, spec.backbone_options())
             if on_backbone is not None:
                 on_backbone(backbone)
+            batch = auto_batch_size(backbone, spec) if spec.batch_size == "auto" else 0
             for task in tasks:
                 for seed in spec.seeds:
-                    ctx = spec.context(seed, identities)
+                    ctx = spec.context(seed, identities, batch)
                     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
                     with tracked_job(spec, task, name, seed) as log:
                         rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
@@ -210,6 +217,23 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     finally:
         restore()
         distributed.teardown()
+
+
+AUTO_BATCH_CAP = 1024
+AUTO_MEMORY_SHARE = 0.5  # of the free memory: the rest for the loader, the task's own tensors
+
+
+def auto_batch_size(backbone, spec: RunSpec) -> int:
+    """``--batch-size auto``: the largest power of two (at most ``AUTO_BATCH_CAP``) whose forward
+    fits ``AUTO_MEMORY_SHARE`` of the device's free memory by the planner's estimate of one
+    image's activations; a batch that still runs out of memory is halved (``evalkit.batching``)."""
+    shape = measured_shape(backbone, dtype=spec.resolved_dtype, tp=spec.tp)
+    room = AUTO_MEMORY_SHARE * (available_bytes(spec.resolved_device) or 0)
+    per_image = max(shape.activation_bytes_per_image, 1)
+    size = 1
+    while size < AUTO_BATCH_CAP and 2 * size * per_image <= room:
+        size *= 2
+    return size
 
 
 def tracked_job(spec: RunSpec, task: Task, backbone: str, seed: int):
@@ -435,6 +459,7 @@ def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
         "device": ctx.extract.device,
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
+        "batch_size": ctx.extract.limit.used(ctx.extract.batch_size),  # after any back-off
         "wall_s": round(wall_s, 3),
         "images_extracted": ctx.stats["images"],  # this job's own forward passes
         "images_per_s": round(ctx.stats["images"] / seconds, 2) if seconds else None,
