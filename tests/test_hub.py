@@ -154,3 +154,55 @@ def test_an_open_clip_tag_missing_from_the_cache_is_one_line(hub_cache, tiny_cli
         load_backbone("open_clip/Tiny-Test:other", BackboneOptions(pretrained=True))
     with pytest.raises(EvalkitError, match="add --pretrained"):
         load_backbone("open_clip/Tiny-Test:hubtag")
+
+
+def test_a_pinned_revision_is_loaded_recorded_and_keeps_its_own_cache_entry(
+    tmp_path, hub_cache, cli_env
+):
+    """Two commits of one repository, both in the cache (``main`` points at the first):
+    ``@<commit>`` loads that commit's bytes, each row says which commit it came from, and the
+    two revisions' features never share a cache entry."""
+    _, path = timm_checkpoint(tmp_path)
+    place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}", {"model.safetensors": path.read_bytes()})
+    other = "fedcba9876543210fedcba9876543210fedcba98"
+    newer = hub_cache / f"models--timm--{TIMM_TAGGED}" / "snapshots" / other
+    newer.mkdir()
+    torch.manual_seed(6)
+    state = {k: torch.randn_like(v) for k, v in checkpoints.read_state_dict(path).items()}
+    save_file(state, str(newer / "model.safetensors"))
+    found = {}
+    for revision in ("main", other):
+        spec = f"timm/{TIMM_TAGGED}@{revision}"
+        argv = ["run", "--task", "imagenet-knn", "--backbone", spec, "--pretrained", "--data",
+                "embedded", "--quiet", "--out", str(tmp_path / "rows"), "--set", "ks=1",
+                "--model-arg", "img_size=32", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+        assert main(argv) == 0
+        rows = [json.loads(line) for f in (tmp_path / "rows").rglob("*.jsonl") for line in f.open()]
+        found[revision] = [r for r in rows if r["backbone"] == spec]
+    assert {r["weights_source"] for r in found["main"]} == {f"hub timm/{TIMM_TAGGED}@{REVISION}"}
+    assert {r["weights_source"] for r in found[other]} == {f"hub timm/{TIMM_TAGGED}@{other}"}
+    assert {r["weights_id"] for r in found["main"]} == {checkpoints.weights_id(path)}
+    assert {r["weights_id"] for r in found[other]} != {checkpoints.weights_id(path)}
+    assert {r["run_key"] for r in found["main"]}.isdisjoint(r["run_key"] for r in found[other])
+    entries = {}
+    for meta in (tmp_path / "cache").rglob("meta.json"):
+        entries.setdefault(json.loads(meta.read_text()).get("backbone"), set()).add(meta.parent)
+    assert entries[f"timm/{TIMM_TAGGED}@main"].isdisjoint(entries[f"timm/{TIMM_TAGGED}@{other}"])
+
+
+def test_a_revision_needs_pretrained_and_a_hub_family(hub_cache, capsys):
+    for backbone, says in ((f"timm/{TIMM_TAGGED}@main", "add --pretrained"),
+                           ("vit22b/test@main", "@REVISION pins the hub weights")):  # fmt: skip
+        argv = ["run", "--task", "imagenet-knn", "--backbone", backbone, "--data", "embedded"]
+        assert main(argv) == 2
+        assert says in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_revision_the_cache_lacks_is_one_line(tmp_path, hub_cache, capsys):
+    _, path = timm_checkpoint(tmp_path)
+    place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}", {"model.safetensors": path.read_bytes()})
+    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}@v9", "--pretrained",
+            "--data", "embedded"]  # fmt: skip
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "at revision v9" in err and "hf download" in err

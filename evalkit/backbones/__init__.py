@@ -64,6 +64,7 @@ BUILT_FROM_SEED = frozenset({"fake", "none"})  # backbones with no weights file 
 def load_backbone(spec: str, opts: BackboneOptions | None = None):
     """Build the backbone named ``spec`` (e.g. ``timm/vit_tiny_patch16_224``)."""
     family, _, variant = spec.partition("/")
+    variant, pinned, revision = variant.partition("@")
     build = BACKBONES.get(family).load()
     if family in NEEDS_VARIANT and not variant:
         raise EvalkitError(
@@ -76,6 +77,8 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
             f"--tp shards the built-in vit22b family only; {spec} runs data-parallel (drop --tp)"
         )
     opts = opts or BackboneOptions()
+    if pinned:
+        opts = replace(opts, revision=_checked_revision(spec, family, revision, opts))
     if opts.weights and family in BUILT_FROM_SEED:
         raise EvalkitError(
             f"{spec} loads no weights (it is built from the seed): drop --weights, or name a "
@@ -84,5 +87,30 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
     check_model_options(family, declared_options(build), opts.model_kwargs)
     backbone = build(variant, opts)
     # The options reach every key through the info, whatever the adapter does with them.
-    backbone.info = replace(backbone.info, options=dict(sorted(opts.model_kwargs.items())))
+    backbone.info = replace(backbone.info, options=dict(sorted(opts.model_kwargs.items())),
+                            source=_source(backbone.info, opts))  # fmt: skip
+    if pinned:
+        backbone.info = replace(backbone.info, name=f"{backbone.info.name}@{revision}")
     return backbone
+
+
+def _checked_revision(spec: str, family: str, revision: str, opts: BackboneOptions) -> str:
+    """``NAME@REVISION`` pins hub weights: only with --pretrained, only where the hub has them."""
+    if family not in ("timm", "open_clip") or not revision:
+        raise EvalkitError(f"{spec}: @REVISION pins the hub weights of timm/… and open_clip/… "
+                           "backbones, e.g. timm/vit_base_patch16_224.augreg_in21k@main")  # fmt: skip
+    if not opts.pretrained:
+        raise EvalkitError(f"{spec}: @{revision} names a hub revision of the published weights: "
+                           "add --pretrained")  # fmt: skip
+    return revision
+
+
+def _source(info, opts: BackboneOptions) -> str:
+    """Where the weights came from, as the row records it (``weights_source``)."""
+    from evalkit.backbones import hub
+
+    if opts.pretrained:
+        return hub.resolved(info.name) or "hub"
+    if opts.weights:
+        return f"local file {opts.weights}"
+    return "random init" if info.random_init else info.source

@@ -54,6 +54,8 @@ class BackboneInfo:
     pools: tuple[str, ...] = ("cls", "mean")
     random_init: bool = False
     options: dict[str, Any] = field(default_factory=dict, hash=False)  # --model-arg values
+    # where the weights came from: "hub <repo>@<commit>", "local file <path>", "random init"
+    source: str = field(default="", compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -126,7 +126,7 @@ def _create(open_clip, variant: str, opts: BackboneOptions):
         with rejected_options(f"open_clip/{arch}", opts.model_kwargs):
             model = open_clip.create_model(arch, pretrained=None, **opts.model_kwargs)
     if opts.pretrained:
-        return model, _load_from_hub(open_clip, model, arch, tag)
+        return model, _load_from_hub(open_clip, model, arch, tag, opts.revision)
     if tag:
         raise EvalkitError(
             f"open_clip/{variant} names hub weights: add --pretrained (or drop :{tag})"
@@ -137,7 +137,7 @@ def _create(open_clip, variant: str, opts: BackboneOptions):
     return model, checkpoints.weights_id(opts.weights)
 
 
-def _load_from_hub(open_clip, model, arch: str, tag: str) -> str:
+def _load_from_hub(open_clip, model, arch: str, tag: str, revision: str | None = None) -> str:
     """The weights of open_clip's ``<arch>:<tag>`` from its hub repository in the cache,
     through the safe reader; preprocessing from the repository's ``open_clip_config.json``,
     else open_clip's record of the tag. Returns the weights id."""
@@ -153,9 +153,9 @@ def _load_from_hub(open_clip, model, arch: str, tag: str) -> str:
     parts = cfg["hf_hub"].split("/")  # "<org>/<name>/" or "<org>/<name>/<file>"
     repo, named = "/".join(parts[:2]), "/".join(parts[2:])
     files = (named,) if named else ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
-    path = hub.cached_file(repo, files, backbone=f"open_clip/{arch}:{tag}")
+    path = hub.cached_file(repo, files, backbone=f"open_clip/{arch}:{tag}", revision=revision)
     load_strict(model, read_state_dict(path), source=path)
-    own = hub.cached_json(repo, "open_clip_config.json").get("preprocess_cfg", {})
+    own = hub.cached_json(repo, "open_clip_config.json", revision).get("preprocess_cfg", {})
     preprocessing = {k: cfg[k] for k in ("mean", "std", "interpolation") if k in cfg} | own
     model.visual.preprocess_cfg = {**getattr(model.visual, "preprocess_cfg", {}), **preprocessing}
     return checkpoints.weights_id(path)

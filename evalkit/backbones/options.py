@@ -34,6 +34,7 @@ class BackboneOptions:
     random_init: bool = False  # allow random weights where an adapter refuses them by default
     fsdp: bool = False  # vit22b: shard parameters over the data-parallel axis (FSDP2)
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. img_size, depth (tests)
+    revision: str | None = None  # the hub revision of --pretrained weights (name@REVISION)
 
 
 def parse_model_args(pairs: list[str]) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def build(variant: str, opts: BackboneOptions) -> TimmBackbone:
 def _create(timm, variant: str, opts: BackboneOptions):
     kwargs = {"num_classes": 0, **opts.model_kwargs}
     if opts.pretrained:
-        return _from_hub(timm, variant, kwargs)
+        return _from_hub(timm, variant, kwargs, opts.revision)
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
         with rejected_options(f"timm/{variant}", opts.model_kwargs):
@@ -104,7 +104,7 @@ def _create(timm, variant: str, opts: BackboneOptions):
 PREPROCESSING = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
 
 
-def _from_hub(timm, variant: str, kwargs: dict):
+def _from_hub(timm, variant: str, kwargs: dict, revision: str | None = None):
     """``variant`` (``<model>.<tag>``) with the weights its hub repository holds, read from
     the cache through the safe reader and loaded by timm (its filters for the architecture
     and its classifier handling); preprocessing from the repository's ``config.json``."""
@@ -119,8 +119,8 @@ def _from_hub(timm, variant: str, kwargs: dict):
             "or pass --weights PATH"
         )
     path = hub.cached_file(repo, ("model.safetensors", "pytorch_model.bin"),
-                           backbone=f"timm/{variant}")  # fmt: skip
-    own = hub.cached_json(repo, "config.json").get("pretrained_cfg", {})
+                           backbone=f"timm/{variant}", revision=revision)  # fmt: skip
+    own = hub.cached_json(repo, "config.json", revision).get("pretrained_cfg", {})
     overlay = {k: own[k] for k in PREPROCESSING if k in own}
     overlay["state_dict"] = read_state_dict(path)
     model = timm.create_model(variant, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)

@@ -432,6 +432,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "task_version": task.version,
         "backbone": info.name,
         "weights_id": info.weights_id,
+        "weights_source": info.source,  # hub repository@commit, local file, or random init
         "backbone_options": info.options,
         "random_init": info.random_init,
         "metric": metric.metric,
