@@ -50,7 +50,8 @@ from evalkit.data import open_dataset
 from evalkit.data.feeding import decode_workers, loader_options
 from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
-from evalkit.heads.linear import BLOCK, Rows, Standardizer, fit_logistic, hits, logistic_path
+from evalkit.heads import linear as linear_fit
+from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
 from evalkit.heads.zeroshot import label_space_hits, restricted
 from evalkit.metrics import accuracy_stderr, topk_hits
 from evalkit.progress import ProgressBar
@@ -223,13 +224,9 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
-        # One float64 block (features, logits, probabilities, gradient) and the fit's kept
-        # logits of every row (fp64) with its step's logits (fp32), in either mode
-        logits = min(n_train, BLOCK) * (dim + 3 * inputs.classes) * 8 + kept_logits_bytes(
-            n_train, inputs.classes
-        )
-        flops = PROBE_PASSES * 2 * n_train * dim * inputs.classes
-        if resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
+        logits = linear_fit.work_bytes(n_train, dim, inputs.classes)  # in either mode
+        flops = linear_fit.path_flops(n_train, dim, inputs.classes)
+        if linear_fit.resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
             probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
                           + logits, device_bytes=train_bytes + eval_bytes + logits,
                           flops=flops)  # fmt: skip
@@ -401,23 +398,6 @@ def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> to
     return label_space_hits(scores, labels, space, k)
 
 
-# Passes over the training rows (one matrix product each) of an 8-value L2 path and its refit:
-# ~320 for the path of benchmarks.bench_linear_probe (20k × 768, 100 classes), ~40 the refit
-PROBE_PASSES = 360
-
-
-def kept_logits_bytes(rows: int, classes: int) -> int:
-    """The fit keeps every row's logits (fp64) and its step's logits (fp32)."""
-    return rows * classes * 12
-
-
-def resident_bytes(rows: int, dim: int, classes: int) -> int:
-    """The resident probe's float32 features and one float64 block's features, logits,
-    probabilities and their gradient."""
-    block = min(rows, BLOCK)
-    return rows * dim * 4 + block * (dim + 3 * classes) * 8
-
-
 def percent(row_hits: torch.Tensor) -> float:
     return 100.0 * row_hits.double().mean().item()
 
@@ -441,7 +421,7 @@ class ProbeData:
     def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
         """``test`` may be None when only training rows (and ``rows_of``) are wanted."""
         dim = train.take([0]).shape[-1] if len(train) else 0
-        resident = resident_bytes(len(train), dim, classes) <= task.resident_gb * 2**30
+        resident = linear_fit.resident_bytes(len(train), dim, classes) <= task.resident_gb * 2**30
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
             x_train = train.pooled.float()

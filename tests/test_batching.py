@@ -121,8 +121,10 @@ def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, m
 
     backbone = evalkit.load_backbone("fake")
     per_image = max(measured_shape(backbone, dtype="fp32").activation_bytes_per_image, 1)
-    monkeypatch.setattr(runner, "available_bytes", lambda device: 2 * 100 * per_image)
-    rows = evalkit.run("imagenet-knn", "fake", out=tmp_path, batch_size="auto",
+    monkeypatch.setattr(
+        "evalkit.backbones.vit22b.available_bytes", lambda device: 2 * 100 * per_image
+    )
+    rows = evalkit.run("imagenet-knn", "fake", out=tmp_path, batch_size="auto", force=True,
                        cache_dir=tmp_path / "c", **KNN)  # fmt: skip
     assert {r["provenance"]["batch_size"] for r in rows} == {64}  # half of 200 images' worth
     with pytest.raises(EvalkitError, match="--batch-size must be auto or at least 1"):

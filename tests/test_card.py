@@ -51,9 +51,12 @@ def test_a_card_is_for_one_backbone(results, tmp_path, capsys):
     shutil.copytree(out, mixed)
     rows_file = next(mixed.glob("*.jsonl"))
     rows_file.write_text(rows_file.read_text() + rows_file.read_text().replace('"fake"', '"other"'))
-    assert main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "c.md")]) == 2
+    assert (
+        main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "other-card.txt")])
+        == 2
+    )
     assert "2 backbones (fake, other)" in capsys.readouterr().err
-    assert main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "c.md"),
+    assert main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "other-card.txt"),
                  "--backbone", "other"]) == 0  # fmt: skip
 
 
@@ -69,7 +72,7 @@ def test_push_needs_a_token_and_uploads_the_card_when_there_is_one(
         "--model-id",
         "org/fake-vit",
         "--out",
-        str(tmp_path / "R.md"),
+        str(tmp_path / "card.txt"),
         "--push",
     ]
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)

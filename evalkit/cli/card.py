@@ -16,7 +16,7 @@ def add_card(sub) -> None:
 
 
 def cmd_card(args, console) -> int:
-    from evalkit.card import push_card, write_card
+    from evalkit.publish.card import push_card, write_card
 
     path = write_card(args.results, args.model_id, args.out, args.backbone)
     console.print(f"card: {path}")

@@ -386,3 +386,22 @@ def feeding_rates(shape: Shape, target: Target | None, device: str) -> dict:
         peak = 0.0
     forward = peak * 1e12 * ASSUMED_MFU / shape.flops_per_image if peak else None
     return {"workers": workers, "decode": workers * DECODE_IMG_S_PER_WORKER, "forward": forward}
+
+
+AUTO_BATCH_CAP = 1024
+AUTO_MEMORY_SHARE = 0.5  # of the free memory: the rest for the loader, the task's own tensors
+
+
+def auto_batch_size(backbone, device: str, dtype: str, tp: int = 1) -> int:
+    """``--batch-size auto``: the largest power of two (at most ``AUTO_BATCH_CAP``) whose forward
+    fits ``AUTO_MEMORY_SHARE`` of the device's free memory by the planner's estimate of one
+    image's activations; a batch that still runs out of memory is halved (``evalkit.batching``)."""
+    from evalkit.backbones.vit22b import available_bytes
+
+    shape = measured_shape(backbone, dtype=dtype, tp=tp)
+    room = AUTO_MEMORY_SHARE * (available_bytes(device) or 0)
+    per_image = max(shape.activation_bytes_per_image, 1)
+    size = 1
+    while size < AUTO_BATCH_CAP and 2 * size * per_image <= room:
+        size *= 2
+    return size

@@ -27,6 +27,7 @@ class Row(TypedDict, total=False):
     task_version: int
     backbone: str
     weights_id: str
+    weights_source: str  # hub repository@commit, local file, or random init
     random_init: bool
     metric: str
     value: float

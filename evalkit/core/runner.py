@@ -20,7 +20,6 @@ import functools
 import hashlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -32,18 +31,19 @@ from pathlib import Path
 
 import torch
 
-from evalkit import distributed, tracking
+from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
-from evalkit.backbones.vit22b import available_bytes
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.core.catalog import TASKS
-from evalkit.core.plan import measured_shape, unfit
+from evalkit.core.numerics import numerics, peak_memory_mb, reset_peak_memory, run_numerics
+from evalkit.core.plan import auto_batch_size, unfit
 from evalkit.core.results import Row, append_row, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig
 from evalkit.errors import EvalkitError, warn
-from evalkit.tracking import LogTarget
+from evalkit.publish import tracking
+from evalkit.publish.tracking import LogTarget
 from evalkit.writes import writable
 
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
@@ -201,7 +201,12 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
             backbone = load_backbone(name, spec.backbone_options())
             if on_backbone is not None:
                 on_backbone(backbone)
-            batch = auto_batch_size(backbone, spec) if spec.batch_size == "auto" else 0
+            auto = spec.batch_size == "auto"
+            batch = (
+                auto_batch_size(backbone, spec.resolved_device, spec.resolved_dtype, spec.tp)
+                if auto
+                else 0
+            )
             for task in tasks:
                 for seed in spec.seeds:
                     ctx = spec.context(seed, identities, batch)
@@ -219,56 +224,12 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
         distributed.teardown()
 
 
-AUTO_BATCH_CAP = 1024
-AUTO_MEMORY_SHARE = 0.5  # of the free memory: the rest for the loader, the task's own tensors
-
-
-def auto_batch_size(backbone, spec: RunSpec) -> int:
-    """``--batch-size auto``: the largest power of two (at most ``AUTO_BATCH_CAP``) whose forward
-    fits ``AUTO_MEMORY_SHARE`` of the device's free memory by the planner's estimate of one
-    image's activations; a batch that still runs out of memory is halved (``evalkit.batching``)."""
-    shape = measured_shape(backbone, dtype=spec.resolved_dtype, tp=spec.tp)
-    room = AUTO_MEMORY_SHARE * (available_bytes(spec.resolved_device) or 0)
-    per_image = max(shape.activation_bytes_per_image, 1)
-    size = 1
-    while size < AUTO_BATCH_CAP and 2 * size * per_image <= room:
-        size *= 2
-    return size
-
-
 def tracked_job(spec: RunSpec, task: Task, backbone: str, seed: int):
     """The job's tracker runs (``--log``), on the main process only."""
     main = distributed.current().main
     targets = tuple(LogTarget.parse(t) for t in spec.log) if main else ()
     config = {"task": task.name, "backbone": backbone, "seed": seed, "settings": task.config()}
     return tracking.job(targets, spec.out, f"{task.name}/{backbone}/s{seed}", config)
-
-
-def run_numerics() -> Callable[[], None]:
-    """Set, for the run, how its arithmetic is done; returns what puts the caller's back.
-
-    - fp32 matrix products and convolutions in full fp32: TF32 (on by default for cuDNN)
-      rounds them to ~1e-3.
-    - Deterministic algorithms: cuDNN picks no kernel by timing, cuBLAS gets a fixed
-      workspace, and an op with no deterministic CUDA kernel (bilinear-upsample backward)
-      warns rather than varying silently; the ADE20k and depth gates compare to 0.001.
-
-    Every row records both (``provenance.tf32``, ``provenance.deterministic``)."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-             torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    torch.use_deterministic_algorithms(True, warn_only=True)
-
-    def restore():
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
-        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
-
-    return restore
 
 
 def read_only_cache(spec: RunSpec) -> RunSpec:
@@ -487,14 +448,6 @@ def environment() -> dict:
     }
 
 
-def numerics() -> dict:
-    """How this run's arithmetic was set (``run_numerics``)."""
-    return {
-        "tf32": torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32,
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
-    }
-
-
 def git_sha() -> str | None:
     try:
         out = subprocess.run(
@@ -507,16 +460,3 @@ def git_sha() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
-
-
-def peak_memory_mb(device: str) -> float:
-    """The job's peak on the run's own device (``cuda:1`` is not GPU 0); the process's peak
-    resident memory on the CPU."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def reset_peak_memory(device: str):
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(device)

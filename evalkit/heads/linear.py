@@ -339,6 +339,31 @@ class _LineFit:
         return first / self.rows.n, second / self.rows.n
 
 
+def work_bytes(rows: int, dim: int, classes: int) -> int:
+    """What a fit holds beside the rows: one fp64 block (features, logits, probabilities,
+    gradient), and every row's kept logits (fp64) with its step's logits (fp32)."""
+    return block_bytes(rows, dim, classes) + rows * classes * 12
+
+
+def block_bytes(rows: int, dim: int, classes: int) -> int:
+    return min(rows, BLOCK) * (dim + 3 * classes) * 8
+
+
+def resident_bytes(rows: int, dim: int, classes: int) -> int:
+    """Resident rows: their float32 features and one block (the kept logits are held in either
+    mode, so they do not decide it)."""
+    return rows * dim * 4 + block_bytes(rows, dim, classes)
+
+
+# Passes over the rows (one matrix product each) of an 8-value L2 path and its refit: ~320
+# for the path of benchmarks.bench_linear_probe (20k × 768, 100 classes), ~40 for the refit
+PATH_PASSES = 360
+
+
+def path_flops(rows: int, dim: int, classes: int) -> int:
+    return PATH_PASSES * 2 * rows * dim * classes
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
     compute = _compute_dtype(a.dtype)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evalkit.progress import ProgressBar
-from evalkit.tracking import curve
+from evalkit.publish.tracking import curve
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
-from evalkit.tracking import curve
+from evalkit.publish.tracking import curve
 
 OPTIMIZERS = ("adamw", "adafactor")
 LATEST = "latest.json"

@@ -1,0 +1,59 @@
+"""How a run's arithmetic is set and what it used: full-fp32 products and deterministic
+algorithms for the run (``run_numerics``, recorded as ``provenance.tf32`` and
+``provenance.deterministic``), and each job's peak memory on its own device."""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable
+
+import torch
+
+
+def run_numerics() -> Callable[[], None]:
+    """Set, for the run, how its arithmetic is done; returns what puts the caller's back.
+
+    - fp32 matrix products and convolutions in full fp32: TF32 (on by default for cuDNN)
+      rounds them to ~1e-3.
+    - Deterministic algorithms: cuDNN picks no kernel by timing, cuBLAS gets a fixed
+      workspace, and an op with no deterministic CUDA kernel (bilinear-upsample backward)
+      warns rather than varying silently; the ADE20k and depth gates compare to 0.001.
+
+    Every row records both (``provenance.tf32``, ``provenance.deterministic``)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def restore():
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
+        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+
+    return restore
+
+
+def numerics() -> dict:
+    """How this run's arithmetic was set (``run_numerics``)."""
+    return {
+        "tf32": torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def peak_memory_mb(device: str) -> float:
+    """The job's peak on the run's own device (``cuda:1`` is not GPU 0); the process's peak
+    resident memory on the CPU."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def reset_peak_memory(device: str):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
