@@ -206,3 +206,61 @@ def test_a_revision_the_cache_lacks_is_one_line(tmp_path, hub_cache, capsys):
     assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "at revision v9" in err and "hf download" in err
+
+
+def hub_dataset(cache, repo: str, commit: str, colours: dict[str, tuple]) -> None:
+    """A dataset repository revision as the hub's cache keeps it: parquet files per split
+    (``data/<split>-00000-of-00001.parquet``) with ``image`` and ``label`` columns."""
+    import datasets
+    from PIL import Image
+
+    folder = cache / ("datasets--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    if not (folder / "refs" / "main").exists():  # main stays at the first revision placed
+        (folder / "refs" / "main").write_text(commit)
+    names = sorted(colours)
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}
+    )
+    for split, count in (("train", 24), ("val", 8)):
+        images = [Image.new("RGB", (32, 32), colours[names[i % 2]]) for i in range(count)]
+        table = datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(count)]},
+                                           features=features)  # fmt: skip
+        target = folder / "snapshots" / commit / "data" / f"{split}-00000-of-00001.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        table.to_parquet(str(target))
+
+
+def test_a_hub_dataset_revision_is_read_from_the_cache_and_named_by_its_commit(hub_cache, cli_env):
+    first, second = "1" * 40, "2" * 40
+    hub_dataset(hub_cache, "org/dots", first, {"red": (255, 0, 0), "blue": (0, 0, 255)})
+    hub_dataset(hub_cache, "org/dots", second, {"red": (250, 10, 0), "blue": (0, 10, 250)})
+    rows = {}
+    for revision in ("main", second):
+        argv = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--quiet", "--out", "rows",
+                "--set", f"dataset=hf:org/dots@{revision}", "--set", "ks=1"]  # fmt: skip
+        assert main(argv) == 0
+    for line in (cli_env / "rows").rglob("*.jsonl"):
+        for row in map(json.loads, line.read_text().splitlines()):
+            rows.setdefault(row["config"]["dataset"], []).append(row)
+    assert set(rows) == {"hf:org/dots@main", f"hf:org/dots@{second}"}
+    main_rows, second_rows = rows["hf:org/dots@main"], rows[f"hf:org/dots@{second}"]
+    assert {r["extra"]["n_train"] for r in main_rows} == {24}
+    assert {r["data_source"] for r in main_rows} == {f"hf:org/dots@{first}"}  # main → first
+    assert {r["data_source"] for r in second_rows} == {f"hf:org/dots@{second}"}
+    assert main_rows[0]["data_id"] != second_rows[0]["data_id"]
+
+
+def test_a_hub_dataset_the_cache_lacks_is_one_line(hub_cache, capsys):
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--set",
+        "dataset=hf:org/none@v2",
+    ]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "hub dataset org/none at revision v2 is not in the cache" in err and "hf download" in err

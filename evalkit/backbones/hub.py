@@ -14,24 +14,11 @@ the hub as given; the commit it resolved to is the snapshot folder the file came
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import os
 from pathlib import Path
 
+from evalkit.data.hub import hub_cache, hub_reachable, offline, quiet_network
 from evalkit.errors import EvalkitError
-
-
-def hub_cache() -> Path:
-    from huggingface_hub import constants
-
-    return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
-
-
-def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no")
-
 
 _RESOLVED: dict[str, str] = {}  # backbone → "hub <repo>@<commit>" of the file it loaded
 
@@ -51,7 +38,7 @@ def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str,
     local_only = offline() or not hub_reachable()
     for filename in filenames:
         try:
-            with _quiet_network():
+            with quiet_network():
                 path = Path(hf_hub_download(repo, filename, cache_dir=hub_cache(),
                                             revision=revision, local_files_only=local_only))  # fmt: skip
             _RESOLVED[backbone] = f"hub {repo}@{_commit(path, filename)}"
@@ -74,37 +61,6 @@ def _commit(path: Path, filename: str) -> str:
     for _ in Path(filename).parts:
         snapshot = snapshot.parent
     return snapshot.name if snapshot.parent.name == "snapshots" else "unknown"
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether a TCP connection to the hub's endpoint opens within ``timeout`` seconds."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def _quiet_network():
-    """Without a network the hub client and urllib3 log every retry (a screenful); the one
-    line evalkit raises says all of it."""
-    names = ("huggingface_hub", "urllib3", "requests", "httpx")
-    levels = {name: logging.getLogger(name).level for name in names}
-    for name in names:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
 
 
 def cached_json(repo: str, filename: str, revision: str | None = None) -> dict:

@@ -40,7 +40,7 @@ from evalkit.core.numerics import numerics, peak_memory_mb, reset_peak_memory, r
 from evalkit.core.plan import auto_batch_size, unfit
 from evalkit.core.results import Row, append_row, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
-from evalkit.data import DataConfig
+from evalkit.data import DataConfig, hub_source
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
 from evalkit.publish.tracking import LogTarget
@@ -409,6 +409,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "run_key": key,
         "request_key": ctx.request_key,
         "data_id": dict(ctx.stats["data"]),
+        **({"data_source": source} if (source := hub_source(task.config().get("dataset"))) else {}),
         "extra": metric.extra,
     }
 

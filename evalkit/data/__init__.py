@@ -102,13 +102,26 @@ def default_data_root() -> Path | None:
 OWN = "folder:"  # ``folder:PATH``: a classification set of one's own, not a registered kind
 
 
+HUB = "hf:"  # ``hf:ORG/NAME[@REVISION]``: a dataset repository of the Hugging Face hub
+
+
 def data_kind(name: str) -> DataKind:
-    """The registered kind ``name``, or for ``folder:PATH`` a class-folder set at PATH."""
+    """The registered kind ``name``; for ``folder:PATH`` a class-folder set at PATH; for
+    ``hf:ORG/NAME[@REVISION]`` the files of that hub dataset revision (from the hub cache)."""
+    if name.startswith(HUB):
+        from evalkit.data.folder import hub_dataset_kind
+
+        return hub_dataset_kind(name.removeprefix(HUB))
     if not name.startswith(OWN):
         return DATASETS.get(name).load()
     from evalkit.data.folder import own_folder_kind
 
     return own_folder_kind(Path(name.removeprefix(OWN)).expanduser())
+
+
+def hub_source(name: str | None) -> str | None:
+    """For a hub dataset, ``hf:ORG/NAME@<commit>`` its revision resolved to; else None."""
+    return data_kind(name).name if isinstance(name, str) and name.startswith(HUB) else None
 
 
 def open_dataset(name: str, split: str, config: DataConfig, **options) -> Dataset:

@@ -5,6 +5,7 @@ and the ``imagenet`` dataset kind that resolves to one or the other."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import unicodedata
 from pathlib import Path
@@ -276,3 +277,31 @@ def own_folder_kind(path: Path) -> DataKind:
 
     return DataKind(name=f"folder:{path}", dirname=str(path.resolve()), layout="<split>/<class>/<image>",
                     write_embedded=no_stand_in, open_split=open_classification_split)  # fmt: skip
+
+
+@functools.cache  # one resolution per run: a branch that moves mid-run does not split it
+def hub_dataset_kind(spec: str) -> DataKind:
+    """``hf:ORG/NAME[@REVISION]``: a hub dataset repository at a revision (branch, tag or
+    commit; default main), its files taken from the hub cache (fetched first where the hub is
+    reachable and ``HF_HUB_OFFLINE`` is unset) and read as a set of one's own (parquet or class
+    folders per split). The kind is named by the commit the revision resolved to, so rows and
+    cache entries of two revisions never mix."""
+    from huggingface_hub import snapshot_download
+
+    from evalkit.data.hub import hub_cache, hub_reachable, offline
+
+    repo, _, revision = spec.partition("@")
+    try:
+        folder = Path(snapshot_download(repo, repo_type="dataset", revision=revision or None,
+                                        cache_dir=hub_cache(),
+                                        local_files_only=offline() or not hub_reachable()))  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the hub client raises many types for one cause
+        at = f" at revision {revision}" if revision else ""
+        raise EvalkitError(
+            f"hf:{spec}: hub dataset {repo}{at} is not in the cache {hub_cache()} "
+            f"({type(exc).__name__}); where there is a network run `hf download {repo} "
+            f"--repo-type dataset{' --revision ' + revision if revision else ''}`"
+        ) from None
+    kind = own_folder_kind(folder)
+    return DataKind(name=f"hf:{repo}@{folder.name}", dirname=kind.dirname, layout=kind.layout,
+                    write_embedded=kind.write_embedded, open_split=kind.open_split)  # fmt: skip
