@@ -188,6 +188,10 @@ def test_a_pinned_revision_is_loaded_recorded_and_keeps_its_own_cache_entry(
     for meta in (tmp_path / "cache").rglob("meta.json"):
         entries.setdefault(json.loads(meta.read_text()).get("backbone"), set()).add(meta.parent)
     assert entries[f"timm/{TIMM_TAGGED}@main"].isdisjoint(entries[f"timm/{TIMM_TAGGED}@{other}"])
+    capsys.readouterr()
+    assert main(["table", str(tmp_path / "rows"), "--detail"]) == 0
+    detail = capsys.readouterr().out
+    assert f"hub timm/{TIMM_TAGGED}@{REVISION}" in detail and f"@{other}" in detail
 
 
 def test_a_revision_needs_pretrained_and_a_hub_family(hub_cache, capsys):

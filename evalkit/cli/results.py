@@ -17,6 +17,11 @@ def add_table(sub) -> None:
     )
     table.add_argument("--format", choices=("md", "csv"), default="md")
     table.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
+    table.add_argument(
+        "--detail",
+        action="store_true",
+        help="one line per row: value, where its weights and data came from, when and how",
+    )
 
 
 def add_compare(sub) -> None:
@@ -85,7 +90,11 @@ def cmd_table(args, console) -> int:
     if {index, columns} != {"backbone", "task"}:
         raise EvalkitError(f"--pivot expects backbone,task or task,backbone, got {args.pivot!r}")
     rows = [{**row, "task": table_task(row)} for row in rows]
-    frame = pivot_table(rows, index=index, columns=columns, references=references_for(rows))
+    if args.detail:
+        frame = detail_table(rows)
+        index = "task"
+    else:
+        frame = pivot_table(rows, index=index, columns=columns, references=references_for(rows))
     text = frame.to_csv() if args.format == "csv" else markdown(frame, index)
     if args.output:
         args.output.write_text(text)
@@ -93,6 +102,26 @@ def cmd_table(args, console) -> int:
     else:
         print(text)
     return 0
+
+
+DETAIL = ("task", "backbone", "metric", "value", "seed", "weights_source", "data_source",
+          "evalkit", "device", "time", "run_key")  # fmt: skip
+
+
+def detail_table(rows):
+    """``--detail``: every row with its provenance: weights (hub repository@commit, local file,
+    random init), data (a hub dataset's resolved commit), evalkit version, device, time, run key."""
+    import pandas as pd
+
+    from evalkit.core.results import number
+
+    lines = [{"task": r["task"], "backbone": r["backbone"], "metric": r["metric"],
+              "value": number(r["value"]), "seed": r.get("seed"),
+              "weights_source": r.get("weights_source") or r.get("weights_id", ""),
+              "data_source": r.get("data_source", ""), "run_key": r.get("run_key", ""),
+              **{k: r.get("provenance", {}).get(k, "") for k in ("evalkit", "device", "time")}}
+             for r in rows]  # fmt: skip
+    return pd.DataFrame(lines, columns=DETAIL).set_index("task")
 
 
 FINETUNED = " (fine-tuned)"
