@@ -157,7 +157,7 @@ def test_an_open_clip_tag_missing_from_the_cache_is_one_line(hub_cache, tiny_cli
 
 
 def test_a_pinned_revision_is_loaded_recorded_and_keeps_its_own_cache_entry(
-    tmp_path, hub_cache, cli_env
+    tmp_path, hub_cache, cli_env, capsys
 ):
     """Two commits of one repository, both in the cache (``main`` points at the first):
     ``@<commit>`` loads that commit's bytes, each row says which commit it came from, and the
