@@ -7,12 +7,20 @@ Frozen work (feature extraction, prediction) gives the same numbers at any batch
 image's forward does not depend on its neighbours in the batch (tests/test_batching.py shows
 the features of a backed-off extraction equal those of one that fitted). The size that was used
 is recorded in each row's provenance (``batch_size``).
+
+A training step that runs out of memory is done again from the start in pieces whose gradients
+are accumulated (each piece's loss weighted by its share of the batch), so the step still sees
+the whole batch: the same step for losses that are means over images, a different one for a
+contrastive loss (LiT's softmax then contrasts within each piece). The piece size is recorded
+in the row's provenance (``training_batch_piece``) whenever a step had to be split.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +61,19 @@ class BatchLimit:
                 self._halve(stop - start, what)
         return results
 
+    def whole(self, run: Callable[[int], float], count: int, what: str) -> float:
+        """``run(size)`` does all ``count`` items of one step in pieces of ``size``; after an
+        out-of-memory error the whole step is done again in smaller pieces (a backward pass
+        stopped halfway leaves gradients that cannot be trusted)."""
+        while True:
+            size = self.used(count)
+            try:
+                return run(size)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                self._halve(size, what)
+
     def _halve(self, failed: int, what: str) -> None:
         if failed <= self.floor:
             raise EvalkitError(
@@ -68,3 +89,25 @@ def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+_JOB_LIMITS: contextvars.ContextVar[dict[str, BatchLimit] | None] = contextvars.ContextVar(
+    "job_limits", default=None
+)
+
+
+@contextlib.contextmanager
+def job_limits() -> Iterator[dict[str, BatchLimit]]:
+    """The batch limits of one job (``limit_for``), read back into its rows' provenance."""
+    limits: dict[str, BatchLimit] = {}
+    token = _JOB_LIMITS.set(limits)
+    try:
+        yield limits
+    finally:
+        _JOB_LIMITS.reset(token)
+
+
+def limit_for(what: str) -> BatchLimit:
+    """The current job's limit for ``what`` (a fresh one outside a job)."""
+    limits = _JOB_LIMITS.get()
+    return BatchLimit() if limits is None else limits.setdefault(what, BatchLimit())

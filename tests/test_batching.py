@@ -129,3 +129,33 @@ def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, m
     assert {r["provenance"]["batch_size"] for r in rows} == {64}  # half of 200 images' worth
     with pytest.raises(EvalkitError, match="--batch-size must be auto or at least 1"):
         runner.RunSpec(tasks="imagenet-knn", backbones="fake", batch_size="big")
+
+
+def test_a_training_step_that_runs_out_of_memory_is_redone_in_accumulated_pieces(monkeypatch):
+    """A head whose loss is a mean over images: the step split in pieces (gradients accumulated,
+    each piece weighted by its share) gives the same weights as the step that fitted."""
+    from evalkit.batching import job_limits
+    from evalkit.heads.train import TrainConfig, train
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=generator), torch.randint(0, 3, (64,), generator=generator)
+    cfg = TrainConfig(steps=4, batch_size=32, lr=0.1, warmup=0, seed=0)
+
+    def fitted(limit: int | None):
+        module = torch.nn.Linear(8, 3).double()
+        torch.nn.init.zeros_(module.weight), torch.nn.init.zeros_(module.bias)
+
+        def step_loss(indices):
+            if limit is not None and len(indices) > limit:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            return torch.nn.functional.cross_entropy(module(x[indices].double()), y[indices])
+
+        with job_limits() as limits:
+            losses = train(module, step_loss, len(y), cfg)
+        return module.weight.detach(), losses, limits
+
+    whole, whole_losses, _ = fitted(None)
+    pieces, piece_losses, limits = fitted(8)
+    torch.testing.assert_close(pieces, whole, rtol=1e-12, atol=1e-12)
+    assert piece_losses == pytest.approx(whole_losses, rel=1e-12)
+    assert limits["training"].size == 8

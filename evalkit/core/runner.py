@@ -33,6 +33,7 @@ import torch
 
 from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
+from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.core.catalog import TASKS
@@ -343,12 +344,15 @@ def _run_task(task: Task, backbone, ctx: TaskContext, key: str, *, out_dir: Path
     reset_peak_memory(ctx.extract.device)  # this job's peak, not the run's
     ctx.artifacts = Path(out_dir) / "pictures"
     rows = []
-    for metric in task.run(backbone, ctx):
-        row = make_row(task, backbone.info, metric, ctx, key=key)
-        row["provenance"] = provenance(ctx, wall_s=time.perf_counter() - start)
-        if distributed.current().main:
-            append_row(path, row)
-        rows.append(row)
+    with job_limits() as limits:
+        for metric in task.run(backbone, ctx):
+            row = make_row(task, backbone.info, metric, ctx, key=key)
+            row["provenance"] = provenance(ctx, wall_s=time.perf_counter() - start)
+            if (training := limits.get("training")) is not None and training.size:
+                row["provenance"]["training_batch_piece"] = training.size
+            if distributed.current().main:
+                append_row(path, row)
+            rows.append(row)
     return rows, False
 
 

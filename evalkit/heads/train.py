@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.batching import limit_for
 from evalkit.progress import ProgressBar
 from evalkit.publish.tracking import curve
 
@@ -83,17 +84,28 @@ def train(
     status = "loss {task.fields[loss]:.4f}"
     with ProgressBar(progress, cfg.steps, "train head", status=status) as update:
         batches = batch_order(n, cfg) if order is None else map(order, range(cfg.steps))
+        limit = limit_for("training")
         for indices in batches:
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = step_loss(indices)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+
+            def accumulated(size: int, indices=indices) -> float:
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for start in range(0, len(indices), size):
+                    part = indices[start : start + size]
+                    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                                        enabled=use_bf16):  # fmt: skip
+                        loss = step_loss(part)
+                    share = len(part) / len(indices)  # 1.0 when the batch fits: the same step
+                    (loss * share).backward()
+                    total += loss.item() * share
+                return total
+
+            losses.append(limit.whole(accumulated, len(indices), "training"))
             if after_backward is not None:
                 after_backward(module)
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip)
             optimizer.step()
             schedule.step()
-            losses.append(loss.item())
             update(loss=losses[-1])
             curve({"loss": losses[-1], "lr": schedule.get_last_lr()[0]}, len(losses) - 1)
     module.eval()
