@@ -195,6 +195,7 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
             l2=best_l2,
             init=best_init,
             max_iter=self.refit_max_iter,
+            keep_logits=data.mode == "resident",
         )
         if ctx.predictions is not None:
             logits = torch.cat([model.logits(x).cpu() for x, _ in data.test_rows().chunks()])
@@ -224,9 +225,12 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
-        logits = linear_fit.work_bytes(n_train, dim, inputs.classes)  # in either mode
+        logits = linear_fit.block_bytes(n_train, dim, inputs.classes)
         flops = linear_fit.path_flops(n_train, dim, inputs.classes)
         if linear_fit.resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
+            logits += linear_fit.kept_logits_bytes(
+                n_train, inputs.classes
+            )  # resident fits keep them
             probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
                           + logits, device_bytes=train_bytes + eval_bytes + logits,
                           flops=flops)  # fmt: skip
@@ -243,6 +247,7 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
             num_classes=num_classes,
             l2_values=self.l2_grid,
             max_iter=self.max_iter,
+            keep_logits=data.mode == "resident",
         )
         held = data.train_rows(held_idx)
         held_hits = {l2: hits(m, held, 1) for l2, m in path}

@@ -79,7 +79,7 @@ BAD_SETTINGS = [
     (["--task", "ade20k-1/16", "--set", "image_size=0"], "image_size=0 is out of range"),
     (["--set", "l2_grid="], "l2_grid= is out of range: expected a non-empty list"),
     (["--set", "pool=tokens"], "pool=tokens is out of range: expected one of auto, cls"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--batch-size", "0"], "--batch-size must be auto or at least 1"),
     (["--workers", "-1"], "--workers must be 0 or more"),
     (["--device", "foo"], "unknown --device 'foo'"),
     (["--device", "cuda"], "this machine has no CUDA device"),
@@ -218,6 +218,7 @@ def test_plan_prints_the_paper_scale_figures_without_running(capsys, monkeypatch
 
 
 def test_plan_counts_the_flops_of_each_stage(capsys, monkeypatch):
+    from evalkit.heads.linear import path_flops
     from evalkit.models.vit22b import config
     from evalkit.parallel.planner import forward_flops, human
 
@@ -226,7 +227,8 @@ def test_plan_counts_the_flops_of_each_stage(capsys, monkeypatch):
     args = ["plan", "--task", "imagenet-linear", "--backbone", "vit22b/b", "--device", "cpu"]
     assert main(args) == 0  # frozen: every train and val image through the backbone once
     out = " ".join(capsys.readouterr().out.split())
-    assert f"compute: {human(1_331_167 * per_image, 'FLOP')} in all" in out
+    probe = path_flops(1_281_167, config("b").width, 1000)  # the probe's passes over the rows
+    assert f"compute: {human(1_331_167 * per_image + probe, 'FLOP')} in all" in out
     # fine-tuned at 448 px: 4× the tokens; 300 steps × 32 images, forward and backward (3×)
     assert main([*args, "--set", "finetune=true", "--set", "finetune_resolution=448"]) == 0
     out = " ".join(capsys.readouterr().out.split())

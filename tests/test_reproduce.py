@@ -47,6 +47,7 @@ def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
 
 
 def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_env, capsys):
+    from evalkit.heads.linear import path_flops
     from evalkit.models.vit22b import config
     from evalkit.parallel.planner import forward_flops
 
@@ -67,6 +68,7 @@ def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_e
     # row 5: every ImageNet train and val image through ViT-e and ViT-22B once (dataset card)
     images = 1_281_167 + 50_000
     flops = images * (forward_flops(config("e")) + forward_flops(config("22b")))
+    flops += sum(path_flops(1_281_167, config(size).width, 1000) for size in ("e", "22b"))
     assert (
         f"| 5 | ImageNet linear probe | imagenet-linear × vit22b/e; imagenet-linear × vit22b | {flops / 1e18:.2f} EFLOP |"
         in compute

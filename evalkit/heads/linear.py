@@ -38,6 +38,7 @@ TOL = 1e-6  # largest gradient entry at which a fit counts as converged
 BLOCK = 1024  # rows per block: bounds memory, fixes the summation order, and keeps each
 # fp32 product's own sum short (its rounding grows with the rows it adds; fp64 adds the blocks)
 WEAK_TOL_PER_L2 = 1e-2  # the tolerance of a fit with a weak penalty: at most 1% of l2
+KEEP_LOGITS_BYTES = 2 * 2**30  # fits keep every row's logits up to this size (else streamed)
 MU_SCALE = 3.0  # μ = MU_SCALE·l2·classes; 1 is the curvature ratio, 3 measured ~10% fewer steps
 
 
@@ -117,10 +118,10 @@ class Standardizer:
 
 
 def _loss_and_grad(model: LinearModel, x, y, l2: float) -> torch.Tensor:
-    return _rows_loss_and_grad(model, Rows.of(x, y), l2)
+    return loss_and_grad_of_rows(model, Rows.of(x, y), l2)
 
 
-def _rows_loss_and_grad(
+def loss_and_grad_of_rows(
     model: LinearModel, rows: Rows, l2: float, compute: torch.dtype | None = None
 ) -> torch.Tensor:
     """Mean cross-entropy + l2/2·|W|², summed over the chunks; writes analytic gradients
@@ -192,9 +193,12 @@ def fit_logistic(
     max_iter: int = 1000,
     tol: float = TOL,
     precondition: Preconditioner | None = None,
+    keep_logits: bool | None = None,
 ) -> LinearModel:
     """Minimise the L2-regularised multinomial logistic loss with preconditioned L-BFGS until
-    the largest entry of the gradient in W is at most ``tol``. ``x`` is a feature tensor with
+    the largest entry of the gradient in W is at most ``tol``: with the rows' logits kept
+    (``_LineFit``) when ``keep_logits`` (default: when they take at most ``KEEP_LOGITS_BYTES``),
+    else with one pass over the rows per objective evaluation (``evalkit.heads.wolfe``). ``x`` is a feature tensor with
     labels ``y``, or ``Rows`` (then ``y`` is None); ``precondition`` (computed from the rows
     when absent) is shared by the fits of one path. A weak penalty pins its optimum less (the
     weights can move by about gradient / l2), so the tolerance tightens to
@@ -203,10 +207,17 @@ def fit_logistic(
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
     precondition = precondition or Preconditioner.of(rows)
-    forward, _ = precondition.maps(MU_SCALE * l2 * num_classes)
+    maps = precondition.maps(MU_SCALE * l2 * num_classes)
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
-    fit = _LineFit(rows, model, l2, forward.to(model.weight.device))
-    fit.run(max_iter, min(tol, WEAK_TOL_PER_L2 * l2))
+    tol = min(tol, WEAK_TOL_PER_L2 * l2)
+    if keep_logits is None:
+        keep_logits = kept_logits_bytes(rows.n, num_classes) <= KEEP_LOGITS_BYTES
+    if not keep_logits:
+        from evalkit.heads.wolfe import fit_streamed
+
+        return fit_streamed(rows, model, l2, maps, max_iter, tol)
+    fit = _LineFit(rows, model, l2, maps[0].to(model.weight.device))
+    fit.run(max_iter, tol)
     return fit.model
 
 
@@ -339,10 +350,9 @@ class _LineFit:
         return first / self.rows.n, second / self.rows.n
 
 
-def work_bytes(rows: int, dim: int, classes: int) -> int:
-    """What a fit holds beside the rows: one fp64 block (features, logits, probabilities,
-    gradient), and every row's kept logits (fp64) with its step's logits (fp32)."""
-    return block_bytes(rows, dim, classes) + rows * classes * 12
+def kept_logits_bytes(rows: int, classes: int) -> int:
+    """Every row's kept logits (fp64) and its step's logits (fp32)."""
+    return rows * classes * 12
 
 
 def block_bytes(rows: int, dim: int, classes: int) -> int:
@@ -350,9 +360,8 @@ def block_bytes(rows: int, dim: int, classes: int) -> int:
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:
-    """Resident rows: their float32 features and one block (the kept logits are held in either
-    mode, so they do not decide it)."""
-    return rows * dim * 4 + block_bytes(rows, dim, classes)
+    """Resident rows: their float32 features, one block and the kept logits."""
+    return rows * dim * 4 + block_bytes(rows, dim, classes) + kept_logits_bytes(rows, classes)
 
 
 # Passes over the rows (one matrix product each) of an 8-value L2 path and its refit: ~320
@@ -377,7 +386,8 @@ def _residual(logits: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torc
     return probs
 
 
-def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, tol: float = TOL):
+def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, tol: float = TOL,
+                  keep_logits: bool | None = None):  # fmt: skip
     """Fit every L2 value, strongest first, each warm-started from the last; returns
     ``[(l2, model), ...]`` in the order fitted. Each fit runs to the same tolerance as a final
     fit: an unconverged fit's hold-out score would depend on floating-point summation order."""
@@ -386,7 +396,8 @@ def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, to
     path = []
     for l2 in sorted(l2_values, reverse=True):
         model = fit_logistic(rows, None, num_classes=num_classes, l2=l2, init=_next_start(path, l2),
-                             max_iter=max_iter, tol=tol, precondition=precondition)  # fmt: skip
+                             max_iter=max_iter, tol=tol, precondition=precondition,
+                             keep_logits=keep_logits)  # fmt: skip
         path.append((l2, model))
     return path
 
