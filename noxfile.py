@@ -35,6 +35,14 @@ def faults(session):
 
 
 @nox.session
+def slow(session):
+    """Every test marked slow: the whole fault suite and the two-rank fine-tuning and
+    distillation equalities (about 10 minutes on 2 cores; the default suite skips them)."""
+    install(session)
+    session.run("pytest", "-q", "-m", "slow", env=OFFLINE)
+
+
+@nox.session
 def lint(session):
     """ruff, and the layer rules of docs/architecture.md (import-linter)."""
     install(session)

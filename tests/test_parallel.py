@@ -198,6 +198,7 @@ def finetuned(cwd: Path, name: str) -> tuple[dict, list[dict]]:
     return rows, torch.load(trainer, weights_only=True)["log"]
 
 
+@pytest.mark.slow  # ~90 s each: in `nox -s slow`; the one-rank paths run by default
 def test_fine_tuning_on_two_ranks_equals_one_process(cli_env, data_cache):
     """Data parallel, FSDP2 and tensor parallel fine-tuning of vit22b/test: the loss and grad
     norm of every step and the final metrics of one process (1e-4 relative); a rerun resumes
@@ -250,6 +251,7 @@ DISTILL = ["run", "--task", "distill-imagenet", "--backbone", "vit22b/test", "--
            "warmup=1", "--quiet"]  # fmt: skip
 
 
+@pytest.mark.slow  # ~90 s each: in `nox -s slow`; the one-rank paths run by default
 def test_distillation_on_two_ranks_equals_one_process(cli_env, data_cache):
     """The teacher sharded (FSDP2 or tensor parallel) while the student trains data-parallel
     in the same job: teacher, distilled and label-only numbers of one process. Mixup pairs
