@@ -141,3 +141,24 @@ def test_sweep_passes_log_to_every_job(tmp_path, capsys):
     assert main(args) == 0
     assert "--log mlflow:experiment=sweep" in capsys.readouterr().out
     assert main([*args[:-1], "mlflow:colour=red"]) == 2
+
+
+def test_a_dense_run_sends_its_picture_grid(tmp_path, data_cache, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from evalkit.cli import main
+
+    monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.chdir(tmp_path)
+    uri = f"file://{tmp_path}/mlruns"
+    args = ["run", "--task", "ade20k-1/16", "--backbone", "fake", "--data", "embedded", "--quiet",
+            "--set", "steps=2", "--out", "rows", f"--log=mlflow:uri={uri}"]  # fmt: skip
+    assert main(args) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("evalkit").experiment_id])
+    (pictures,) = [a for a in client.list_artifacts(run.info.run_id) if a.path == "pictures"]
+    assert [
+        a.path.endswith(".png") for a in client.list_artifacts(run.info.run_id, "pictures")
+    ] == [True]
+    assert "train/loss" in run.data.metrics and "miou" in run.data.metrics

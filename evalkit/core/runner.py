@@ -217,6 +217,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
                                                  force=spec.force, rerun=spec.rerun,
                                                  predictions=spec.save_predictions)  # fmt: skip
                         log.rows(rows)
+                        log.pictures(rows)
                         log.artifact(ctx.predictions)
                     yield JobResult(task.name, name, seed, rows, skipped)
             del backbone  # free it before the next one loads

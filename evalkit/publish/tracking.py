@@ -5,8 +5,9 @@ One tracker run per job (task × backbone × seed), named ``task/backbone/s<seed
 is the job's task, backbone, seed and task settings, and, once the job ends, the rows'
 provenance; each row's metric is logged under its metric name (``top1``, ``miou``, ...) with
 its standard error as ``stderr/<metric>``; a task that trains (LiT, dense heads, fine-tuning, the
-ablations) logs its curves under ``train/`` as it goes, on one step counter per job; with
-``--save-predictions`` the job's Parquet predictions go up as an artifact. Each tracker is an
+ablations) logs its curves under ``train/`` as it goes, on one step counter per job; the
+pictures a job draws (reliability diagrams, dense prediction grids) and, with
+``--save-predictions``, its Parquet predictions go up as artifacts. Each tracker is an
 optional extra (``pip install 'evalkit[wandb]'``, ``[mlflow]``, ``[tensorboard]``).
 
 A tracker never costs a result: any error it raises (no network, a bad key, a missing package)
@@ -107,7 +108,8 @@ class WandbTracker(Tracker):
     def artifact(self, path):
         import wandb
 
-        artifact = wandb.Artifact(_artifact_name(path), type="predictions")
+        kind = "predictions" if Path(path).suffix == ".parquet" else "picture"
+        artifact = wandb.Artifact(_artifact_name(path), type=kind)
         artifact.add_file(str(path))
         self.run.log_artifact(artifact)
 
@@ -135,7 +137,8 @@ class MlflowTracker(Tracker):
             self.client.log_param(self.run_id, key, value)
 
     def artifact(self, path):
-        self.client.log_artifact(self.run_id, str(path), artifact_path="predictions")
+        folder = "predictions" if Path(path).suffix == ".parquet" else "pictures"
+        self.client.log_artifact(self.run_id, str(path), artifact_path=folder)
 
     def close(self):
         self.client.set_terminated(self.run_id)
@@ -226,6 +229,12 @@ class JobLog:
         if path is not None and Path(path).exists():
             for tracker in self.trackers:
                 tracker.artifact(Path(path))
+
+    def pictures(self, rows: list[dict]) -> None:
+        """The pictures the rows point to (reliability diagrams, dense prediction grids)."""
+        for picture in dict.fromkeys(r.get("extra", {}).get("picture") for r in rows):
+            if picture:
+                self.artifact(Path(picture))
 
 
 _current: contextvars.ContextVar[JobLog | None] = contextvars.ContextVar("job_log", default=None)
