@@ -264,7 +264,10 @@ class _LineFit:
         return self._gradient()
 
     def _exact_logits(self) -> list[torch.Tensor]:
-        weight, bias = self.model.weight, self.model.bias
+        return self._logits_of(self.model.weight, self.model.bias)
+
+    def _logits_of(self, weight: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:
+        """X·weight + bias, block by block (fp32 products, fp64 results)."""
         return [_product(x, weight).double() + bias for x, _ in _blocks(self.rows)]
 
     def _gradient(self) -> tuple[torch.Tensor, float]:
@@ -292,7 +295,7 @@ class _LineFit:
         classes = self.model.bias.numel()
         step_w = self.forward @ direction[:-classes].view_as(self.model.weight)
         step_b = direction[-classes:]
-        line = [_product(x, step_w).double() + step_b for x, _ in _blocks(self.rows)]
+        line = self._logits_of(step_w, step_b)
         t = self._line_search(line, step_w, slope, start=1.0 if self.pairs else 0.0)
         if not t > 0:
             return False
