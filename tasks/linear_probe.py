@@ -157,7 +157,7 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
     holdout: float = setting(0.2, FRACTION)
     max_iter: int = setting(1000, POSITIVE)  # per L2 value on the path, each run to convergence
     refit_max_iter: int = setting(1000, POSITIVE)  # the chosen L2 refitted on all of train
-    resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training features are streamed
+    resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger: streamed (or on half a GPU)
 
     version = 3  # 3: float64 fits to a pinned optimum, path too; ties within one hold-out image
 
@@ -216,8 +216,8 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
                          n=len(test.labels), seeds=[ctx.seed], extra=extra)  # fmt: skip
 
     def plan(self, inputs) -> list[Stage]:
-        """Resident: the raw, standardised and sliced training features plus the eval split
-        in float32. Streamed: one shard of features and its logits, twice (train and eval).
+        """Resident (within ``resident_budget``): the raw, standardised and sliced training
+        features plus the eval split in float32, a bf16 copy and the kept logits. Streamed: one shard of features and its logits, twice (train and eval).
         Fine-tuned: the backbone trained end to end at ``finetune_resolution``."""
         if self.finetune:
             image = self.finetune_resolution or inputs.shape.image
@@ -227,18 +227,24 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
         logits = linear_fit.block_bytes(n_train, dim, inputs.classes)
         flops = linear_fit.path_flops(n_train, dim, inputs.classes)
-        if linear_fit.resident_bytes(n_train, dim, inputs.classes) <= self.resident_gb * 2**30:
-            logits += linear_fit.kept_logits_bytes(
-                n_train, inputs.classes
-            )  # resident fits keep them
+        resident = linear_fit.resident_bytes(n_train, dim, inputs.classes)
+        if resident <= self.resident_budget(inputs.device_bytes):
+            # fp32 rows, their bf16 copy and the kept logits on the device; the raw,
+            # standardised and sliced rows pass through the host
             probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
-                          + logits, device_bytes=train_bytes + eval_bytes + logits,
-                          flops=flops)  # fmt: skip
+                          + logits, device_bytes=resident + eval_bytes, flops=flops)  # fmt: skip
         else:
             shard = inputs.shard_size * dim * 4 + logits
             probe = Stage("linear probe", "streamed", host_bytes=2 * shard + n_train * 8,
                           device_bytes=2 * shard, flops=flops)  # fmt: skip
         return [self.extraction_stage(inputs), probe]
+
+    def resident_budget(self, device_bytes: int) -> int:
+        """Bytes the training features may take resident: ``resident_gb``, or half of a GPU's
+        (free) memory where that is more; ``resident_gb=0`` always streams."""
+        if not self.resident_gb:
+            return 0
+        return max(int(self.resident_gb * 2**30), device_bytes // 2)
 
     def _select_l2(self, data, fit_idx, held_idx, num_classes):
         path = logistic_path(
@@ -410,7 +416,9 @@ def percent(row_hits: torch.Tensor) -> float:
 @dataclass
 class ProbeData:
     """The probe's standardised rows: ``resident`` — whole splits as tensors on the device, when
-    the training features and their full-batch logits fit ``resident_gb`` — or ``streamed``: one cache shard at a time,
+    the training features, their bf16 copy and their kept logits fit the task's
+    ``resident_budget`` (``resident_gb``, or half a GPU's free memory) — or ``streamed``: one
+    cache shard at a time,
     standardised on the way, so memory stays one shard × (features + classes) whatever the
     split's size. Standardisation statistics come from the training
     split in one pass either way."""
@@ -426,7 +434,8 @@ class ProbeData:
     def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
         """``test`` may be None when only training rows (and ``rows_of``) are wanted."""
         dim = train.take([0]).shape[-1] if len(train) else 0
-        resident = linear_fit.resident_bytes(len(train), dim, classes) <= task.resident_gb * 2**30
+        free = torch.cuda.mem_get_info(device)[0] if str(device).startswith("cuda") else 0
+        resident = linear_fit.resident_bytes(len(train), dim, classes) <= task.resident_budget(free)
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
             x_train = train.pooled.float()

@@ -246,6 +246,21 @@ def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monke
     assert code == 0 and "imagenet: train 12, val 4 (data on disk)" in out and "resident" in out
 
 
+@pytest.mark.parametrize(
+    ("target", "mode"),
+    [("gpus=0,host_gb=1024", "streamed"), ("gpus=1,gpu_gb=40,host_gb=1024", "streamed"),
+     ("gpus=1,gpu_gb=141,host_gb=1024", "resident")],
+)  # fmt: skip
+def test_the_probe_is_planned_resident_where_half_the_gpu_holds_it(target, mode, capsys,
+                                                                    monkeypatch):  # fmt: skip
+    """ImageNet-1k's training features and their kept logits (~41 GiB) stay on a GPU whose
+    half holds them; on a CPU (4 GiB) or a 40 GB GPU they stream."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code = main(["plan", "--task", "imagenet-linear", "--backbone", "fake", "--target", target])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and f"linear probe │ {mode}" in out
+
+
 def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monkeypatch):
     from evalkit.core import plan
 

@@ -255,6 +255,51 @@ def test_every_probe_fit_is_pinned_to_its_optimum():
         assert model.fit.converged and model.fit.grad_max <= TOL
 
 
+def _exact_grad_max(model, x, y, l2: float) -> float:
+    """The objective's largest gradient entry, recomputed in fp64 from scratch."""
+    from evalkit.heads.linear import LinearModel
+
+    exact = LinearModel(model.weight.clone(), model.bias.clone())
+    _loss_and_grad(exact, x.double(), y, l2)
+    return max(exact.weight.grad.abs().max().item(), exact.bias.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("bf16_passes", [True, False])
+def test_bf16_difference_passes_reach_the_fp32_optimum(monkeypatch, bf16_passes):
+    """fp32 rows where bf16 is fast (forced here, on any CPU) fit with bf16 products of the
+    differences since the last exact point; the path ends at the optimum the fp32 passes
+    reach, judged on gradients recomputed in fp64, and says how many bf16 passes it made."""
+    from evalkit.heads import knn, linear
+
+    monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
+    monkeypatch.setattr(linear, "LOW_PRECISION_PASSES", bf16_passes)
+    x, y = _blobs(n=3000, d=48, c=10, seed=5, spread=0.4)
+    x = Standardizer.fit(x)(x)
+    l2_values = (1e-2, 1e-3, 1e-4, 1e-5)
+    path = logistic_path(x, y, num_classes=10, l2_values=l2_values)
+    monkeypatch.setattr(linear, "LOW_PRECISION_PASSES", False)
+    reference = logistic_path(x, y, num_classes=10, l2_values=l2_values)
+    for (l2, model), (_, fp32) in zip(path, reference, strict=True):
+        assert model.fit.converged
+        assert (model.fit.low_precision_passes > 0) == bf16_passes
+        assert _exact_grad_max(model, x, y, l2) <= 1.01 * min(linear.TOL, 1e-2 * l2)
+        # two fits to the same tolerance: the same optimum to within tolerance / l2
+        assert (model.weight - fp32.weight).abs().max() < 50 * min(linear.TOL, 1e-2 * l2) / l2
+        assert torch.equal(model.logits(x).argmax(1), fp32.logits(x).argmax(1))
+
+
+def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
+    """Rows read chunk by chunk (the probe's streamed mode) are not held twice in memory."""
+    from evalkit.heads import knn
+    from evalkit.heads.linear import Rows
+
+    monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
+    x, y = _blobs(n=400, d=12, c=3, seed=6)
+    chunks = Rows(lambda: [(x[:200], y[:200]), (x[200:], y[200:])], 400, 12)
+    model = fit_logistic(chunks, None, num_classes=3, l2=1e-2, keep_logits=True)
+    assert model.fit.converged and model.fit.low_precision_passes == 0 and not chunks.copies
+
+
 def test_few_shot_bias_feature_escapes_the_regularisation():
     """big_vision's bias feature is a constant 100, so its weight is barely penalised: with a
     huge L2 the feature weights vanish while the bias still fits the class prior, and every

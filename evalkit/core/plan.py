@@ -11,6 +11,7 @@ the numbers are estimates of the largest buffers each stage holds, not measureme
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -220,8 +221,9 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
     device = options.get("device") or ("cuda" if target and target.gpus else env_device())
     dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
     inputs, sources = plan_inputs(task, backbone, config, options | {"dtype": dtype})
-    stages = task.plan(inputs)
     budget = Budget.of(target, ranks) if target else Budget.here(device, config.cache, ranks)
+    inputs = dataclasses.replace(inputs, device_bytes=budget.device or 0)
+    stages = task.plan(inputs)
     budget.check(stages, inputs.shape)
     weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
                     device_bytes=inputs.shape.weight_bytes_per_rank)  # fmt: skip
@@ -315,12 +317,13 @@ def unfit(task, backbone, ctx, *, tp: int = 1) -> list[str]:
             classes = classes or count
     except EvalkitError:
         return []
-    inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
-                        ctx.extract.batch_size, ctx.extract.shard_size)  # fmt: skip
-    stages = task.plan(inputs)
     # Every rank torchrun started on this host holds its own buffers.
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     budget = Budget.here(ctx.extract.device, ctx.data.cache, local_ranks)
+    inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
+                        ctx.extract.batch_size, ctx.extract.shard_size,
+                        device_bytes=budget.device or 0)  # fmt: skip
+    stages = task.plan(inputs)
     budget.check(stages, shape)
     return budget.problems
 

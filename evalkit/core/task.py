@@ -79,8 +79,9 @@ class Shape:
 @dataclass(frozen=True)
 class PlanInputs:
     """What a task's ``plan`` sees: the backbone's shape, split sizes, number of classes where
-    known, the storage dtype of the cache, the extraction batch, the cache's shard size, and the
-    data-parallel ranks a training stage splits its batch (and, under FSDP2, its state) over."""
+    known, the storage dtype of the cache, the extraction batch, the cache's shard size, the
+    data-parallel ranks a training stage splits its batch (and, under FSDP2, its state) over,
+    and the memory of a rank's accelerator."""
 
     shape: Shape
     sizes: dict[str, int]
@@ -89,6 +90,7 @@ class PlanInputs:
     batch_size: int = 64
     shard_size: int = 1024
     dp: int = 1
+    device_bytes: int = 0  # one rank's accelerator memory (0: none, or not known)
 
     @property
     def row_bytes(self) -> int:

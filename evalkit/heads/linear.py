@@ -12,12 +12,15 @@ and effect-table row 5).
   weights, W = T·V with T = (Σ + μI)^(-1/2) from the rows' second moments Σ (one pass and
   one D×D eigendecomposition per path), which makes the loss about equally curved in every
   direction, so a fit takes tens of evaluations instead of hundreds. μ = ``MU_SCALE``·l2·C
-  is the regulariser's curvature against the loss's (≈ Σ/C for C classes).
+  is the regulariser's curvature against the loss's (≈ Σ/C for C classes). Fits whose rows'
+  logits fit in memory keep them (``evalkit.heads.kept``: two passes per iteration, bf16
+  passes on differences where bf16 is fast); others stream (``evalkit.heads.wolfe``).
 
-  The same inputs give the same probe on any thread count, rank count or device: the blocks
-  are summed in a fixed order, and every fit (the path's too) runs until the largest entry of
-  the gradient of the objective itself (in W, not V) is below ``TOL``. The objective is
-  strictly convex, so that pins its one optimum; a fit stopped short by floating point or
+  The same inputs give the same probe on any thread count, rank count or device, to within a
+  borderline hold-out image: the blocks are summed in a fixed order, and every fit (the
+  path's too) runs until the largest entry of the gradient of the objective itself (in W, not
+  V) is below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit
+  stopped short by floating point or
   ``max_iter`` says so (``converged: false``).
 - ``ridge_fewshot_accuracy``: big_vision's closed-form few-shot probe — whitened features, a
   constant bias feature of 100, {-1, +1} targets, least squares with L2 via one eigendecomposition.
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +42,7 @@ BLOCK = 1024  # rows per block: bounds memory, fixes the summation order, and ke
 # fp32 product's own sum short (its rounding grows with the rows it adds; fp64 adds the blocks)
 WEAK_TOL_PER_L2 = 1e-2  # the tolerance of a fit with a weak penalty: at most 1% of l2
 KEEP_LOGITS_BYTES = 2 * 2**30  # fits keep every row's logits up to this size (else streamed)
+LOW_PRECISION_PASSES = True  # bf16 passes between exact points where bf16 is fast (kept.py)
 MU_SCALE = 3.0  # μ = MU_SCALE·l2·classes; 1 is the curvature ratio, 3 measured ~10% fewer steps
 
 
@@ -52,9 +56,11 @@ class FitInfo:
     converged: bool
     grad_max: float
     evaluations: int = 0
+    low_precision_passes: int = 0  # bf16 passes between exact points (``evalkit.heads.kept``)
 
     def as_dict(self) -> dict:
         return {"iterations": self.iterations, "evaluations": self.evaluations,
+                "low_precision_passes": self.low_precision_passes,
                 "converged": self.converged, "grad_max": float(f"{self.grad_max:.3g}")}  # fmt: skip
 
 
@@ -71,15 +77,30 @@ class LinearModel:
 @dataclass(frozen=True)
 class Rows:
     """Training or evaluation rows as chunks: ``chunks()`` yields (features, labels) pairs
-    ready for the fit (standardised, on its device); ``n`` rows of ``dim`` features."""
+    ready for the fit (standardised, on its device); ``n`` rows of ``dim`` features;
+    ``resident`` when the chunks are tensors in memory rather than reads."""
 
     chunks: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
     n: int
     dim: int
+    resident: bool = False
+    copies: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, x: torch.Tensor, y: torch.Tensor) -> Rows:
-        return cls(lambda: [(x, y)], len(y), x.shape[1])
+        return cls(lambda: [(x, y)], len(y), x.shape[1], resident=True)
+
+    def low_precision_blocks(self, dtype: torch.dtype, columns: bool = False) -> list[torch.Tensor]:
+        """The rows' blocks in ``dtype``, made once and kept (the fits of a path share them);
+        ``columns``: each block transposed (features × rows), laid out for Xᵀ·R on a CPU,
+        whose bf16 products with a transposed operand are slower (on a GPU, a view)."""
+        if (dtype, columns) not in self.copies:
+            blocks = self.low_precision_blocks(dtype) if columns else [
+                x.to(dtype) for x, _ in _blocks(self)]  # fmt: skip
+            if columns:
+                blocks = [x.T if x.is_cuda else x.T.contiguous() for x in blocks]
+            self.copies[dtype, columns] = blocks
+        return self.copies[dtype, columns]
 
     def zeros(self, *shape) -> torch.Tensor:
         x, _ = next(iter(self.chunks()))
@@ -197,8 +218,9 @@ def fit_logistic(
 ) -> LinearModel:
     """Minimise the L2-regularised multinomial logistic loss with preconditioned L-BFGS until
     the largest entry of the gradient in W is at most ``tol``: with the rows' logits kept
-    (``_LineFit``) when ``keep_logits`` (default: when they take at most ``KEEP_LOGITS_BYTES``),
-    else with one pass over the rows per objective evaluation (``evalkit.heads.wolfe``). ``x`` is a feature tensor with
+    (``evalkit.heads.kept``) when ``keep_logits`` (default: when they take at most
+    ``KEEP_LOGITS_BYTES``), else with one pass over the rows per objective evaluation
+    (``evalkit.heads.wolfe``). ``x`` is a feature tensor with
     labels ``y``, or ``Rows`` (then ``y`` is None); ``precondition`` (computed from the rows
     when absent) is shared by the fits of one path. A weak penalty pins its optimum less (the
     weights can move by about gradient / l2), so the tolerance tightens to
@@ -211,151 +233,42 @@ def fit_logistic(
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
     tol = min(tol, WEAK_TOL_PER_L2 * l2)
     if keep_logits is None:
-        keep_logits = kept_logits_bytes(rows.n, num_classes) <= KEEP_LOGITS_BYTES
+        keep_logits = kept_logits_bytes(rows.n, num_classes) <= keep_logits_budget(rows)
     if not keep_logits:
         from evalkit.heads.wolfe import fit_streamed
 
         return fit_streamed(rows, model, l2, maps, max_iter, tol)
-    fit = _LineFit(rows, model, l2, maps[0].to(model.weight.device))
+    from evalkit.heads.kept import KeptLogitsFit
+
+    fit = KeptLogitsFit(rows, model, l2, maps[0].to(model.weight.device), _low_precision(rows))
     fit.run(max_iter, tol)
     return fit.model
 
 
-class _LineFit:
-    """L-BFGS whose line search costs no pass over the rows: the logits of every row are kept
-    (fp64), and a step's direction is turned into logits once (one product, Z = X·dW + db),
-    so the objective along the line, logits + t·Z, is searched exactly by Newton's method on
-    its derivative, in O(rows × classes). An iteration is two passes over the rows (the
-    direction's logits, the gradient), never more; the derivative-only search also keeps
-    resolving steps after the objective's own decreases have fallen below fp32's resolution.
-    The kept logits drift from X·W by the products' rounding, so every ``REFRESH`` iterations,
-    and before a fit is declared converged, they are recomputed from the weights."""
+def keep_logits_budget(rows: Rows) -> int:
+    """Bytes a fit may hold for kept logits: ``KEEP_LOGITS_BYTES``, or half the free memory
+    of the rows' GPU when that is more."""
+    x, _ = next(iter(rows.chunks()))
+    if x.device.type != "cuda":
+        return KEEP_LOGITS_BYTES
+    return max(KEEP_LOGITS_BYTES, torch.cuda.mem_get_info(x.device)[0] // 2)
 
-    HISTORY = 20  # curvature pairs kept
-    REFRESH = 10  # iterations between recomputations of the logits
-    LINE_TOL = 0.1  # the search stops where |φ'(t)| ≤ LINE_TOL·|φ'(0)|
-    LINE_STEPS = 20
 
-    def __init__(self, rows: Rows, model: LinearModel, l2: float, forward: torch.Tensor):
-        self.rows, self.model, self.l2, self.forward = rows, model, l2, forward
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.iterations = self.evaluations = 0
+def _low_precision(rows: Rows) -> bool:
+    """bf16 passes between exact points: resident fp32 rows on a device where bf16 products
+    are fast (a GPU; a CPU with AVX-512 BF16 or AMX)."""
+    from evalkit.heads.knn import fast_bf16
 
-    def run(self, max_iter: int, tol: float) -> None:
-        self.logits = self._exact_logits()
-        grad, grad_max = self._gradient()
-        while True:
-            if grad_max <= tol:  # confirmed on logits recomputed from the weights
-                grad, grad_max = self._refreshed_gradient()
-                if grad_max <= tol:
-                    break
-            if self.iterations >= max_iter or not self._step(grad):
-                break
-            self.iterations += 1
-            if self.iterations % self.REFRESH == 0:
-                self.logits = self._exact_logits()
-            new_grad, grad_max = self._gradient()
-            self._remember(new_grad - grad)
-            grad = new_grad
-        self.model.fit = FitInfo(self.iterations, grad_max <= tol, grad_max, self.evaluations)
-
-    def _refreshed_gradient(self):
-        self.logits = self._exact_logits()
-        return self._gradient()
-
-    def _exact_logits(self) -> list[torch.Tensor]:
-        return self._logits_of(self.model.weight, self.model.bias)
-
-    def _logits_of(self, weight: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:
-        """X·weight + bias, block by block (fp32 products, fp64 results)."""
-        return [_product(x, weight).double() + bias for x, _ in _blocks(self.rows)]
-
-    def _gradient(self) -> tuple[torch.Tensor, float]:
-        """The gradient in preconditioned coordinates (weights then bias, flat) and the
-        largest entry of the gradient in W and b, from the kept logits."""
-        model, n = self.model, self.rows.n
-        grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
-        for (x, y), logits in zip(_blocks(self.rows), self.logits, strict=True):
-            residual = _residual(logits, y, x.dtype)
-            grad_w += _product(x.T, residual).double()
-            grad_b += residual.double().sum(0)
-        grad_w, grad_b = grad_w / n + self.l2 * model.weight, grad_b / n
-        self.evaluations += 1
-        grad_max = max(grad_w.abs().max().item(), grad_b.abs().max().item())
-        return torch.cat([(self.forward @ grad_w).flatten(), grad_b]), grad_max
-
-    def _step(self, grad: torch.Tensor) -> bool:
-        """One step along the L-BFGS direction to the minimum on its line; False when no
-        step lowers the objective (floating point has run out)."""
-        direction = self._direction(grad)
-        slope = (grad @ direction).item()
-        if not slope < 0:  # the history no longer gives a descent direction: restart
-            self.pairs.clear()
-            direction, slope = -grad, -(grad @ grad).item()
-        classes = self.model.bias.numel()
-        step_w = self.forward @ direction[:-classes].view_as(self.model.weight)
-        step_b = direction[-classes:]
-        line = self._logits_of(step_w, step_b)
-        t = self._line_search(line, step_w, slope, start=1.0 if self.pairs else 0.0)
-        if not t > 0:
-            return False
-        self.model.weight = self.model.weight + t * step_w
-        self.model.bias = self.model.bias + t * step_b
-        self.logits = [logits + t * z for logits, z in zip(self.logits, line, strict=True)]
-        self.last_step = t * direction
-        return True
-
-    def _direction(self, grad: torch.Tensor) -> torch.Tensor:
-        """The two-loop recursion: −H·grad for the inverse-Hessian estimate of the pairs."""
-        q, alphas = grad.clone(), []
-        for s, y in reversed(self.pairs):
-            alpha = (s @ q) / (y @ s)
-            alphas.append(alpha)
-            q -= alpha * y
-        if self.pairs:
-            s, y = self.pairs[-1]
-            q *= (s @ y) / (y @ y)
-        for (s, y), alpha in zip(self.pairs, reversed(alphas), strict=True):
-            q += (alpha - (y @ q) / (y @ s)) * s
-        return -q
-
-    def _remember(self, grad_change: torch.Tensor) -> None:
-        s = self.last_step
-        if (s @ grad_change).item() > 1e-12 * s.norm().item() * grad_change.norm().item():
-            self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change)]
-
-    def _line_search(self, line, step_w, slope: float, start: float) -> float:
-        """Newton's method on φ'(t), bracketed, where φ(t) is the objective at logits + t·Z:
-        φ'(t) = mean (softmax − onehot)·Z + l2·(W + t·dW)·dW, φ''(t) its derivative."""
-        weight_dot, step_dot = (self.model.weight * step_w).sum().item(), step_w.pow(2).sum().item()
-        low, high, t = 0.0, math.inf, start
-        for _ in range(self.LINE_STEPS):
-            first, second = self._line_derivatives(line, t) if t else (slope, None)
-            first += self.l2 * (weight_dot + t * step_dot) if t else 0.0
-            if t and abs(first) <= self.LINE_TOL * abs(slope):
-                return t
-            low, high = (t, high) if first < 0 else (low, t)
-            if second is None:
-                second = self._line_derivatives(line, 0.0)[1]
-            guess = t - first / (second + self.l2 * step_dot)
-            t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
-        return low  # the search did not settle: the last point known to lie before the minimum
-
-    def _line_derivatives(self, line, t: float) -> tuple[float, float]:
-        """The loss part of φ'(t) and φ''(t), summed block by block in a fixed order."""
-        first = second = 0.0
-        for (_, y), logits, z in zip(_blocks(self.rows), self.logits, line, strict=True):
-            z32 = z.float()
-            probs = torch.softmax((logits + t * z).float(), dim=1)
-            mean_z = (probs * z32).sum(1)
-            first += (mean_z - z32.gather(1, y[:, None]).squeeze(1)).double().sum().item()
-            second += ((probs * z32 * z32).sum(1) - mean_z * mean_z).double().sum().item()
-        return first / self.rows.n, second / self.rows.n
+    if not (LOW_PRECISION_PASSES and rows.resident):
+        return False
+    x, _ = next(iter(rows.chunks()))
+    return x.dtype == torch.float32 and fast_bf16(x.device)
 
 
 def kept_logits_bytes(rows: int, classes: int) -> int:
-    """Every row's kept logits (fp64) and its step's logits (fp32)."""
-    return rows * classes * 12
+    """What a kept-logits fit holds per row and class: the logits (fp64), a step's logits,
+    the residual at the last exact point and a line search's temporaries (fp32)."""
+    return rows * classes * 32
 
 
 def block_bytes(rows: int, dim: int, classes: int) -> int:
@@ -363,8 +276,8 @@ def block_bytes(rows: int, dim: int, classes: int) -> int:
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:
-    """Resident rows: their float32 features, one block and the kept logits."""
-    return rows * dim * 4 + block_bytes(rows, dim, classes) + kept_logits_bytes(rows, classes)
+    """Resident rows: their float32 features and a bf16 copy, one block and the kept logits."""
+    return rows * dim * 6 + block_bytes(rows, dim, classes) + kept_logits_bytes(rows, classes)
 
 
 # Passes over the rows (one matrix product each) of an 8-value L2 path and its refit: ~320
@@ -374,19 +287,6 @@ PATH_PASSES = 360
 
 def path_flops(rows: int, dim: int, classes: int) -> int:
     return PATH_PASSES * 2 * rows * dim * classes
-
-
-def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
-    compute = _compute_dtype(a.dtype)
-    return a.to(compute) @ b.to(compute)
-
-
-def _residual(logits: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """softmax(logits) − onehot(y), in the products' precision."""
-    probs = torch.softmax(logits.to(_compute_dtype(dtype)), dim=1)
-    probs[torch.arange(len(y)), y] -= 1.0
-    return probs
 
 
 def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, tol: float = TOL,

@@ -1,0 +1,250 @@
+"""The linear probe's fit when every row's logits are kept (``evalkit.heads.linear``; the
+linear-probe rows of the paper's Table 3): L-BFGS whose line search costs no pass over the rows.
+
+The logits of every row are kept (fp64), and a step's direction is turned into logits once
+(one product, Z = X·dW + db), so the objective along the line, logits + t·Z, is searched
+exactly by Newton's method on its derivative, in O(rows × classes). An iteration is two passes
+over the rows (the direction's logits, the gradient), never more; the derivative-only search
+also keeps resolving steps after the objective's own decreases fall below fp32's resolution.
+
+Low-precision passes (resident fp32 rows, where bf16 products are fast: a GPU, a CPU with
+AVX-512 BF16 or AMX): between two exact points every product is a *difference* — Z is the
+logits of a step, and the gradient is G_ref + Xᵀ(R − R_ref), R the rows' softmax residual at
+the last exact point — so bf16's rounding (2⁻⁹ relative) is relative to how far the fit moved
+since that point, not to the logits or gradient themselves. The kept logits drift from X·W by
+that rounding, so they and the gradient are recomputed exactly (fp32 products, fp64 sums)
+every ``REFRESH`` iterations, once the gradient has fallen ``REFRESH_DROP``-fold since the last
+exact point, and before a fit is declared converged: ``converged`` is always judged on an
+exact gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from evalkit.heads.linear import BLOCK, FitInfo, LinearModel, Rows, _blocks, _compute_dtype
+
+LOW = torch.bfloat16
+
+
+class KeptLogitsFit:
+    HISTORY = 20  # curvature pairs kept
+    REFRESH = 10  # iterations between exact recomputations of the logits, at most
+    REFRESH_DROP = 16.0  # low-precision passes: also once the gradient fell this much
+    LINE_TOL = 0.1  # the search stops where |φ'(t)| ≤ LINE_TOL·|φ'(0)|
+    LINE_STEPS = 20
+
+    def __init__(self, rows: Rows, model: LinearModel, l2: float, forward: torch.Tensor,
+                 low_precision: bool):  # fmt: skip
+        self.rows, self.model, self.l2 = rows, model, l2
+        self.forward = forward.float()  # T: fp32 maps (the fit's state stays fp64)
+        self.low = rows.low_precision_blocks(LOW) if low_precision else None
+        self.low_columns = rows.low_precision_blocks(LOW, columns=True) if low_precision else None
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.iterations = self.evaluations = self.low_passes = self.exact_at = 0
+        self.exact_grad_max = math.inf
+        self.full_line = False
+
+    def run(self, max_iter: int, tol: float) -> None:
+        grad, grad_max = self._exact_gradient()
+        while True:
+            if grad_max <= tol:  # confirmed on logits recomputed from the weights
+                if self.exact_at != self.iterations:
+                    grad, grad_max = self._exact_gradient()
+                if grad_max <= tol:
+                    break
+            if self.iterations >= max_iter:
+                break
+            if not self._step(grad):
+                if self.exact_at != self.iterations:  # drift or differences: recompute
+                    grad, grad_max = self._exact_gradient()
+                    continue
+                if self.low is None or self.full_line:
+                    break  # no step lowers the objective from an exact point: floating
+                    # point has run out
+                self.full_line = True  # bf16 lines can no longer resolve the steps left
+                continue
+            self.iterations += 1
+            new_grad, grad_max = (
+                self._exact_gradient() if self._exact_due(grad_max) else self._gradient()
+            )
+            self._remember(new_grad - grad)
+            grad = new_grad
+        self.model.fit = FitInfo(self.iterations, grad_max <= tol, grad_max, self.evaluations,
+                                 self.low_passes)  # fmt: skip
+
+    def _exact_due(self, last_grad_max: float) -> bool:
+        if self.iterations - self.exact_at >= self.REFRESH:
+            return True
+        return self.low is not None and last_grad_max * self.REFRESH_DROP < self.exact_grad_max
+
+    # --- passes over the rows -------------------------------------------------------------
+
+    def _exact_gradient(self):
+        """Logits recomputed from the weights, then the gradient with full-precision products;
+        with low-precision passes, this point becomes the reference of the differences."""
+        self.logits, self.labels = self._exact_logits()
+        residual = self._residual(torch.softmax(self.logits.to(self.compute), dim=1))
+        grad_w = self._full_product(residual)
+        if self.low is not None:
+            self.reference = (residual, grad_w)
+        self.exact_at = self.iterations
+        grad, grad_max = self._finish_gradient(grad_w, residual)
+        self.exact_grad_max = grad_max
+        return grad, grad_max
+
+    def _gradient(self):
+        """The gradient from the kept logits (the softmax the line search ended on): full
+        precision, or the reference's plus the low-precision product of the residual's change
+        since the reference."""
+        residual = self._residual(self.probs)
+        if self.low is None:
+            return self._finish_gradient(self._full_product(residual), residual)
+        reference, grad_w = self.reference
+        grad_w = grad_w.clone()
+        change = torch.sub(residual, reference).to(LOW)
+        for columns, part in zip(self.low_columns, change.split(self.sizes), strict=True):
+            grad_w += (columns @ part).double()
+        self.low_passes += 1
+        return self._finish_gradient(grad_w, residual)
+
+    def _full_product(self, residual: torch.Tensor) -> torch.Tensor:
+        """Xᵀ·residual: full-precision products, block by block, summed in fp64."""
+        grad_w = torch.zeros_like(self.model.weight)
+        for (x, _), part in zip(_blocks(self.rows), residual.split(self.sizes), strict=True):
+            grad_w += _product(x.T, part).double()
+        return grad_w
+
+    def _finish_gradient(self, grad_w: torch.Tensor, residual: torch.Tensor):
+        """The gradient in preconditioned coordinates (weights then bias, flat) and the
+        largest entry of the gradient in W and b."""
+        n, model = self.rows.n, self.model
+        grad_w = grad_w / n + self.l2 * model.weight
+        grad_b = _row_sums(residual) / n
+        self.evaluations += 1
+        grad_max = max(grad_w.abs().max().item(), grad_b.abs().max().item())
+        return torch.cat([self._mapped(grad_w).flatten(), grad_b]), grad_max
+
+    def _exact_logits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """X·W + b (full-precision products, fp64 results) and the rows' labels."""
+        weight, bias = self.model.weight, self.model.bias
+        logits = bias.new_empty((self.rows.n, len(bias)))
+        labels, start = [], 0
+        for x, y in _blocks(self.rows):
+            logits[start : start + len(y)] = _product(x, weight)
+            labels.append(y)
+            start += len(y)
+        self.compute = _compute_dtype(x.dtype)
+        self.sizes = [len(y) for y in labels]  # the blocks' rows: chunks may end mid-block
+        return logits.add_(bias), torch.cat(labels)
+
+    def _line(self, step_w: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
+        """Z = X·dW + db, in the products' precision (fp32, or fp64 for fp64 rows)."""
+        low = self.low is not None and not self.full_line
+        blocks = self.low if low else [x for x, _ in _blocks(self.rows)]
+        step = step_w.to(LOW if low else self.compute)
+        line = torch.empty((self.rows.n, len(step_b)), dtype=step.dtype, device=step.device)
+        for x, part in zip(blocks, line.split(self.sizes), strict=True):
+            torch.matmul(x.to(step.dtype), step, out=part)
+        self.low_passes += low
+        return line.to(self.compute).add_(step_b.to(self.compute))
+
+    def _residual(self, probs: torch.Tensor) -> torch.Tensor:
+        """softmax − onehot(y), in place."""
+        probs[torch.arange(len(self.labels), device=probs.device), self.labels] -= 1.0
+        return probs
+
+    # --- the step -------------------------------------------------------------------------
+
+    def _step(self, grad: torch.Tensor) -> bool:
+        """One step along the L-BFGS direction to the minimum on its line; False when no
+        step lowers the objective (floating point has run out)."""
+        direction = self._direction(grad)
+        slope = (grad @ direction).item()
+        if not slope < 0:  # the history no longer gives a descent direction: restart
+            self.pairs.clear()
+            direction, slope = -grad, -(grad @ grad).item()
+        classes = self.model.bias.numel()
+        step_w = self._mapped(direction[:-classes].view_as(self.model.weight))
+        step_b = direction[-classes:]
+        line = self._line(step_w, step_b)
+        t = self._line_search(line, step_w, slope, start=1.0 if self.pairs else 0.0)
+        if not t > 0:
+            return False
+        self.model.weight = self.model.weight + t * step_w
+        self.model.bias = self.model.bias + t * step_b
+        self.logits.add_(line, alpha=t)
+        self.last_step = t * direction
+        return True
+
+    def _mapped(self, weights: torch.Tensor) -> torch.Tensor:
+        """T·weights: between the preconditioned coordinates and the weights' own, in fp32
+        (a direction or gradient rounded to fp32 loses nothing the fit can use)."""
+        return (self.forward @ weights.float()).double()
+
+    def _direction(self, grad: torch.Tensor) -> torch.Tensor:
+        """The two-loop recursion: −H·grad for the inverse-Hessian estimate of the pairs."""
+        q, alphas = grad.clone(), []
+        for s, y in reversed(self.pairs):
+            alpha = (s @ q) / (y @ s)
+            alphas.append(alpha)
+            q -= alpha * y
+        if self.pairs:
+            s, y = self.pairs[-1]
+            q *= (s @ y) / (y @ y)
+        for (s, y), alpha in zip(self.pairs, reversed(alphas), strict=True):
+            q += (alpha - (y @ q) / (y @ s)) * s
+        return -q
+
+    def _remember(self, grad_change: torch.Tensor) -> None:
+        s = self.last_step
+        if (s @ grad_change).item() > 1e-12 * s.norm().item() * grad_change.norm().item():
+            self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change)]
+
+    def _line_search(self, line, step_w, slope: float, start: float) -> float:
+        """Newton's method on φ'(t), bracketed, where φ(t) is the objective at logits + t·Z:
+        φ'(t) = mean (softmax − onehot)·Z + l2·(W + t·dW)·dW, φ''(t) its derivative."""
+        weight_dot, step_dot = (self.model.weight * step_w).sum().item(), step_w.pow(2).sum().item()
+        base = self.logits.to(line.dtype)
+        picked = line.gather(1, self.labels[:, None]).squeeze(1)
+        low, high, t = 0.0, math.inf, start
+        for _ in range(self.LINE_STEPS):
+            first, second = self._line_derivatives(base, line, picked, t) if t else (slope, None)
+            first += self.l2 * (weight_dot + t * step_dot) if t else 0.0
+            if t and abs(first) <= self.LINE_TOL * abs(slope):
+                return t
+            low, high = (t, high) if first < 0 else (low, t)
+            if second is None:
+                second = self._line_derivatives(base, line, picked, 0.0)[1]
+            guess = t - first / (second + self.l2 * step_dot)
+            t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
+        if low:  # the search did not settle: the last point known to lie before the minimum
+            self._line_derivatives(base, line, picked, low)
+        return low
+
+    def _line_derivatives(self, base, line, picked, t: float) -> tuple[float, float]:
+        """The loss part of φ'(t) and φ''(t), summed over the rows in a fixed order; keeps
+        the softmax at t (the next gradient's, if the step ends there)."""
+        self.probs = torch.softmax(torch.add(base, line, alpha=t), dim=1)
+        weighted = self.probs * line
+        mean_z = weighted.sum(1)
+        first = _row_sums(mean_z - picked).item()
+        second = _row_sums(torch.linalg.vecdot(weighted, line) - mean_z * mean_z).item()
+        return first / self.rows.n, second / self.rows.n
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
+    compute = _compute_dtype(a.dtype)
+    return a.to(compute) @ b.to(compute)
+
+
+def _row_sums(values: torch.Tensor) -> torch.Tensor:
+    """Sum over the rows (dim 0), block by block in a fixed order whatever the thread count:
+    each block's sum in the values' precision, then the blocks' sums in fp64."""
+    pad = -len(values) % BLOCK
+    if pad:
+        values = torch.cat([values, values.new_zeros((pad, *values.shape[1:]))])
+    return values.view(-1, BLOCK, *values.shape[1:]).sum(1).double().sum(0)
