@@ -276,8 +276,9 @@ def block_bytes(rows: int, dim: int, classes: int) -> int:
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:
-    """Resident rows: their float32 features and a bf16 copy, one block and the kept logits."""
-    return rows * dim * 6 + block_bytes(rows, dim, classes) + kept_logits_bytes(rows, classes)
+    """Resident rows: their float32 features and two bf16 copies (by rows, and by columns on a
+    CPU), one block and the kept logits."""
+    return rows * dim * 8 + block_bytes(rows, dim, classes) + kept_logits_bytes(rows, classes)
 
 
 # Passes over the rows (one matrix product each) of an 8-value L2 path and its refit: ~320
