@@ -434,8 +434,8 @@ class ProbeData:
     def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
         """``test`` may be None when only training rows (and ``rows_of``) are wanted."""
         dim = train.take([0]).shape[-1] if len(train) else 0
-        free = torch.cuda.mem_get_info(device)[0] if str(device).startswith("cuda") else 0
-        resident = linear_fit.resident_bytes(len(train), dim, classes) <= task.resident_budget(free)
+        budget = task.resident_budget(linear_fit.free_device_bytes(device))
+        resident = linear_fit.resident_bytes(len(train), dim, classes) <= budget
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
             x_train = train.pooled.float()

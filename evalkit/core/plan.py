@@ -11,11 +11,10 @@ the numbers are estimates of the largest buffers each stage holds, not measureme
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -222,7 +221,7 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
     dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
     inputs, sources = plan_inputs(task, backbone, config, options | {"dtype": dtype})
     budget = Budget.of(target, ranks) if target else Budget.here(device, config.cache, ranks)
-    inputs = dataclasses.replace(inputs, device_bytes=budget.device or 0)
+    inputs = replace(inputs, device_bytes=budget.device or 0)
     stages = task.plan(inputs)
     budget.check(stages, inputs.shape)
     weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",

@@ -94,13 +94,13 @@ class Rows:
         """The rows' blocks in ``dtype``, made once and kept (the fits of a path share them);
         ``columns``: each block transposed (features × rows), laid out for Xᵀ·R on a CPU,
         whose bf16 products with a transposed operand are slower (on a GPU, a view)."""
-        if (dtype, columns) not in self.copies:
-            blocks = self.low_precision_blocks(dtype) if columns else [
-                x.to(dtype) for x, _ in _blocks(self)]  # fmt: skip
-            if columns:
-                blocks = [x.T if x.is_cuda else x.T.contiguous() for x in blocks]
-            self.copies[dtype, columns] = blocks
-        return self.copies[dtype, columns]
+        key = (dtype, columns)
+        if key not in self.copies and columns:
+            by_rows = self.low_precision_blocks(dtype)
+            self.copies[key] = [x.T if x.is_cuda else x.T.contiguous() for x in by_rows]
+        elif key not in self.copies:
+            self.copies[key] = [x.to(dtype) for x, _ in _blocks(self)]
+        return self.copies[key]
 
     def zeros(self, *shape) -> torch.Tensor:
         x, _ = next(iter(self.chunks()))
@@ -233,7 +233,8 @@ def fit_logistic(
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
     tol = min(tol, WEAK_TOL_PER_L2 * l2)
     if keep_logits is None:
-        keep_logits = kept_logits_bytes(rows.n, num_classes) <= keep_logits_budget(rows)
+        budget = keep_logits_budget(model.weight.device)
+        keep_logits = kept_logits_bytes(rows.n, num_classes) <= budget
     if not keep_logits:
         from evalkit.heads.wolfe import fit_streamed
 
@@ -245,13 +246,16 @@ def fit_logistic(
     return fit.model
 
 
-def keep_logits_budget(rows: Rows) -> int:
+def keep_logits_budget(device: torch.device) -> int:
     """Bytes a fit may hold for kept logits: ``KEEP_LOGITS_BYTES``, or half the free memory
-    of the rows' GPU when that is more."""
-    x, _ = next(iter(rows.chunks()))
-    if x.device.type != "cuda":
-        return KEEP_LOGITS_BYTES
-    return max(KEEP_LOGITS_BYTES, torch.cuda.mem_get_info(x.device)[0] // 2)
+    of the fit's GPU when that is more."""
+    return max(KEEP_LOGITS_BYTES, free_device_bytes(device) // 2)
+
+
+def free_device_bytes(device: torch.device | str) -> int:
+    """The free memory of a GPU; 0 for any other device."""
+    device = torch.device(device)
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
 def _low_precision(rows: Rows) -> bool:
