@@ -288,6 +288,29 @@ def test_bf16_difference_passes_reach_the_fp32_optimum(monkeypatch, bf16_passes)
         assert torch.equal(model.logits(x).argmax(1), fp32.logits(x).argmax(1))
 
 
+@pytest.mark.parametrize("l2", [1e-2, 1e-3, 1e-4])
+def test_a_bf16_line_finds_the_fp32_lines_step_at_the_optimum(l2):
+    """At a converged fit the loss and penalty parts of the line's slope nearly cancel, far
+    below bf16's rounding of the line's logits: a bf16 line must still find the step the fp32
+    line finds (a search on the loss part's raw value found none, or a tiny one, and the fit
+    crawled)."""
+    from evalkit.heads.kept import KeptLogitsFit
+    from evalkit.heads.linear import MU_SCALE, LinearModel, Preconditioner, Rows
+
+    x, y = _blobs(n=3000, d=48, c=10, seed=5, spread=0.4)
+    rows = Rows.of(Standardizer.fit(x)(x), y)
+    start = fit_logistic(rows, None, num_classes=10, l2=l2, keep_logits=True)
+    forward = Preconditioner.of(rows).maps(MU_SCALE * l2 * 10)[0]
+    steps = []
+    for bf16 in (True, False):
+        model = LinearModel(start.weight.clone(), start.bias.clone())
+        fit = KeptLogitsFit(rows, model, l2, forward, low_precision=bf16)
+        grad, _ = fit._exact_gradient()
+        assert fit._step(grad)  # no curvature pairs yet: along −gradient in both
+        steps.append((fit.last_step.norm() / grad.norm()).item())
+    assert steps[0] == pytest.approx(steps[1], rel=0.2)
+
+
 def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
     """Rows read chunk by chunk (the probe's streamed mode) are not held twice in memory."""
     from evalkit.heads import knn

@@ -121,6 +121,7 @@ class KeptLogitsFit:
         """The gradient in preconditioned coordinates (weights then bias, flat) and the
         largest entry of the gradient in W and b."""
         n, model = self.rows.n, self.model
+        self.residual = residual
         grad_w = grad_w / n + self.l2 * model.weight
         grad_b = _row_sums(residual) / n
         self.evaluations += 1
@@ -170,7 +171,7 @@ class KeptLogitsFit:
         step_w = self._mapped(direction[:-classes].view_as(self.model.weight))
         step_b = direction[-classes:]
         line = self._line(step_w, step_b)
-        t = self._line_search(line, step_w, slope, start=1.0 if self.pairs else 0.0)
+        t = self._line_search(line, step_w, slope)
         if not t > 0:
             return False
         self.model.weight = self.model.weight + t * step_w
@@ -203,34 +204,40 @@ class KeptLogitsFit:
         if (s @ grad_change).item() > 1e-12 * s.norm().item() * grad_change.norm().item():
             self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change)]
 
-    def _line_search(self, line, step_w, slope: float, start: float) -> float:
-        """Newton's method on φ'(t), bracketed, where φ(t) is the objective at logits + t·Z:
-        φ'(t) = mean (softmax − onehot)·Z + l2·(W + t·dW)·dW, φ''(t) its derivative."""
-        weight_dot, step_dot = (self.model.weight * step_w).sum().item(), step_w.pow(2).sum().item()
-        base = self.logits.to(line.dtype)
-        picked = line.gather(1, self.labels[:, None]).squeeze(1)
-        low, high, t = 0.0, math.inf, start
+    def _line_search(self, line, step_w, slope: float) -> float:
+        """Newton's method on φ'(t), bracketed, where φ(t) is the objective at logits + t·Z,
+        from the quadratic model at t = 0 (the softmax there is known: no pass for it).
+        φ'(t) = slope + mean (softmax(t) − softmax(0))·Z + l2·t·|dW|²: the loss part enters
+        as a change since t = 0, so a rounding error of Z that is the same all along the line
+        (bf16 products: 2⁻⁹ of Z, far above the slope near the optimum, where the loss and
+        the penalty's parts of φ'(0) nearly cancel) drops out, as it does from the slope."""
+        curvature = self.l2 * step_w.pow(2).sum().item()
+        base, start = self.logits.to(line.dtype), self.residual.to(line.dtype)
+        chosen = line.gather(1, self.labels[:, None]).squeeze(1)
+        weighted = start * line  # (softmax(0) − onehot)·Z, then softmax(0)·Z
+        mean_z = weighted.sum(1).add_(chosen)
+        squares = torch.linalg.vecdot(weighted, line).add_(chosen * chosen)
+        second = _row_sums(squares - mean_z * mean_z).item() / self.rows.n
+        low, high, t, first = 0.0, math.inf, 0.0, slope
         for _ in range(self.LINE_STEPS):
-            first, second = self._line_derivatives(base, line, picked, t) if t else (slope, None)
-            first += self.l2 * (weight_dot + t * step_dot) if t else 0.0
-            if t and abs(first) <= self.LINE_TOL * abs(slope):
+            guess = t - first / (second + curvature)
+            t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
+            first, second = self._line_derivatives(base, line, mean_z, t)
+            first += slope + curvature * t
+            if abs(first) <= self.LINE_TOL * abs(slope):
                 return t
             low, high = (t, high) if first < 0 else (low, t)
-            if second is None:
-                second = self._line_derivatives(base, line, picked, 0.0)[1]
-            guess = t - first / (second + self.l2 * step_dot)
-            t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
         if low:  # the search did not settle: the last point known to lie before the minimum
-            self._line_derivatives(base, line, picked, low)
+            self._line_derivatives(base, line, mean_z, low)
         return low
 
-    def _line_derivatives(self, base, line, picked, t: float) -> tuple[float, float]:
-        """The loss part of φ'(t) and φ''(t), summed over the rows in a fixed order; keeps
-        the softmax at t (the next gradient's, if the step ends there)."""
+    def _line_derivatives(self, base, line, mean_z0, t: float) -> tuple[float, float]:
+        """The loss part of φ'(t) − φ'(0) and φ''(t), summed over the rows in a fixed order;
+        keeps the softmax at t (the next gradient's, if the step ends there)."""
         self.probs = torch.softmax(torch.add(base, line, alpha=t), dim=1)
         weighted = self.probs * line
         mean_z = weighted.sum(1)
-        first = _row_sums(mean_z - picked).item()
+        first = _row_sums(mean_z - mean_z0).item()
         second = _row_sums(torch.linalg.vecdot(weighted, line) - mean_z * mean_z).item()
         return first / self.rows.n, second / self.rows.n
 
