@@ -46,6 +46,7 @@ class KeptLogitsFit:
         self.iterations = self.evaluations = self.low_passes = self.exact_at = 0
         self.exact_grad_max = math.inf
         self.full_line = False
+        self.change = None
 
     def run(self, max_iter: int, tol: float) -> None:
         grad, grad_max = self._exact_gradient()
@@ -85,8 +86,9 @@ class KeptLogitsFit:
     def _exact_gradient(self):
         """Logits recomputed from the weights, then the gradient with full-precision products;
         with low-precision passes, this point becomes the reference of the differences."""
-        self.logits, self.labels = self._exact_logits()
-        residual = self._residual(torch.softmax(self.logits.to(self.compute), dim=1))
+        self.anchor, self.labels = self._exact_logits()
+        self.moved = torch.zeros_like(self.anchor)
+        residual = self._residual(torch.softmax(self.anchor, dim=1))
         grad_w = self._full_product(residual)
         if self.low is not None:
             self.reference = (residual, grad_w)
@@ -104,7 +106,9 @@ class KeptLogitsFit:
             return self._finish_gradient(self._full_product(residual), residual)
         reference, grad_w = self.reference
         grad_w = grad_w.clone()
-        change = torch.sub(residual, reference).to(LOW)
+        if self.change is None:  # written anew at every low-precision gradient
+            self.change = residual.new_empty(residual.shape, dtype=LOW)
+        change = torch.sub(residual, reference, out=self.change)
         for columns, part in zip(self.low_columns, change.split(self.sizes), strict=True):
             grad_w += (columns @ part).double()
         self.low_passes += 1
@@ -129,17 +133,18 @@ class KeptLogitsFit:
         return torch.cat([self._mapped(grad_w).flatten(), grad_b]), grad_max
 
     def _exact_logits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """X·W + b (full-precision products, fp64 results) and the rows' labels."""
-        weight, bias = self.model.weight, self.model.bias
-        logits = bias.new_empty((self.rows.n, len(bias)))
-        labels, start = [], 0
+        """X·W + b (full-precision products) and the rows' labels."""
+        logits, labels, start = None, [], 0
         for x, y in _blocks(self.rows):
-            logits[start : start + len(y)] = _product(x, weight)
+            if logits is None:  # the first block says the products' precision
+                self.compute = _compute_dtype(x.dtype)
+                weight = self.model.weight.to(self.compute)
+                logits = weight.new_empty((self.rows.n, weight.shape[1]))
+            torch.matmul(x.to(self.compute), weight, out=logits[start : start + len(y)])
             labels.append(y)
             start += len(y)
-        self.compute = _compute_dtype(x.dtype)
         self.sizes = [len(y) for y in labels]  # the blocks' rows: chunks may end mid-block
-        return logits.add_(bias), torch.cat(labels)
+        return logits.add_(self.model.bias.to(self.compute)), torch.cat(labels)
 
     def _line(self, step_w: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
         """Z = X·dW + db, in the products' precision (fp32, or fp64 for fp64 rows)."""
@@ -176,7 +181,7 @@ class KeptLogitsFit:
             return False
         self.model.weight = self.model.weight + t * step_w
         self.model.bias = self.model.bias + t * step_b
-        self.logits.add_(line, alpha=t)
+        self.moved.add_(line, alpha=t)
         self.last_step = t * direction
         return True
 
@@ -212,7 +217,7 @@ class KeptLogitsFit:
         (bf16 products: 2⁻⁹ of Z, far above the slope near the optimum, where the loss and
         the penalty's parts of φ'(0) nearly cancel) drops out, as it does from the slope."""
         curvature = self.l2 * step_w.pow(2).sum().item()
-        base, start = self.logits.to(line.dtype), self.residual.to(line.dtype)
+        base, start = torch.add(self.anchor, self.moved), self.residual
         chosen = line.gather(1, self.labels[:, None]).squeeze(1)
         weighted = start * line  # (softmax(0) − onehot)·Z, then softmax(0)·Z
         mean_z = weighted.sum(1).add_(chosen)
@@ -222,24 +227,26 @@ class KeptLogitsFit:
         for _ in range(self.LINE_STEPS):
             guess = t - first / (second + curvature)
             t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
-            first, second = self._line_derivatives(base, line, mean_z, t)
-            first += slope + curvature * t
+            first = self._line_slope(base, line, mean_z, t) + slope + curvature * t
             if abs(first) <= self.LINE_TOL * abs(slope):
                 return t
             low, high = (t, high) if first < 0 else (low, t)
+            second = self._line_curvature(line)
         if low:  # the search did not settle: the last point known to lie before the minimum
-            self._line_derivatives(base, line, mean_z, low)
+            self._line_slope(base, line, mean_z, low)
         return low
 
-    def _line_derivatives(self, base, line, mean_z0, t: float) -> tuple[float, float]:
-        """The loss part of φ'(t) − φ'(0) and φ''(t), summed over the rows in a fixed order;
-        keeps the softmax at t (the next gradient's, if the step ends there)."""
+    def _line_slope(self, base, line, mean_z0, t: float) -> float:
+        """The loss part of φ'(t) − φ'(0), summed over the rows in a fixed order; keeps the
+        softmax at t (the next gradient's, if the step ends there)."""
         self.probs = torch.softmax(torch.add(base, line, alpha=t), dim=1)
-        weighted = self.probs * line
-        mean_z = weighted.sum(1)
-        first = _row_sums(mean_z - mean_z0).item()
-        second = _row_sums(torch.linalg.vecdot(weighted, line) - mean_z * mean_z).item()
-        return first / self.rows.n, second / self.rows.n
+        self.mean_z = torch.linalg.vecdot(self.probs, line)
+        return _row_sums(self.mean_z - mean_z0).item() / self.rows.n
+
+    def _line_curvature(self, line) -> float:
+        """The loss part of φ'' at the last t evaluated: the softmax-weighted variance of Z."""
+        squares = torch.linalg.vecdot(self.probs * line, line)
+        return _row_sums(squares - self.mean_z * self.mean_z).item() / self.rows.n
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

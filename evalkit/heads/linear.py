@@ -126,9 +126,10 @@ class Standardizer:
     def fit_chunks(cls, chunks: Iterable[torch.Tensor]) -> Standardizer:
         """The same statistics from one pass over chunks (sums in float64)."""
         count, total, squares = 0, 0.0, 0.0
-        for x in chunks:
-            x = x.double()
-            count, total, squares = count + len(x), total + x.sum(0), squares + x.pow(2).sum(0)
+        for chunk in chunks:
+            for x in chunk.split(BLOCK):  # fp64 a block at a time: no fp64 copy of the chunk
+                x = x.double()
+                count, total, squares = count + len(x), total + x.sum(0), squares + x.pow(2).sum(0)
         mean = total / count
         std = (squares / count - mean.pow(2)).clamp_min(0).sqrt()
         return cls(mean.float(), std.float() + 1e-5)
@@ -200,8 +201,14 @@ class Preconditioner:
         return cls(basis, spectrum.clamp_min(0))
 
     def maps(self, mu: float) -> tuple[torch.Tensor, torch.Tensor]:
-        root = (self.spectrum + mu).sqrt()
-        return (self.basis / root) @ self.basis.T, (self.basis * root) @ self.basis.T
+        return self.forward(mu), self._map((self.spectrum + mu).sqrt())
+
+    def forward(self, mu: float) -> torch.Tensor:
+        """T alone (the kept-logits fit maps one way only)."""
+        return self._map((self.spectrum + mu).rsqrt())
+
+    def _map(self, scale: torch.Tensor) -> torch.Tensor:
+        return (self.basis * scale) @ self.basis.T
 
 
 def fit_logistic(
@@ -229,7 +236,7 @@ def fit_logistic(
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
     precondition = precondition or Preconditioner.of(rows)
-    maps = precondition.maps(MU_SCALE * l2 * num_classes)
+    mu = MU_SCALE * l2 * num_classes
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
     tol = min(tol, WEAK_TOL_PER_L2 * l2)
     if keep_logits is None:
@@ -238,10 +245,11 @@ def fit_logistic(
     if not keep_logits:
         from evalkit.heads.wolfe import fit_streamed
 
-        return fit_streamed(rows, model, l2, maps, max_iter, tol)
+        return fit_streamed(rows, model, l2, precondition.maps(mu), max_iter, tol)
     from evalkit.heads.kept import KeptLogitsFit
 
-    fit = KeptLogitsFit(rows, model, l2, maps[0].to(model.weight.device), _low_precision(rows))
+    forward = precondition.forward(mu).to(model.weight.device)
+    fit = KeptLogitsFit(rows, model, l2, forward, _low_precision(rows))
     fit.run(max_iter, tol)
     return fit.model
 
