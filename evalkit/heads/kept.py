@@ -24,9 +24,15 @@ import math
 
 import torch
 
-from evalkit.heads.linear import BLOCK, FitInfo, LinearModel, Rows, _blocks, _compute_dtype
-
-LOW = torch.bfloat16
+from evalkit.heads.linear import (
+    BLOCK,
+    LOW,
+    FitInfo,
+    LinearModel,
+    Rows,
+    _blocks,
+    _compute_dtype,
+)
 
 
 class KeptLogitsFit:
@@ -155,7 +161,7 @@ class KeptLogitsFit:
         for x, part in zip(blocks, line.split(self.sizes), strict=True):
             torch.matmul(x.to(step.dtype), step, out=part)
         self.low_passes += low
-        return line.to(self.compute).add_(step_b.to(self.compute))
+        return torch.add(line, step_b.to(self.compute))  # bf16 + fp32: fp32, in one pass
 
     def _residual(self, probs: torch.Tensor) -> torch.Tensor:
         """softmax − onehot(y), in place."""

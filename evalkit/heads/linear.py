@@ -43,6 +43,7 @@ BLOCK = 1024  # rows per block: bounds memory, fixes the summation order, and ke
 WEAK_TOL_PER_L2 = 1e-2  # the tolerance of a fit with a weak penalty: at most 1% of l2
 KEEP_LOGITS_BYTES = 2 * 2**30  # fits keep every row's logits up to this size (else streamed)
 LOW_PRECISION_PASSES = True  # bf16 passes between exact points where bf16 is fast (kept.py)
+LOW = torch.bfloat16  # the precision of the passes between exact points (kept.py)
 MU_SCALE = 3.0  # μ = MU_SCALE·l2·classes; 1 is the curvature ratio, 3 measured ~10% fewer steps
 
 
@@ -175,6 +176,18 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _moment_pairs(rows: Rows, low_precision: bool):
+    """(Xᵀ, X) block by block for the rows' second moments: the bf16 copies, or the blocks
+    in their products' precision."""
+    if low_precision:
+        by_columns = rows.low_precision_blocks(LOW, columns=True)
+        yield from zip(by_columns, rows.low_precision_blocks(LOW), strict=True)
+        return
+    for x, _ in _blocks(rows):
+        x = x.to(_compute_dtype(x.dtype))
+        yield x.T, x
+
+
 def _blocks(rows: Rows):
     """The rows in blocks of at most ``BLOCK``, in their order."""
     for x, y in rows.chunks():
@@ -191,11 +204,12 @@ class Preconditioner:
     spectrum: torch.Tensor
 
     @classmethod
-    def of(cls, rows: Rows) -> Preconditioner:
+    def of(cls, rows: Rows, low_precision: bool = False) -> Preconditioner:
+        """``low_precision``: Σ from the rows' bf16 copies, the ones the fit's bf16 passes
+        use (a preconditioner needs no more precision: any T leads to the same optimum)."""
         moments = None
-        for x, _ in _blocks(rows):
-            x = x.to(_compute_dtype(x.dtype))
-            block = (x.T @ x).double()
+        for columns, x in _moment_pairs(rows, low_precision):
+            block = (columns @ x).double()
             moments = block if moments is None else moments + block
         spectrum, basis = torch.linalg.eigh(moments / rows.n)
         return cls(basis, spectrum.clamp_min(0))
@@ -235,13 +249,11 @@ def fit_logistic(
     rows = x if isinstance(x, Rows) else Rows.of(x, y)
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
-    precondition = precondition or Preconditioner.of(rows)
     mu = MU_SCALE * l2 * num_classes
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
     tol = min(tol, WEAK_TOL_PER_L2 * l2)
-    if keep_logits is None:
-        budget = keep_logits_budget(model.weight.device)
-        keep_logits = kept_logits_bytes(rows.n, num_classes) <= budget
+    keep_logits = _keeps_logits(rows, num_classes, keep_logits, model.weight.device)
+    precondition = precondition or Preconditioner.of(rows, keep_logits and _low_precision(rows))
     if not keep_logits:
         from evalkit.heads.wolfe import fit_streamed
 
@@ -252,6 +264,13 @@ def fit_logistic(
     fit = KeptLogitsFit(rows, model, l2, forward, _low_precision(rows))
     fit.run(max_iter, tol)
     return fit.model
+
+
+def _keeps_logits(rows: Rows, classes: int, keep_logits: bool | None, device) -> bool:
+    """``keep_logits`` as asked, or (None) whether the kept logits fit the budget."""
+    if keep_logits is not None:
+        return keep_logits
+    return kept_logits_bytes(rows.n, classes) <= keep_logits_budget(device)
 
 
 def keep_logits_budget(device: torch.device) -> int:
@@ -308,7 +327,8 @@ def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, to
     ``[(l2, model), ...]`` in the order fitted. Each fit runs to the same tolerance as a final
     fit: an unconverged fit's hold-out score would depend on floating-point summation order."""
     rows = x if isinstance(x, Rows) else Rows.of(x, y)
-    precondition = Preconditioner.of(rows)
+    keep_logits = _keeps_logits(rows, num_classes, keep_logits, rows.zeros(0).device)
+    precondition = Preconditioner.of(rows, keep_logits and _low_precision(rows))
     path = []
     for l2 in sorted(l2_values, reverse=True):
         model = fit_logistic(rows, None, num_classes=num_classes, l2=l2, init=_next_start(path, l2),
