@@ -1,9 +1,10 @@
 """The linear probe's fit when every row's logits are kept (``evalkit.heads.linear``; the
 linear-probe rows of the paper's Table 3): L-BFGS whose line search costs no pass over the rows.
 
-The logits of every row are kept (fp64), and a step's direction is turned into logits once
-(one product, Z = X·dW + db), so the objective along the line, logits + t·Z, is searched
-exactly by Newton's method on its derivative, in O(rows × classes). An iteration is two passes
+The logits of every row are kept (the last exact point's plus the steps since, both fp32),
+and a step's direction is turned into logits once (one product, Z = X·dW + db), so the
+objective along the line, logits + t·Z, is searched exactly by Newton's method on its
+derivative, in O(rows × classes). An iteration is two passes
 over the rows (the direction's logits, the gradient), never more; the derivative-only search
 also keeps resolving steps after the objective's own decreases fall below fp32's resolution.
 

@@ -297,8 +297,9 @@ def _low_precision(rows: Rows) -> bool:
 
 
 def kept_logits_bytes(rows: int, classes: int) -> int:
-    """What a kept-logits fit holds per row and class: the logits (fp64), a step's logits,
-    the residual at the last exact point and a line search's temporaries (fp32)."""
+    """What a kept-logits fit holds per row and class (fp32): the logits (the last exact
+    point's and the steps since), a step's logits, the residual at the last exact point and
+    a line search's temporaries."""
     return rows * classes * 32
 
 
