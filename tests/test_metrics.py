@@ -323,6 +323,21 @@ def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
     assert model.fit.converged and model.fit.low_precision_passes == 0 and not chunks.copies
 
 
+def test_resident_rows_fitted_without_kept_logits_get_no_bf16_copy(monkeypatch):
+    """The preconditioner takes its moments from the bf16 copies only where the fits use
+    them: a path told not to keep logits (torch's L-BFGS, fp32 passes) makes none."""
+    from evalkit.heads import knn
+    from evalkit.heads.linear import Rows
+
+    monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
+    x, y = _blobs(n=400, d=12, c=3, seed=6)
+    rows = Rows.of(Standardizer.fit(x)(x), y)
+    path = logistic_path(rows, None, num_classes=3, l2_values=(1e-2, 1e-3), keep_logits=False)
+    assert all(model.fit.converged for _, model in path) and not rows.copies
+    kept = logistic_path(rows, None, num_classes=3, l2_values=(1e-2, 1e-3), keep_logits=True)
+    assert all(model.fit.low_precision_passes for _, model in kept) and rows.copies
+
+
 def test_few_shot_bias_feature_escapes_the_regularisation():
     """big_vision's bias feature is a constant 100, so its weight is barely penalised: with a
     huge L2 the feature weights vanish while the bias still fits the class prior, and every
