@@ -53,7 +53,9 @@ class KeptLogitsFit:
         self.iterations = self.evaluations = self.low_passes = self.exact_at = 0
         self.exact_grad_max = math.inf
         self.full_line = False
-        self.change = None
+        # the residual's change since the reference, in bf16: written anew at every bf16 gradient
+        self.change = (torch.empty((rows.n, model.bias.numel()), dtype=LOW, device=model.weight.device)
+                       if low_precision else None)  # fmt: skip
 
     def run(self, max_iter: int, tol: float) -> None:
         grad, grad_max = self._exact_gradient()
@@ -113,8 +115,6 @@ class KeptLogitsFit:
             return self._finish_gradient(self._full_product(residual), residual)
         reference, grad_w = self.reference
         grad_w = grad_w.clone()
-        if self.change is None:  # written anew at every low-precision gradient
-            self.change = residual.new_empty(residual.shape, dtype=LOW)
         change = torch.sub(residual, reference, out=self.change)
         for columns, part in zip(self.low_columns, change.split(self.sizes), strict=True):
             grad_w += (columns @ part).double()

@@ -266,10 +266,12 @@ def fit_logistic(
     return fit.model
 
 
-def _keeps_logits(rows: Rows, classes: int, keep_logits: bool | None, device) -> bool:
-    """``keep_logits`` as asked, or (None) whether the kept logits fit the budget."""
+def _keeps_logits(rows: Rows, classes: int, keep_logits: bool | None, device=None) -> bool:
+    """``keep_logits`` as asked, or (None) whether the kept logits fit the budget of
+    ``device`` (default: the rows', read from their first chunk only when needed)."""
     if keep_logits is not None:
         return keep_logits
+    device = device if device is not None else rows.zeros(0).device
     return kept_logits_bytes(rows.n, classes) <= keep_logits_budget(device)
 
 
@@ -328,7 +330,7 @@ def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, to
     ``[(l2, model), ...]`` in the order fitted. Each fit runs to the same tolerance as a final
     fit: an unconverged fit's hold-out score would depend on floating-point summation order."""
     rows = x if isinstance(x, Rows) else Rows.of(x, y)
-    keep_logits = _keeps_logits(rows, num_classes, keep_logits, rows.zeros(0).device)
+    keep_logits = _keeps_logits(rows, num_classes, keep_logits)
     precondition = Preconditioner.of(rows, keep_logits and _low_precision(rows))
     path = []
     for l2 in sorted(l2_values, reverse=True):
