@@ -47,14 +47,15 @@ class KeptLogitsFit:
                  low_precision: bool):  # fmt: skip
         self.rows, self.model, self.l2 = rows, model, l2
         self.forward = forward.float()  # T: fp32 maps (the fit's state stays fp64)
-        self.low = rows.low_precision_blocks(LOW) if low_precision else None
-        self.low_columns = rows.low_precision_blocks(LOW, columns=True) if low_precision else None
+        self.low = rows.low_precision_rows(LOW) if low_precision else None
+        self.low_columns = rows.low_precision_columns(LOW) if low_precision else None
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.iterations = self.evaluations = self.low_passes = self.exact_at = 0
         self.exact_grad_max = math.inf
         self.full_line = False
-        # the residual's change since the reference, in bf16: written anew at every bf16 gradient
-        self.change = (torch.empty((rows.n, model.bias.numel()), dtype=LOW, device=model.weight.device)
+        # the residual's change since the reference, in bf16, its rows padded with zeros to
+        # whole blocks (as the columns are): written anew at every bf16 gradient
+        self.change = (model.bias.new_zeros((rows.n + -rows.n % BLOCK, model.bias.numel()), dtype=LOW)
                        if low_precision else None)  # fmt: skip
 
     def run(self, max_iter: int, tol: float) -> None:
@@ -115,9 +116,10 @@ class KeptLogitsFit:
             return self._finish_gradient(self._full_product(residual), residual)
         reference, grad_w = self.reference
         grad_w = grad_w.clone()
-        change = torch.sub(residual, reference, out=self.change)
-        for columns, part in zip(self.low_columns, change.split(self.sizes), strict=True):
-            grad_w += (columns @ part).double()
+        torch.sub(residual, reference, out=self.change[: self.rows.n])
+        # one batched product, then the blocks' parts added in their order (fp64)
+        for part in torch.bmm(self.low_columns, self.change.view(len(self.low_columns), BLOCK, -1)):
+            grad_w += part
         self.low_passes += 1
         return self._finish_gradient(grad_w, residual)
 
@@ -156,11 +158,13 @@ class KeptLogitsFit:
     def _line(self, step_w: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
         """Z = X·dW + db, in the products' precision (fp32, or fp64 for fp64 rows)."""
         low = self.low is not None and not self.full_line
-        blocks = self.low if low else [x for x, _ in _blocks(self.rows)]
         step = step_w.to(LOW if low else self.compute)
         line = torch.empty((self.rows.n, len(step_b)), dtype=step.dtype, device=step.device)
-        for x, part in zip(blocks, line.split(self.sizes), strict=True):
-            torch.matmul(x.to(step.dtype), step, out=part)
+        if low:
+            torch.matmul(self.low, step, out=line)
+        else:
+            for (x, _), part in zip(_blocks(self.rows), line.split(self.sizes), strict=True):
+                torch.matmul(x.to(step.dtype), step, out=part)
         self.low_passes += low
         return torch.add(line, step_b.to(self.compute))  # bf16 + fp32: fp32, in one pass
 
@@ -265,7 +269,6 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _row_sums(values: torch.Tensor) -> torch.Tensor:
     """Sum over the rows (dim 0), block by block in a fixed order whatever the thread count:
     each block's sum in the values' precision, then the blocks' sums in fp64."""
-    pad = -len(values) % BLOCK
-    if pad:
-        values = torch.cat([values, values.new_zeros((pad, *values.shape[1:]))])
-    return values.view(-1, BLOCK, *values.shape[1:]).sum(1).double().sum(0)
+    whole = len(values) - len(values) % BLOCK
+    sums = values[:whole].view(-1, BLOCK, *values.shape[1:]).sum(1).double().sum(0)
+    return sums + values[whole:].sum(0).double() if whole < len(values) else sums

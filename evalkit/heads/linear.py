@@ -91,16 +91,25 @@ class Rows:
     def of(cls, x: torch.Tensor, y: torch.Tensor) -> Rows:
         return cls(lambda: [(x, y)], len(y), x.shape[1], resident=True)
 
-    def low_precision_blocks(self, dtype: torch.dtype, columns: bool = False) -> list[torch.Tensor]:
-        """The rows' blocks in ``dtype``, made once and kept (the fits of a path share them);
-        ``columns``: each block transposed (features × rows), laid out for Xᵀ·R on a CPU,
-        whose bf16 products with a transposed operand are slower (on a GPU, a view)."""
-        key = (dtype, columns)
-        if key not in self.copies and columns:
-            by_rows = self.low_precision_blocks(dtype)
-            self.copies[key] = [x.T if x.is_cuda else x.T.contiguous() for x in by_rows]
-        elif key not in self.copies:
-            self.copies[key] = [x.to(dtype) for x, _ in _blocks(self)]
+    def low_precision_rows(self, dtype: torch.dtype, padded: bool = False) -> torch.Tensor:
+        """Resident rows (one chunk) in ``dtype``, made once and kept (the fits of a path share
+        them); ``padded``: with zero rows after the last, up to a whole number of blocks."""
+        key = (dtype, "rows")
+        if key not in self.copies:
+            x, _ = next(iter(self.chunks()))
+            self.copies[key] = x.new_zeros((self.n + -self.n % BLOCK, self.dim), dtype=dtype)
+            self.copies[key][: self.n] = x
+        return self.copies[key] if padded else self.copies[key][: self.n]
+
+    def low_precision_columns(self, dtype: torch.dtype) -> torch.Tensor:
+        """The padded rows' blocks transposed, (blocks, features, ``BLOCK``), for one batched
+        product Xᵀ·R over all blocks: copied on a CPU, whose bf16 products with a transposed
+        operand are slower; on a GPU, a view."""
+        key = (dtype, "columns")
+        if key not in self.copies:
+            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, BLOCK, self.dim)
+            columns = by_rows.transpose(1, 2)
+            self.copies[key] = columns if columns.is_cuda else columns.contiguous()
         return self.copies[key]
 
     def zeros(self, *shape) -> torch.Tensor:
@@ -180,8 +189,8 @@ def _moment_pairs(rows: Rows, low_precision: bool):
     """(Xᵀ, X) block by block for the rows' second moments: the bf16 copies, or the blocks
     in their products' precision."""
     if low_precision:
-        by_columns = rows.low_precision_blocks(LOW, columns=True)
-        yield from zip(by_columns, rows.low_precision_blocks(LOW), strict=True)
+        by_rows = rows.low_precision_rows(LOW, padded=True).view(-1, BLOCK, rows.dim)
+        yield from zip(rows.low_precision_columns(LOW), by_rows, strict=True)
         return
     for x, _ in _blocks(rows):
         x = x.to(_compute_dtype(x.dtype))
@@ -217,12 +226,13 @@ class Preconditioner:
     def maps(self, mu: float) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(mu), self._map((self.spectrum + mu).sqrt())
 
-    def forward(self, mu: float) -> torch.Tensor:
-        """T alone (the kept-logits fit maps one way only)."""
-        return self._map((self.spectrum + mu).rsqrt())
+    def forward(self, mu: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """T alone (the kept-logits fit maps one way only, in fp32)."""
+        return self._map((self.spectrum + mu).rsqrt(), dtype)
 
-    def _map(self, scale: torch.Tensor) -> torch.Tensor:
-        return (self.basis * scale) @ self.basis.T
+    def _map(self, scale: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        basis = self.basis.to(dtype)
+        return (basis * scale.to(dtype)) @ basis.T
 
 
 def fit_logistic(
@@ -260,7 +270,7 @@ def fit_logistic(
         return fit_streamed(rows, model, l2, precondition.maps(mu), max_iter, tol)
     from evalkit.heads.kept import KeptLogitsFit
 
-    forward = precondition.forward(mu).to(model.weight.device)
+    forward = precondition.forward(mu, torch.float32).to(model.weight.device)
     fit = KeptLogitsFit(rows, model, l2, forward, _low_precision(rows))
     fit.run(max_iter, tol)
     return fit.model
