@@ -311,6 +311,41 @@ def test_a_bf16_line_finds_the_fp32_lines_step_at_the_optimum(l2):
     assert steps[0] == pytest.approx(steps[1], rel=0.2)
 
 
+def test_a_paths_fits_start_from_logits_moved_on_as_the_weights_are(monkeypatch):
+    """Each fit of a path starts from its logits extrapolated from the last two fits' exact
+    end logits, not recomputed: they must be X·W + b at the extrapolated start to fp32's
+    rounding, and the path must reach the optima independent fits reach."""
+    from evalkit.heads import kept
+
+    x, y = _blobs(n=2500, d=24, c=6, seed=7, spread=0.5)
+    x = Standardizer.fit(x)(x)
+    starts, original = [], kept.KeptLogitsFit._exact_gradient
+
+    def spy(fit, known=None):
+        if known is not None:
+            starts.append((known.values.clone(), fit.model.weight.float(), fit.model.bias.float()))
+        return original(fit, known)
+
+    monkeypatch.setattr(kept.KeptLogitsFit, "_exact_gradient", spy)
+    l2_values = (1e-1, 1e-2, 1e-3, 1e-4)
+    path = logistic_path(x, y, num_classes=6, l2_values=l2_values, keep_logits=True)
+    assert len(starts) == 3  # the second fit starts from the first's end, the others extrapolate
+    for values, weight, bias in starts:
+        exact = x @ weight + bias
+        assert (values - exact).abs().max() <= 1e-5 * exact.abs().max()
+    for l2, model in path:
+        alone = fit_logistic(x, y, num_classes=6, l2=l2, keep_logits=True)
+        assert (model.weight - alone.weight).abs().max() < 50 * min(1e-6, 1e-2 * l2) / l2
+
+
+def test_row_dots_are_vecdot():
+    from evalkit.heads.kept import _row_dots
+
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(70, 13, generator=gen), torch.randn(70, 13, generator=gen)
+    assert torch.allclose(_row_dots(a, b), torch.linalg.vecdot(a, b), rtol=1e-5, atol=1e-5)
+
+
 def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
     """Rows read chunk by chunk (the probe's streamed mode) are not held twice in memory."""
     from evalkit.heads import knn

@@ -22,6 +22,7 @@ exact gradient.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,10 +31,25 @@ from evalkit.heads.linear import (
     LOW,
     FitInfo,
     LinearModel,
+    PathLogits,
     Rows,
     _blocks,
     _compute_dtype,
 )
+
+
+@dataclass(frozen=True)
+class ExactLogits:
+    """X·W + b from the weights (fp32 products, or fp64 for fp64 rows), with the rows' labels
+    and their blocks' sizes learnt on the way."""
+
+    values: torch.Tensor
+    labels: torch.Tensor
+    sizes: list[int]
+
+    def extrapolated(self, before: ExactLogits, step: float) -> ExactLogits:
+        """The logits at W + step·(W − W_before): logits are linear in the weights."""
+        return replace(self, values=torch.lerp(before.values, self.values, 1 + step))
 
 
 class KeptLogitsFit:
@@ -44,22 +60,23 @@ class KeptLogitsFit:
     LINE_STEPS = 20
 
     def __init__(self, rows: Rows, model: LinearModel, l2: float, forward: torch.Tensor,
-                 low_precision: bool):  # fmt: skip
-        self.rows, self.model, self.l2 = rows, model, l2
+                 low_precision: bool, logits: PathLogits | None = None):  # fmt: skip
+        self.rows, self.model, self.l2, self.path_logits = rows, model, l2, logits
         self.forward = forward.float()  # T: fp32 maps (the fit's state stays fp64)
         self.low = rows.low_precision_rows(LOW) if low_precision else None
         self.low_columns = rows.low_precision_columns(LOW) if low_precision else None
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
         self.iterations = self.evaluations = self.low_passes = self.exact_at = 0
         self.exact_grad_max = math.inf
         self.full_line = False
+        self.buffers: dict[str, torch.Tensor] = {}
         # the residual's change since the reference, in bf16, its rows padded with zeros to
         # whole blocks (as the columns are): written anew at every bf16 gradient
         self.change = (model.bias.new_zeros((rows.n + -rows.n % BLOCK, model.bias.numel()), dtype=LOW)
                        if low_precision else None)  # fmt: skip
 
     def run(self, max_iter: int, tol: float) -> None:
-        grad, grad_max = self._exact_gradient()
+        grad, grad_max = self._exact_gradient(self.path_logits and self.path_logits.take_start())
         while True:
             if grad_max <= tol:  # confirmed on logits recomputed from the weights
                 if self.exact_at != self.iterations:
@@ -85,6 +102,8 @@ class KeptLogitsFit:
             grad = new_grad
         self.model.fit = FitInfo(self.iterations, grad_max <= tol, grad_max, self.evaluations,
                                  self.low_passes)  # fmt: skip
+        if self.path_logits is not None and self.exact_at == self.iterations:
+            self.path_logits.end = ExactLogits(self.anchor, self.labels, self.sizes)
 
     def _exact_due(self, last_grad_max: float) -> bool:
         if self.iterations - self.exact_at >= self.REFRESH:
@@ -93,10 +112,13 @@ class KeptLogitsFit:
 
     # --- passes over the rows -------------------------------------------------------------
 
-    def _exact_gradient(self):
-        """Logits recomputed from the weights, then the gradient with full-precision products;
-        with low-precision passes, this point becomes the reference of the differences."""
-        self.anchor, self.labels = self._exact_logits()
+    def _exact_gradient(self, known: ExactLogits | None = None):
+        """Logits recomputed from the weights (or ``known``: the path extrapolated them), then
+        the gradient with full-precision products; with low-precision passes, this point
+        becomes the reference of the differences."""
+        known = known or self._exact_logits()
+        self.anchor, self.labels, self.sizes = known.values, known.labels, known.sizes
+        self.compute = self.anchor.dtype  # the products' precision
         self.moved = torch.zeros_like(self.anchor)
         residual = self._residual(torch.softmax(self.anchor, dim=1))
         grad_w = self._full_product(residual)
@@ -118,7 +140,9 @@ class KeptLogitsFit:
         grad_w = grad_w.clone()
         torch.sub(residual, reference, out=self.change[: self.rows.n])
         # one batched product, then the blocks' parts added in their order (fp64)
-        for part in torch.bmm(self.low_columns, self.change.view(len(self.low_columns), BLOCK, -1)):
+        changes = self.change.view(len(self.low_columns), BLOCK, -1)
+        parts = self._buffer("parts", LOW, (len(changes), self.rows.dim, changes.shape[2]))
+        for part in torch.bmm(self.low_columns, changes, out=parts):
             grad_w += part
         self.low_passes += 1
         return self._finish_gradient(grad_w, residual)
@@ -141,32 +165,42 @@ class KeptLogitsFit:
         grad_max = max(grad_w.abs().max().item(), grad_b.abs().max().item())
         return torch.cat([self._mapped(grad_w).flatten(), grad_b]), grad_max
 
-    def _exact_logits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """X·W + b (full-precision products) and the rows' labels."""
+    def _exact_logits(self) -> ExactLogits:
+        """X·W + b (full-precision products), the rows' labels and their blocks' sizes
+        (chunks may end mid-block)."""
         logits, labels, start = None, [], 0
         for x, y in _blocks(self.rows):
             if logits is None:  # the first block says the products' precision
-                self.compute = _compute_dtype(x.dtype)
-                weight = self.model.weight.to(self.compute)
+                weight = self.model.weight.to(_compute_dtype(x.dtype))
                 logits = weight.new_empty((self.rows.n, weight.shape[1]))
-            torch.matmul(x.to(self.compute), weight, out=logits[start : start + len(y)])
+            torch.matmul(x.to(weight.dtype), weight, out=logits[start : start + len(y)])
             labels.append(y)
             start += len(y)
-        self.sizes = [len(y) for y in labels]  # the blocks' rows: chunks may end mid-block
-        return logits.add_(self.model.bias.to(self.compute)), torch.cat(labels)
+        logits.add_(self.model.bias.to(weight.dtype))
+        return ExactLogits(logits, torch.cat(labels), [len(y) for y in labels])
 
     def _line(self, step_w: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
         """Z = X·dW + db, in the products' precision (fp32, or fp64 for fp64 rows)."""
         low = self.low is not None and not self.full_line
         step = step_w.to(LOW if low else self.compute)
-        line = torch.empty((self.rows.n, len(step_b)), dtype=step.dtype, device=step.device)
+        line = self._buffer("low line" if low else "line", step.dtype)
         if low:
             torch.matmul(self.low, step, out=line)
         else:
             for (x, _), part in zip(_blocks(self.rows), line.split(self.sizes), strict=True):
                 torch.matmul(x.to(step.dtype), step, out=part)
         self.low_passes += low
-        return torch.add(line, step_b.to(self.compute))  # bf16 + fp32: fp32, in one pass
+        # bf16 + fp32: fp32, in one pass
+        return torch.add(line, step_b.to(self.compute), out=self._buffer("line", self.compute))
+
+    def _buffer(self, name: str, dtype: torch.dtype, shape: tuple | None = None) -> torch.Tensor:
+        """A buffer (default: rows × classes) made once per fit and rewritten by every step: a
+        new logits-sized tensor per pass costs the faults of its fresh pages each time, which
+        on a CPU took longer than the arithmetic done in it."""
+        if name not in self.buffers:
+            shape = shape or (self.rows.n, self.model.bias.numel())
+            self.buffers[name] = torch.empty(shape, dtype=dtype, device=self.model.weight.device)
+        return self.buffers[name]
 
     def _residual(self, probs: torch.Tensor) -> torch.Tensor:
         """softmax − onehot(y), in place."""
@@ -204,21 +238,22 @@ class KeptLogitsFit:
     def _direction(self, grad: torch.Tensor) -> torch.Tensor:
         """The two-loop recursion: −H·grad for the inverse-Hessian estimate of the pairs."""
         q, alphas = grad.clone(), []
-        for s, y in reversed(self.pairs):
-            alpha = (s @ q) / (y @ s)
-            alphas.append(alpha)
-            q -= alpha * y
+        for s, y, rho in reversed(self.pairs):
+            alphas.append(rho * (s @ q).item())
+            q.add_(y, alpha=-alphas[-1])
         if self.pairs:
-            s, y = self.pairs[-1]
-            q *= (s @ y) / (y @ y)
-        for (s, y), alpha in zip(self.pairs, reversed(alphas), strict=True):
-            q += (alpha - (y @ q) / (y @ s)) * s
-        return -q
+            s, y, rho = self.pairs[-1]
+            q *= 1 / (rho * (y @ y).item())
+        for (s, y, rho), alpha in zip(self.pairs, reversed(alphas), strict=True):
+            q.add_(s, alpha=alpha - rho * (y @ q).item())
+        return q.neg_()
 
     def _remember(self, grad_change: torch.Tensor) -> None:
-        s = self.last_step
-        if (s @ grad_change).item() > 1e-12 * s.norm().item() * grad_change.norm().item():
-            self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change)]
+        """Keeps the step and gradient change as a pair, with ρ = 1 / (sᵀy), when they show
+        positive curvature."""
+        s, curvature = self.last_step, (self.last_step @ grad_change).item()
+        if curvature > 1e-12 * s.norm().item() * grad_change.norm().item():
+            self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change, 1 / curvature)]
 
     def _line_search(self, line, step_w, slope: float) -> float:
         """Newton's method on φ'(t), bracketed, where φ(t) is the objective at logits + t·Z,
@@ -228,35 +263,42 @@ class KeptLogitsFit:
         (bf16 products: 2⁻⁹ of Z, far above the slope near the optimum, where the loss and
         the penalty's parts of φ'(0) nearly cancel) drops out, as it does from the slope."""
         curvature = self.l2 * step_w.pow(2).sum().item()
-        base, start = torch.add(self.anchor, self.moved), self.residual
         chosen = line.gather(1, self.labels[:, None]).squeeze(1)
-        weighted = start * line  # (softmax(0) − onehot)·Z, then softmax(0)·Z
+        # (softmax(0) − onehot)·Z, then softmax(0)·Z; the trial logits' buffer is free until then
+        weighted = torch.mul(self.residual, line, out=self._buffer("trial", line.dtype))
         mean_z = weighted.sum(1).add_(chosen)
-        squares = torch.linalg.vecdot(weighted, line).add_(chosen * chosen)
+        squares = _row_dots(weighted, line).add_(chosen * chosen)
         second = _row_sums(squares - mean_z * mean_z).item() / self.rows.n
         low, high, t, first = 0.0, math.inf, 0.0, slope
         for _ in range(self.LINE_STEPS):
             guess = t - first / (second + curvature)
             t = guess if low < guess < high else (low + high) / 2 if high < math.inf else 2 * t
-            first = self._line_slope(base, line, mean_z, t) + slope + curvature * t
+            first = self._line_slope(line, mean_z, t) + slope + curvature * t
             if abs(first) <= self.LINE_TOL * abs(slope):
                 return t
             low, high = (t, high) if first < 0 else (low, t)
             second = self._line_curvature(line)
         if low:  # the search did not settle: the last point known to lie before the minimum
-            self._line_slope(base, line, mean_z, low)
+            self._line_slope(line, mean_z, low)
         return low
 
-    def _line_slope(self, base, line, mean_z0, t: float) -> float:
+    def _line_slope(self, line, mean_z0, t: float) -> float:
         """The loss part of φ'(t) − φ'(0), summed over the rows in a fixed order; keeps the
         softmax at t (the next gradient's, if the step ends there)."""
-        self.probs = torch.softmax(torch.add(base, line, alpha=t), dim=1)
-        self.mean_z = torch.linalg.vecdot(self.probs, line)
+        trial = torch.add(self.anchor, self.moved, out=self._buffer("trial", line.dtype))
+        trial.add_(line, alpha=t)
+        self.probs = torch.softmax(trial, dim=1, out=self._softmax_buffer(line.dtype))
+        self.mean_z = _row_dots(self.probs, line)
         return _row_sums(self.mean_z - mean_z0).item() / self.rows.n
+
+    def _softmax_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+        """Of two buffers, the one not holding the residual the search started from."""
+        first = self._buffer("softmax a", dtype)
+        return self._buffer("softmax b", dtype) if self.residual is first else first
 
     def _line_curvature(self, line) -> float:
         """The loss part of φ'' at the last t evaluated: the softmax-weighted variance of Z."""
-        squares = torch.linalg.vecdot(self.probs * line, line)
+        squares = _row_dots(self.probs * line, line)
         return _row_sums(squares - self.mean_z * self.mean_z).item() / self.rows.n
 
 
@@ -264,6 +306,15 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
     compute = _compute_dtype(a.dtype)
     return a.to(compute) @ b.to(compute)
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ a·b over each row's classes. On a CPU a batched product, which makes no rows ×
+    classes temporary (``linalg.vecdot`` does, and a fresh one costs its pages' faults); on a
+    GPU, whose allocator reuses memory, ``vecdot``."""
+    if a.is_cuda:
+        return torch.linalg.vecdot(a, b)
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 def _row_sums(values: torch.Tensor) -> torch.Tensor:

@@ -246,6 +246,7 @@ def fit_logistic(
     tol: float = TOL,
     precondition: Preconditioner | None = None,
     keep_logits: bool | None = None,
+    logits: PathLogits | None = None,
 ) -> LinearModel:
     """Minimise the L2-regularised multinomial logistic loss with preconditioned L-BFGS until
     the largest entry of the gradient in W is at most ``tol``: with the rows' logits kept
@@ -255,7 +256,8 @@ def fit_logistic(
     labels ``y``, or ``Rows`` (then ``y`` is None); ``precondition`` (computed from the rows
     when absent) is shared by the fits of one path. A weak penalty pins its optimum less (the
     weights can move by about gradient / l2), so the tolerance tightens to
-    ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4."""
+    ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4. ``logits``: a path's exact logits at the start
+    and end of this fit (kept-logits fits)."""
     rows = x if isinstance(x, Rows) else Rows.of(x, y)
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
@@ -271,9 +273,23 @@ def fit_logistic(
     from evalkit.heads.kept import KeptLogitsFit
 
     forward = precondition.forward(mu, torch.float32).to(model.weight.device)
-    fit = KeptLogitsFit(rows, model, l2, forward, _low_precision(rows))
+    fit = KeptLogitsFit(rows, model, l2, forward, _low_precision(rows), logits)
     fit.run(max_iter, tol)
     return fit.model
+
+
+@dataclass
+class PathLogits:
+    """A path fit's exact logits (``kept.ExactLogits``) at its start, when the path extrapolated
+    them, and at its end, when it ended on an exact point (kept-logits fits only)."""
+
+    start: object = None
+    end: object = None
+
+    def take_start(self):
+        """The start's logits, let go of here (the fit holds them only while it needs them)."""
+        start, self.start = self.start, None
+        return start
 
 
 def _keeps_logits(rows: Rows, classes: int, keep_logits: bool | None, device=None) -> bool:
@@ -309,10 +325,11 @@ def _low_precision(rows: Rows) -> bool:
 
 
 def kept_logits_bytes(rows: int, classes: int) -> int:
-    """What a kept-logits fit holds per row and class (fp32): the logits (the last exact
-    point's and the steps since), a step's logits, the residual at the last exact point and
-    a line search's temporaries."""
-    return rows * classes * 32
+    """What a kept-logits fit holds per row and class: fp32 logits (the last exact point's and
+    the steps since, and the path's last fit's end), the residual at the last exact point, the
+    softmax the search started from and the one it ends on, a step's logits (and their bf16
+    product), the search's trial logits and the residual's bf16 change."""
+    return rows * classes * 36
 
 
 def block_bytes(rows: int, dim: int, classes: int) -> int:
@@ -342,23 +359,30 @@ def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, to
     rows = x if isinstance(x, Rows) else Rows.of(x, y)
     keep_logits = _keeps_logits(rows, num_classes, keep_logits)
     precondition = Preconditioner.of(rows, keep_logits and _low_precision(rows))
-    path = []
+    path, ends = [], []  # ends: the fits' exact end logits, where known (kept-logits fits)
     for l2 in sorted(l2_values, reverse=True):
-        model = fit_logistic(rows, None, num_classes=num_classes, l2=l2, init=_next_start(path, l2),
+        init, start = _next_start(path, l2, ends)
+        logits, ends = PathLogits(start), ends[-1:]  # the older ends are not needed again
+        model = fit_logistic(rows, None, num_classes=num_classes, l2=l2, init=init,
                              max_iter=max_iter, tol=tol, precondition=precondition,
-                             keep_logits=keep_logits)  # fmt: skip
+                             keep_logits=keep_logits, logits=logits)  # fmt: skip
         path.append((l2, model))
+        ends.append(logits.end)
     return path
 
 
-def _next_start(path: list, l2: float) -> LinearModel | None:
+def _next_start(path: list, l2: float, ends: list):
     """Where the fit at ``l2`` starts: the last fit's optimum moved on along the line through
-    the last two, linear in log L2 (the optimum moves smoothly as the penalty weakens)."""
+    the last two, linear in log L2 (the optimum moves smoothly as the penalty weakens); and
+    the logits there, moved on the same way from the last two fits' exact end logits when
+    both are known (``ends``), which costs no pass over the rows."""
     if len(path) < 2:
-        return path[-1][1] if path else None
+        return (path[-1][1], ends[-1]) if path else (None, None)
     (l2_a, a), (l2_b, b) = path[-2:]
     step = math.log(l2 / l2_b) / math.log(l2_b / l2_a)
-    return LinearModel(b.weight + step * (b.weight - a.weight), b.bias + step * (b.bias - a.bias))
+    start = LinearModel(b.weight + step * (b.weight - a.weight), b.bias + step * (b.bias - a.bias))
+    known = all(end is not None for end in ends[-2:])
+    return start, ends[-1].extrapolated(ends[-2], step) if known else None
 
 
 def ridge_fewshot_accuracy(
