@@ -338,6 +338,26 @@ def test_a_paths_fits_start_from_logits_moved_on_as_the_weights_are(monkeypatch)
         assert (model.weight - alone.weight).abs().max() < 50 * min(1e-6, 1e-2 * l2) / l2
 
 
+def test_a_kept_logits_path_is_bitwise_the_same_on_one_and_two_threads():
+    """Every reduction of the fit has a fixed order, the L-BFGS dots too (``torch.dot`` adds
+    in a thread-count-dependent order): the same weights to the last bit, and the same
+    iterations and stopping gradients in the rows' fit records."""
+    x, y = _blobs(n=2000, d=768, c=10, seed=8, spread=0.3)
+    x = Standardizer.fit(x)(x)
+    runs, threads = [], torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            path = logistic_path(x, y, num_classes=10, l2_values=(1e-1, 1e-2, 1e-3, 1e-4),
+                                 keep_logits=True)  # fmt: skip
+            runs.append(path)
+    finally:
+        torch.set_num_threads(threads)
+    for (_, one), (_, two) in zip(*runs, strict=True):
+        assert one.fit == two.fit
+        assert torch.equal(one.weight, two.weight) and torch.equal(one.bias, two.bias)
+
+
 def test_row_dots_are_vecdot():
     from evalkit.heads.kept import _row_dots
 

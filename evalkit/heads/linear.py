@@ -17,8 +17,9 @@ and effect-table row 5).
   passes on differences where bf16 is fast); others stream (``evalkit.heads.wolfe``).
 
   The same inputs give the same probe on any thread count, rank count or device, to within a
-  borderline hold-out image: the blocks are summed in a fixed order, and every fit (the
-  path's too) runs until the largest entry of the gradient of the objective itself (in W, not
+  borderline hold-out image: the blocks are summed in a fixed order (a kept-logits fit on a
+  CPU takes the same route, to the last bit, on any thread count: ``one_thread``), and every
+  fit (the path's too) runs until the largest entry of the gradient of the objective itself (in W, not
   V) is below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit
   stopped short by floating point or
   ``max_iter`` says so (``converged: false``).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -220,7 +222,7 @@ class Preconditioner:
         for columns, x in _moment_pairs(rows, low_precision):
             block = (columns @ x).double()
             moments = block if moments is None else moments + block
-        spectrum, basis = torch.linalg.eigh(moments / rows.n)
+        spectrum, basis = _eigh_on_one_thread(moments / rows.n)
         return cls(basis, spectrum.clamp_min(0))
 
     def maps(self, mu: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,6 +235,28 @@ class Preconditioner:
     def _map(self, scale: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         basis = self.basis.to(dtype)
         return (basis * scale.to(dtype)) @ basis.T
+
+
+def _eigh_on_one_thread(matrix: torch.Tensor):
+    """``torch.linalg.eigh``, on one thread on a CPU: the threaded LAPACK routine's last bits
+    depend on the thread count (measured on a 768 × 768 matrix), and T, so the whole path of
+    every fit, would with them."""
+    if matrix.is_cuda:
+        return torch.linalg.eigh(matrix)
+    with one_thread():
+        return torch.linalg.eigh(matrix)
+
+
+@contextmanager
+def one_thread():
+    """Torch's intra-op threads set to one inside the block: a CPU's threaded BLAS and LAPACK
+    routines split their sums by the thread count, and their last bits change with it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def fit_logistic(
