@@ -33,7 +33,7 @@ import torch
 
 from benchmarks.common import report
 from evalkit.heads import linear
-from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path
+from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path, threads
 from evalkit.tasks.linear_probe import DEFAULT_L2
 
 
@@ -41,7 +41,8 @@ def synthetic(n: int, d: int, classes: int, seed: int = 0):
     """Backbone-like features: overlapping Gaussian classes seen through a rotated power-law
     spectrum, with an offset and four outlier dimensions 30× larger (as ViT features have)."""
     gen = torch.Generator().manual_seed(seed)
-    basis = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
+    with threads(1):  # a threaded QR's last bits, and so the data, would follow the thread count
+        basis = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
     spectrum = 4 * torch.arange(1, d + 1).float() ** -0.5
     means = torch.randn(classes, d, generator=gen) * 0.12
 

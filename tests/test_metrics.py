@@ -338,10 +338,12 @@ def test_a_paths_fits_start_from_logits_moved_on_as_the_weights_are(monkeypatch)
         assert (model.weight - alone.weight).abs().max() < 50 * min(1e-6, 1e-2 * l2) / l2
 
 
-def test_a_kept_logits_path_is_bitwise_the_same_on_one_and_two_threads():
-    """Every reduction of the fit has a fixed order, the L-BFGS dots too (``torch.dot`` adds
-    in a thread-count-dependent order): the same weights to the last bit, and the same
-    iterations and stopping gradients in the rows' fit records."""
+@pytest.mark.parametrize("keep_logits", [True, False])
+def test_a_path_is_bitwise_the_same_on_one_and_two_threads(keep_logits):
+    """Every reduction of the fit has a fixed order, the L-BFGS dots and the preconditioner's
+    eigendecomposition too (threaded, they add in an order the thread count sets): the same
+    weights to the last bit, and the same iterations and stopping gradients in the rows' fit
+    records, whether the fit keeps its logits or is torch's L-BFGS on streamed passes."""
     x, y = _blobs(n=2000, d=768, c=10, seed=8, spread=0.3)
     x = Standardizer.fit(x)(x)
     runs, threads = [], torch.get_num_threads()
@@ -349,7 +351,7 @@ def test_a_kept_logits_path_is_bitwise_the_same_on_one_and_two_threads():
         for count in (1, 2):
             torch.set_num_threads(count)
             path = logistic_path(x, y, num_classes=10, l2_values=(1e-1, 1e-2, 1e-3, 1e-4),
-                                 keep_logits=True)  # fmt: skip
+                                 keep_logits=keep_logits)  # fmt: skip
             runs.append(path)
     finally:
         torch.set_num_threads(threads)

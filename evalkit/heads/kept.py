@@ -35,7 +35,7 @@ from evalkit.heads.linear import (
     Rows,
     _blocks,
     _compute_dtype,
-    one_thread,
+    threads,
 )
 
 
@@ -314,7 +314,7 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
     and the fit's path (its iterations, where it stops) would change with it."""
     if a.is_cuda:
         return (a @ b).item()
-    with one_thread():
+    with threads(1):
         return (a @ b).item()
 
 

@@ -17,8 +17,8 @@ and effect-table row 5).
   passes on differences where bf16 is fast); others stream (``evalkit.heads.wolfe``).
 
   The same inputs give the same probe on any thread count, rank count or device, to within a
-  borderline hold-out image: the blocks are summed in a fixed order (a kept-logits fit on a
-  CPU takes the same route, to the last bit, on any thread count: ``one_thread``), and every
+  borderline hold-out image: the blocks are summed in a fixed order (on a CPU a fit takes
+  the same route, to the last bit, on any thread count: ``threads``), and every
   fit (the path's too) runs until the largest entry of the gradient of the objective itself (in W, not
   V) is below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit
   stopped short by floating point or
@@ -243,20 +243,21 @@ def _eigh_on_one_thread(matrix: torch.Tensor):
     every fit, would with them."""
     if matrix.is_cuda:
         return torch.linalg.eigh(matrix)
-    with one_thread():
+    with threads(1):
         return torch.linalg.eigh(matrix)
 
 
 @contextmanager
-def one_thread():
-    """Torch's intra-op threads set to one inside the block: a CPU's threaded BLAS and LAPACK
-    routines split their sums by the thread count, and their last bits change with it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def threads(count: int):
+    """Torch's intra-op threads set to ``count`` inside the block. A CPU's threaded BLAS and
+    LAPACK routines split their sums by the thread count, and their last bits change with it:
+    the fits run such sums on one thread, and their passes over the rows on every thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def fit_logistic(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.heads.linear import FitInfo, LinearModel, Rows, loss_and_grad_of_rows
+from evalkit.heads.linear import FitInfo, LinearModel, Rows, loss_and_grad_of_rows, threads
 
 
 class _Converged(Exception):
@@ -21,17 +21,19 @@ def fit_streamed(rows: Rows, model: LinearModel, l2: float, maps, max_iter: int,
     forward, inverse = (m.to(model.weight.device) for m in maps)
     v = inverse @ model.weight
     progress = {"evaluations": 0, "iterations": 0, "grad_max": float("inf"), "compute": None}
+    workers = torch.get_num_threads()
 
-    def objective():
-        model.weight = forward @ v
-        loss = loss_and_grad_of_rows(model, rows, l2, progress["compute"])
-        grads = (model.weight.grad.abs().max().item(), model.bias.grad.abs().max().item())
-        progress["evaluations"] += 1
-        progress["grad_max"] = max(grads)
-        if progress["grad_max"] <= tol:
-            raise _Converged
-        v.grad = forward @ model.weight.grad
-        return loss
+    def objective():  # the pass on every thread; L-BFGS's own sums run on one (_minimise)
+        with threads(workers):
+            model.weight = forward @ v
+            loss = loss_and_grad_of_rows(model, rows, l2, progress["compute"])
+            grads = (model.weight.grad.abs().max().item(), model.bias.grad.abs().max().item())
+            progress["evaluations"] += 1
+            progress["grad_max"] = max(grads)
+            if progress["grad_max"] <= tol:
+                raise _Converged
+            v.grad = forward @ model.weight.grad
+            return loss
 
     # fp32 products first; if their rounding stops the line search short of ``tol`` (the
     # objective's last decreases are below fp32's resolution), fp64 from where it stopped.
@@ -55,8 +57,8 @@ def _minimise(objective, params, max_iter: int, progress: dict) -> bool:
     opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, max_eval=2 * max_iter,
                             history_size=20, tolerance_grad=0, tolerance_change=1e-15,
                             line_search_fn="strong_wolfe")  # fmt: skip
-    try:
-        with torch.no_grad():
+    try:  # L-BFGS's dot products on one thread: a threaded dot's order follows the count
+        with torch.no_grad(), threads(1):
             opt.step(objective)
             objective()  # the gradient where L-BFGS stopped short
         return False
