@@ -17,12 +17,11 @@ and effect-table row 5).
   passes on differences where bf16 is fast); others stream (``evalkit.heads.wolfe``).
 
   The same inputs give the same probe on any thread count, rank count or device, to within a
-  borderline hold-out image: the blocks are summed in a fixed order (on a CPU a fit takes
-  the same route, to the last bit, on any thread count: ``threads``), and every
-  fit (the path's too) runs until the largest entry of the gradient of the objective itself (in W, not
-  V) is below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit
-  stopped short by floating point or
-  ``max_iter`` says so (``converged: false``).
+  borderline hold-out image: the blocks are summed in a fixed order (on a CPU a fit takes the
+  same route, to the last bit, on any thread count: ``threads``), and every fit (the path's
+  too) runs until the largest entry of the gradient of the objective itself (in W, not V) is
+  below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit stopped
+  short by floating point or ``max_iter`` says so (``converged: false``).
 - ``ridge_fewshot_accuracy``: big_vision's closed-form few-shot probe — whitened features, a
   constant bias feature of 100, {-1, +1} targets, least squares with L2 via one eigendecomposition.
 """
