@@ -4,9 +4,11 @@ linear-probe rows of the paper's Table 3): L-BFGS whose line search costs no pas
 The logits of every row are kept (the last exact point's plus the steps since, both fp32),
 and a step's direction is turned into logits once (one product, Z = X·dW + db), so the
 objective along the line, logits + t·Z, is searched exactly by Newton's method on its
-derivative, in O(rows × classes). An iteration is two passes
-over the rows (the direction's logits, the gradient), never more; the derivative-only search
-also keeps resolving steps after the objective's own decreases fall below fp32's resolution.
+derivative, in O(rows × classes). An iteration is two passes over the rows (the direction's
+logits, the gradient), never more; the derivative-only search also keeps resolving steps
+after the objective's own decreases fall below fp32's resolution. A path's fit starts from
+logits extrapolated from the last two fits' exact ones, as its weights are (no pass), and
+the logits-sized tensors of the search are buffers made once per fit.
 
 Low-precision passes (resident fp32 rows, where bf16 products are fast: a GPU, a CPU with
 AVX-512 BF16 or AMX): between two exact points every product is a *difference* — Z is the
