@@ -73,10 +73,6 @@ class KeptLogitsFit:
         self.exact_grad_max = math.inf
         self.full_line = False
         self.buffers: dict[str, torch.Tensor] = {}
-        # the residual's change since the reference, in bf16, its rows padded with zeros to
-        # whole blocks (as the columns are): written anew at every bf16 gradient
-        self.change = (model.bias.new_zeros((rows.n + -rows.n % BLOCK, model.bias.numel()), dtype=LOW)
-                       if low_precision else None)  # fmt: skip
 
     def run(self, max_iter: int, tol: float) -> None:
         grad, grad_max = self._exact_gradient(self.path_logits and self.path_logits.take_start())
@@ -141,9 +137,11 @@ class KeptLogitsFit:
             return self._finish_gradient(self._full_product(residual), residual)
         reference, grad_w = self.reference
         grad_w = grad_w.clone()
-        torch.sub(residual, reference, out=self.change[: self.rows.n])
-        # one batched product, then the blocks' parts added in their order (fp64)
-        changes = self.change.view(len(self.low_columns), BLOCK, -1)
+        # the residual's change in bf16, its rows padded with zeros to whole blocks (as the
+        # columns are); one batched product, then the blocks' parts added in order (fp64)
+        change = self._buffer("change", LOW, (len(self.low_columns) * BLOCK, residual.shape[1]))
+        torch.sub(residual, reference, out=change[: self.rows.n])
+        changes = change.view(len(self.low_columns), BLOCK, -1)
         parts = self._buffer("parts", LOW, (len(changes), self.rows.dim, changes.shape[2]))
         for part in torch.bmm(self.low_columns, changes, out=parts):
             grad_w += part
@@ -197,12 +195,12 @@ class KeptLogitsFit:
         return torch.add(line, step_b.to(self.compute), out=self._buffer("line", self.compute))
 
     def _buffer(self, name: str, dtype: torch.dtype, shape: tuple | None = None) -> torch.Tensor:
-        """A buffer (default: rows × classes) made once per fit and rewritten by every step: a
-        new logits-sized tensor per pass costs the faults of its fresh pages each time, which
-        on a CPU took longer than the arithmetic done in it."""
+        """A buffer (default: rows × classes; made zero) made once per fit and rewritten by
+        every step: a new logits-sized tensor per pass costs the faults of its fresh pages each
+        time, which on a CPU took longer than the arithmetic done in it."""
         if name not in self.buffers:
             shape = shape or (self.rows.n, self.model.bias.numel())
-            self.buffers[name] = torch.empty(shape, dtype=dtype, device=self.model.weight.device)
+            self.buffers[name] = torch.zeros(shape, dtype=dtype, device=self.model.weight.device)
         return self.buffers[name]
 
     def _residual(self, probs: torch.Tensor) -> torch.Tensor:
@@ -314,8 +312,6 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
     """aᵀb on one thread on a CPU: a threaded dot adds in an order set by the thread count,
     and the fit's path (its iterations, where it stops) would change with it."""
-    if a.is_cuda:
-        return (a @ b).item()
     with threads(1):
         return (a @ b).item()
 

@@ -221,7 +221,8 @@ class Preconditioner:
         for columns, x in _moment_pairs(rows, low_precision):
             block = (columns @ x).double()
             moments = block if moments is None else moments + block
-        spectrum, basis = _eigh_on_one_thread(moments / rows.n)
+        with threads(1):  # threaded LAPACK's last bits follow the thread count, and T with them
+            spectrum, basis = torch.linalg.eigh(moments / rows.n)
         return cls(basis, spectrum.clamp_min(0))
 
     def maps(self, mu: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,21 +237,12 @@ class Preconditioner:
         return (basis * scale.to(dtype)) @ basis.T
 
 
-def _eigh_on_one_thread(matrix: torch.Tensor):
-    """``torch.linalg.eigh``, on one thread on a CPU: the threaded LAPACK routine's last bits
-    depend on the thread count (measured on a 768 × 768 matrix), and T, so the whole path of
-    every fit, would with them."""
-    if matrix.is_cuda:
-        return torch.linalg.eigh(matrix)
-    with threads(1):
-        return torch.linalg.eigh(matrix)
-
-
 @contextmanager
 def threads(count: int):
     """Torch's intra-op threads set to ``count`` inside the block. A CPU's threaded BLAS and
     LAPACK routines split their sums by the thread count, and their last bits change with it:
-    the fits run such sums on one thread, and their passes over the rows on every thread."""
+    the fits run such sums on one thread, and their passes over the rows on every thread
+    (on a GPU the setting touches only the host's threads)."""
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
@@ -289,7 +281,8 @@ def fit_logistic(
     model = LinearModel(init.weight.detach().double().clone(), init.bias.detach().double().clone())
     tol = min(tol, WEAK_TOL_PER_L2 * l2)
     keep_logits = _keeps_logits(rows, num_classes, keep_logits, model.weight.device)
-    precondition = precondition or Preconditioner.of(rows, keep_logits and _low_precision(rows))
+    low_precision = keep_logits and _low_precision(rows)
+    precondition = precondition or Preconditioner.of(rows, low_precision)
     if not keep_logits:
         from evalkit.heads.wolfe import fit_streamed
 
@@ -297,7 +290,7 @@ def fit_logistic(
     from evalkit.heads.kept import KeptLogitsFit
 
     forward = precondition.forward(mu, torch.float32).to(model.weight.device)
-    fit = KeptLogitsFit(rows, model, l2, forward, _low_precision(rows), logits)
+    fit = KeptLogitsFit(rows, model, l2, forward, low_precision, logits)
     fit.run(max_iter, tol)
     return fit.model
 
