@@ -1,5 +1,6 @@
 """Where evalkit writes files: every cache entry, manifest, stand-in data set, class-embedding
-table, predictions file and JSON record goes through ``replacing``.
+table, predictions file and JSON record goes through ``replacing``; result rows, which are
+appended, through ``appending``.
 
 A file (or folder) is written under a temporary name beside its target and renamed into place,
 so a reader never sees half of one and a crash never counts half-written work as done. A write
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -59,6 +61,37 @@ def replacing(path: Path) -> Iterator[Path]:
         if error is None:
             raise
         raise error from None
+
+
+def appending(path: Path, data: bytes) -> bool:
+    """Append ``data`` to ``path`` whole or not at all, synced to disk: under an exclusive lock
+    on the file (so concurrent writers never interleave), a write that fails part-way is cut
+    back to the file's old length before its one-line error. A file whose last line was torn
+    (cut off by a killed writer) is first ended with a newline, so that line stays apart; the
+    return value says whether that happened."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b", buffering=0) as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            size = os.lseek(file.fileno(), 0, os.SEEK_END)
+            torn = size > 0 and os.pread(file.fileno(), 1, size - 1) != b"\n"
+            try:
+                _write_all(file, b"\n" * torn + data)
+                os.fsync(file.fileno())
+            except BaseException:
+                os.ftruncate(file.fileno(), size)  # frees space, so it works on a full disk
+                raise
+    except OSError as exc:
+        error = write_error(exc, path)
+        raise error or EvalkitError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return torn
+
+
+def _write_all(file, data: bytes):
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view) :]
 
 
 def writable(folder: Path) -> bool:

@@ -35,10 +35,19 @@ def main():
     joined.backward()
     diff = max((shared[n] - p.grad).abs().max().item() for n, p in model.named_parameters()
                if p.grad is not None)  # fmt: skip
+    scale = max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
     assert set(shared) == {n for n, p in model.named_parameters() if p.grad is not None}
     if layout.main:
         with open(sys.argv[1], "w") as f:
-            json.dump({"gathered": loss.item(), "joined": joined.item(), "grad_diff": diff}, f)
+            json.dump(
+                {
+                    "gathered": loss.item(),
+                    "joined": joined.item(),
+                    "grad_diff": diff,
+                    "grad_scale": scale,
+                },
+                f,
+            )
     mesh.teardown()
 
 

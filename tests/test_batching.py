@@ -111,7 +111,10 @@ def test_prediction_backs_off_and_gives_the_same_logits(fake, ctx, monkeypatch):
 
     monkeypatch.setattr(model, "forward", forward)
     backed, backed_labels = predict(model, data, ctx)
-    assert torch.equal(backed, fitted) and torch.equal(backed_labels, labels)
+    # not bitwise: a BLAS may multiply 8 rows with another kernel than 64 (MKL's compatible
+    # code does); the predictions are the same, the logits within float32 rounding
+    assert torch.equal(backed_labels, labels) and torch.equal(backed.argmax(1), fitted.argmax(1))
+    assert torch.allclose(backed, fitted, rtol=1e-5, atol=1e-6)
     assert ctx.extract.limit.size == 8
 
 

@@ -50,9 +50,10 @@ BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress
 
 
 def job_key(spec: RunSpec, seed: int | None = None) -> str:
-    backbone = load_backbone(spec.backbones[0], spec.backbone_options())
+    seed = spec.seeds[0] if seed is None else seed
+    backbone = load_backbone(spec.backbones[0], spec.backbone_options(seed))
     task = resolve_task(spec.tasks[0], spec.overrides)
-    ctx = spec.context(spec.seeds[0] if seed is None else seed)
+    ctx = spec.context(seed)
     return identity.spec_key(job_spec(task, backbone.info, ctx))
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from evalkit.heads.knn import nearest, vote
 
@@ -93,3 +94,66 @@ def test_auto_search_uses_bf16_only_where_it_is_fast(monkeypatch):
     assert not knn.fast_bf16(torch.device("cpu")) and knn.fast_bf16(torch.device("cuda"))
     monkeypatch.setattr(knn, "_cpu_has_bf16", lambda: True)
     assert knn.fast_bf16(torch.device("cpu"))
+
+
+def _near_duplicates(seed: int = 5):
+    """Training rows as ImageNet's duplicates give them: each of 60 images with four
+    near-copies (similarities within 1e-7 of each other) and two exact copies, labels mixed."""
+    generator = torch.Generator().manual_seed(seed)
+    base = torch.randn(60, 48, generator=generator)
+    near = base.repeat_interleave(4, 0) * (1 + 1e-7 * torch.randn(240, 48, generator=generator))
+    train = torch.cat([near, base, base])[torch.randperm(360, generator=generator)]
+    labels = torch.randint(0, 5, (360,), generator=generator)
+    queries = base[:40] + 0.3 * torch.randn(40, 48, generator=generator)
+    return train, labels, torch.cat([queries, base[40:]])  # the last queries equal train rows
+
+
+def _reference(train, labels, queries, k):
+    """Brute force: every exact similarity, equal ones ordered by training index."""
+    from evalkit.heads.knn import Rows
+
+    sims = Rows(queries).similarities(train, Rows(train).norms)
+    assert torch.allclose(
+        sims, F.normalize(queries.double(), dim=1) @ F.normalize(train.double(), dim=1).T
+    )
+    order = sims.sort(dim=1, descending=True, stable=True).indices[:, :k]
+    return labels[order]
+
+
+@pytest.mark.parametrize("chunk", [360, 7, 100])
+def test_every_search_mode_gives_one_answer_on_duplicate_rows(chunk, monkeypatch):
+    from evalkit.heads import knn
+
+    train, labels, queries = _near_duplicates()
+    chunks = [(train[i : i + chunk], labels[i : i + chunk]) for i in range(0, 360, chunk)]
+    answers = {mode: nearest(chunks, queries, k=12, search=mode) for mode in ("fp32", "bf16")}
+    for fast in (True, False):
+        monkeypatch.setattr(knn, "fast_bf16", lambda device, fast=fast: fast)
+        answers[f"auto/{fast}"] = nearest(chunks, queries, k=12, search="auto")
+    first = answers["fp32"]
+    assert torch.equal(first[1], _reference(train, labels, queries, 12))
+    for sims, neighbour_labels in answers.values():
+        assert torch.equal(sims, first[0]) and torch.equal(neighbour_labels, first[1])
+        assert torch.equal(vote(sims, neighbour_labels, 12, 5).argmax(1),
+                           vote(*first, 12, 5).argmax(1))  # fmt: skip
+
+
+def test_bf16_certification_at_its_bound(monkeypatch):
+    """A query whose nearest row has a bf16 similarity below four others' while every one of
+    those four is exactly more similar than the fourth's bf16 value: only the bf16 error term
+    of the margin sends the query to the exact search. Without that term the search would
+    certify the wrong neighbour (checked below, so this data sits at the bound)."""
+    from evalkit.heads import knn
+
+    query = torch.tensor([[1.0, 1, 1, 1, -1, -1, -1, -1]]).double() / 8**0.5
+    pattern = torch.tensor([1.0, 1, -1, -1, 1, 1, -1, -1]).double() / 8**0.5
+    generator = torch.Generator().manual_seed(4)
+    train = F.normalize(
+        pattern + 1e-3 * torch.randn(64, 8, generator=generator, dtype=torch.float64), dim=1
+    )
+    labels = torch.arange(64)
+    truth = int((train @ query.T).argmax())
+    found = nearest([(train.float(), labels)], query.float(), k=1, search="bf16")[1]
+    assert found.item() == truth
+    monkeypatch.setattr(knn, "BF16_ERROR", 0.0)
+    assert nearest([(train.float(), labels)], query.float(), k=1, search="bf16")[1].item() != truth

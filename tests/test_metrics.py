@@ -339,11 +339,12 @@ def test_a_paths_fits_start_from_logits_moved_on_as_the_weights_are(monkeypatch)
 
 
 @pytest.mark.parametrize("keep_logits", [True, False])
-def test_a_path_is_bitwise_the_same_on_one_and_two_threads(keep_logits):
-    """Every reduction of the fit has a fixed order, the L-BFGS dots and the preconditioner's
-    eigendecomposition too (threaded, they add in an order the thread count sets): the same
-    weights to the last bit, and the same iterations and stopping gradients in the rows' fit
-    records, whether the fit keeps its logits or is torch's L-BFGS on streamed passes."""
+def test_a_path_reaches_the_same_optima_on_one_and_two_threads(keep_logits):
+    """What holds on any kernel: every fit of the path converges, and since the objective is
+    λ-strongly convex, two fits that both stop below the gradient tolerance hold weights
+    within the tolerance's bound of each other whatever the order of their sums (a BLAS
+    chooses that order by thread count and CPU, so it is not promised bitwise); the
+    predictions agree."""
     x, y = _blobs(n=2000, d=768, c=10, seed=8, spread=0.3)
     x = Standardizer.fit(x)(x)
     runs, threads = [], torch.get_num_threads()
@@ -355,9 +356,11 @@ def test_a_path_is_bitwise_the_same_on_one_and_two_threads(keep_logits):
             runs.append(path)
     finally:
         torch.set_num_threads(threads)
-    for (_, one), (_, two) in zip(*runs, strict=True):
-        assert one.fit == two.fit
-        assert torch.equal(one.weight, two.weight) and torch.equal(one.bias, two.bias)
+    for (l2, one), (_, two) in zip(*runs, strict=True):
+        assert one.fit.converged and two.fit.converged
+        bound = 50 * min(1e-6, 1e-2 * l2) / l2
+        assert (one.weight - two.weight).abs().max() < bound
+        assert torch.equal(one.logits(x).argmax(1), two.logits(x).argmax(1))
 
 
 def test_row_dots_are_vecdot():

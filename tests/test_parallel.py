@@ -152,11 +152,14 @@ def cached_features(root: Path) -> dict:
 
 def test_lit_loss_on_two_ranks_equals_the_joined_batch(tmp_path):
     """Negatives gathered with gradients: the 2-rank loss and averaged gradients are the
-    one-process loss and gradients of the joined batch."""
+    one-process loss and gradients of the joined batch, to float32 rounding. Not bitwise: each
+    side multiplies matrices of other shapes (4 rows against 8), for which a BLAS may pick
+    other kernels; measured across kernel paths (threads 1–4, MKL's AVX-512, AVX2 and
+    compatible code, ATen's AVX2 and AVX-512): at most 2e-6 of the largest gradient entry."""
     torchrun(str(Path(__file__).with_name("lit_gather_check.py")), str(tmp_path / "lit.json"))
     result = json.loads((tmp_path / "lit.json").read_text())
     assert result["gathered"] == pytest.approx(result["joined"], rel=1e-6)
-    assert result["grad_diff"] < 1e-6
+    assert result["grad_diff"] <= 1e-5 * result["grad_scale"]
 
 
 def test_trainer_on_two_ranks_equals_one_process(tmp_path):

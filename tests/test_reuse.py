@@ -67,7 +67,7 @@ def test_every_reuse_site_is_enumerated():
 def _context(spec: RunSpec, seed=0):
     from evalkit.backbones import load_backbone
 
-    backbone = load_backbone(spec.backbones[0], spec.backbone_options())
+    backbone = load_backbone(spec.backbones[0], spec.backbone_options(seed))
     return backbone, resolve_task(spec.tasks[0], spec.overrides), spec.context(seed)
 
 
@@ -193,14 +193,19 @@ def test_table_and_compare_keep_run_specs_apart():
     assert sorted(r["status"] for r in compare([cls], [sized], tolerance=0.0)) == ["missing", "new"]
 
 
+def _plain(metric: str, value=1.0) -> dict:
+    return {"task": "t", "backbone": "b", "metric": metric, "value": value}
+
+
 def test_a_torn_rows_file_keeps_the_next_row(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
-    append_row(path, {"metric": "a", "value": 1})
+    append_row(path, _plain("a"))
     with path.open("a") as f:
         f.write('{"metric": "b", "val')  # a write cut off by a full disk
-    append_row(path, {"metric": "c", "value": 3})
+    append_row(path, _plain("c"))
     assert [r["metric"] for r in load_rows([path])] == ["a", "c"]
-    assert "torn line" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "torn line" in err and f"{path}:2 is not a result row (not JSON" in err
 
 
 def test_a_full_disk_at_row_append_is_one_line(tmp_path, monkeypatch):
@@ -211,7 +216,7 @@ def test_a_full_disk_at_row_append_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(EvalkitError, match=r"^no space left on the device writing .*t\.jsonl"):
-        append_row(tmp_path / "t.jsonl", {"metric": "a", "value": 1})
+        append_row(tmp_path / "t.jsonl", _plain("a"))
 
 
 def test_latest_json_may_point_only_inside_its_own_folder(tmp_path):

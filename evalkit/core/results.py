@@ -13,13 +13,13 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
-import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, TypedDict
 
-from evalkit.errors import EvalkitError, disk_error, warn
+from evalkit.errors import EvalkitError, warn
+from evalkit.writes import appending
 
 
 class Row(TypedDict, total=False):
@@ -53,34 +53,25 @@ def rows_file(out_dir: Path, task: str) -> Path:
     return Path(out_dir) / f"{task_slug(task)}.jsonl"
 
 
-def append_row(path: Path, row: Row):
-    """Append one line and fsync: a finished row survives any later crash. A file whose last
-    line was torn (a crash or a full disk mid-write) is first ended with a newline, so the
-    torn line stays unreadable on its own and this row is whole; a full disk is one line."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a+b") as f:  # appends always go to the end; reads see the last byte
-            torn = _ends_torn(f)
-            f.write((("\n" if torn else "") + json.dumps(row, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        raise disk_error(exc, path) from None
-    if torn:
+def append_rows(path: Path, rows: list[Row]):
+    """Append one job's rows in one write, synced: all of them land or none does (a crash or
+    a full disk never leaves a job half-recorded, so a rerun never writes a seed twice)."""
+    data = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
+    if data and appending(path, data):
         warn(f"{path} ended in a torn line (an earlier write was cut off): it is kept apart")
 
 
-def _ends_torn(f) -> bool:
-    """Whether an open file is non-empty and does not end with a newline."""
-    if f.seek(0, os.SEEK_END) == 0:
-        return False
-    f.seek(-1, os.SEEK_END)
-    return f.read(1) != b"\n"
+def append_row(path: Path, row: Row):
+    append_rows(path, [row])
+
+
+REQUIRED = {"task": str, "backbone": str, "metric": str}
 
 
 def load_rows(paths) -> list[Row]:
-    """Rows from JSONL files or folders of them; a torn last line (crash mid-write) is skipped."""
+    """Rows from JSONL files or folders of them. A line that is not a row (a torn last line
+    from a crash, a hand edit, another tool's output) is skipped with one warning naming its
+    file and line."""
     rows: list[Row] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -88,16 +79,40 @@ def load_rows(paths) -> list[Row]:
                                "or a folder of them, as evalkit run writes)")  # fmt: skip
         files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
         for file in files:
-            try:
-                text = file.read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise EvalkitError(f"cannot read rows file {file} ({exc})") from None
-            for line in text.splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+            rows += _file_rows(file)
     return rows
+
+
+def _file_rows(file: Path) -> list[Row]:
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EvalkitError(f"cannot read rows file {file} ({exc})") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        row, problem = _parsed(line)
+        if problem is None:
+            rows.append(row)
+        elif line.strip():
+            warn(f"{file}:{number} is not a result row ({problem}): skipped")
+    return rows
+
+
+def _parsed(line: str) -> tuple[Row | None, str | None]:
+    """The row on one line, or why it is not one."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None, "not JSON: cut off or edited"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    for key, kind in REQUIRED.items():
+        if not isinstance(row.get(key), kind):
+            return None, f"no {key} text"
+    value = row.get("value")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, f"value {value!r} is not a number"
+    return row, None
 
 
 def weights_group(row: Row) -> str:
@@ -165,27 +180,43 @@ def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
         groups[(run_spec(row), row["metric"])].append(row)
     out = []
     for (spec, metric), members in groups.items():
-        by_seed = {r.get("seed", 0): r for r in members}  # a rerun of a seed replaces it
-        values = [r["value"] for r in by_seed.values()]
-        if len(values) > 1:
-            spread = statistics.stdev(values)
-        else:
-            spread = own_spread(next(iter(by_seed.values())))
-        out.append(
-            {
-                "task": spec[0],
-                "backbone": labels[spec],
-                "spec": spec,
-                "metric": metric,
-                "config_hash": spec[4],
-                "mean": statistics.fmean(values),
-                "std": spread,
-                "runs": len(values),
-                "higher_is_better": members[0].get("higher_is_better", True),
-                "random_init": any(r.get("random_init") for r in members),
-            }
-        )
+        for part_spec, part in _one_weights_per_seed(spec, members):
+            label = labels[spec] + (f" [{part[0].get('weights_id')}]" if part_spec != spec else "")
+            out.append(_aggregated(part_spec, label, metric, part))
     return out
+
+
+def _one_weights_per_seed(spec: tuple, members: list[Row]) -> list[tuple[tuple, list[Row]]]:
+    """Random weights aggregate over seeds, one weights id per seed; rows that give one seed
+    two weights ids (written by different commands) are different backbones: each weights id
+    is then a spec of its own, never merged."""
+    ids = defaultdict(set)
+    for row in members:
+        ids[row.get("seed", 0)].add(row.get("weights_id"))
+    if all(len(found) == 1 for found in ids.values()):
+        return [(spec, members)]
+    parts: dict[str, list[Row]] = defaultdict(list)
+    for row in members:
+        parts[row.get("weights_id")].append(row)
+    return [((*spec, weights), rows) for weights, rows in sorted(parts.items(), key=str)]
+
+
+def _aggregated(spec: tuple, label: str, metric: str, members: list[Row]) -> dict[str, Any]:
+    by_seed = {r.get("seed", 0): r for r in members}  # a rerun of a seed replaces it
+    values = [r["value"] for r in by_seed.values()]
+    spread = statistics.stdev(values) if len(values) > 1 else own_spread(members[-1])
+    return {
+        "task": spec[0],
+        "backbone": label,
+        "spec": spec,
+        "metric": metric,
+        "config_hash": spec[4],
+        "mean": statistics.fmean(values),
+        "std": spread,
+        "runs": len(values),
+        "higher_is_better": members[0].get("higher_is_better", True),
+        "random_init": any(r.get("random_init") for r in members),
+    }
 
 
 def own_spread(row: Row) -> float | None:
@@ -293,7 +324,7 @@ def compare(
         b, n = base_idx.get(key), new_idx.get(key)
         rec = {
             "task": key[0][0],
-            "backbone": labels[key[0]],
+            "backbone": labels.get(key[0]) or (b or n)["backbone"],
             "metric": key[1],
             "base": b["mean"] if b else None,
             "new": n["mean"] if n else None,

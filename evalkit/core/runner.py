@@ -2,11 +2,12 @@
 its rows. The command line and ``evalkit.run()`` are thin faces over it.
 
 The runner owns the defaults (device, dtype, cache folder), the process layout (set up before the
-first job and torn down in ``finally``), loading each backbone once, and a fresh ``TaskContext``
-per job, so a job's provenance counts only its own images. A job is identified by the key of
-its ``job_spec`` (task and settings, backbone and options, weights, dtypes, data, seed); rows are
-appended as each metric finishes, and a rerun skips a job whose metrics are all on disk under
-that key unless ``rerun`` is set. A job that ``evalkit.core.plan`` says does not fit this
+first job and torn down in ``finally``), loading each backbone once (once per seed when its
+weights are random: a job is its own inputs), and a fresh ``TaskContext`` per job, so a job's
+provenance counts only its own images. A job is identified by the key of its ``job_spec`` (task
+and settings, backbone and options, weights, dtypes, data, seed); a job's rows are appended
+together when it finishes, and a rerun skips a job whose metrics are all on disk under that key
+unless ``rerun`` is set. A job that ``evalkit.core.plan`` says does not fit this
 machine is refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
 a job that crashed resumes from its finished shards.
 """
@@ -39,7 +40,7 @@ from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.core.catalog import TASKS
 from evalkit.core.numerics import numerics, peak_memory_mb, reset_peak_memory, run_numerics
 from evalkit.core.plan import auto_batch_size, unfit
-from evalkit.core.results import Row, append_row, load_rows, rows_file
+from evalkit.core.results import Row, append_rows, load_rows, rows_file
 from evalkit.core.task import Task, TaskContext, job_spec
 from evalkit.data import DataConfig, hub_source
 from evalkit.errors import EvalkitError, warn
@@ -55,7 +56,7 @@ class RunSpec:
     """Everything one command asks for. ``None`` means the runner's default: device ``cuda``
     when available, else ``cpu``; dtype ``bf16`` on CUDA, else ``fp32``; cache folder
     ``$EVALKIT_CACHE`` or ``~/.cache/evalkit``. A backbone without weights is initialised
-    from the first seed."""
+    from each job's own seed."""
 
     tasks: tuple[str, ...]
     backbones: tuple[str, ...]
@@ -126,11 +127,12 @@ class RunSpec:
     def resolved_dtype(self) -> str:
         return self.dtype or ("bf16" if self.resolved_device.startswith("cuda") else "fp32")
 
-    def backbone_options(self) -> BackboneOptions:
+    def backbone_options(self, seed: int) -> BackboneOptions:
+        """How to build a backbone for the job of ``seed`` (random weights come from it)."""
         return BackboneOptions(
             weights=self.weights,
             pretrained=self.pretrained,
-            seed=self.seeds[0],
+            seed=seed,
             device=self.resolved_device,
             dtype=self.resolved_dtype,
             random_init=self.random_init,
@@ -199,17 +201,9 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     identities = {}
     try:
         for name in backbones:
-            backbone = load_backbone(name, spec.backbone_options())
-            if on_backbone is not None:
-                on_backbone(backbone)
-            auto = spec.batch_size == "auto"
-            batch = (
-                auto_batch_size(backbone, spec.resolved_device, spec.resolved_dtype, spec.tp)
-                if auto
-                else 0
-            )
-            for task in tasks:
-                for seed in spec.seeds:
+            for seed, backbone in seeded_backbones(spec, name, on_backbone):
+                batch = _batch_size(spec, backbone)
+                for task in tasks:
                     ctx = spec.context(seed, identities, batch)
                     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
                     with tracked_job(spec, task, name, seed) as log:
@@ -220,10 +214,30 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
                         log.pictures(rows)
                         log.artifact(ctx.predictions)
                     yield JobResult(task.name, name, seed, rows, skipped)
-            del backbone  # free it before the next one loads
     finally:
         restore()
         distributed.teardown()
+
+
+def seeded_backbones(spec: RunSpec, name: str, on_backbone: Callable | None):
+    """(seed, backbone) for each of the command's seeds: a backbone with random weights is
+    built from each job's own seed, so a job's numbers never depend on the other seeds of its
+    command; one whose weights are read is loaded once for all of them."""
+    backbone = None
+    for seed in spec.seeds:
+        if backbone is None or backbone.info.random_init:
+            del backbone  # free it before the next one loads
+            backbone = load_backbone(name, spec.backbone_options(seed))
+            if on_backbone is not None:
+                on_backbone(backbone)
+        yield seed, backbone
+
+
+def _batch_size(spec: RunSpec, backbone) -> int:
+    """The planner's batch size for ``--batch-size auto``, else 0 (the spec's own)."""
+    if spec.batch_size != "auto":
+        return 0
+    return auto_batch_size(backbone, spec.resolved_device, spec.resolved_dtype, spec.tp)
 
 
 def tracked_job(spec: RunSpec, task: Task, backbone: str, seed: int):
@@ -351,9 +365,9 @@ def _run_task(task: Task, backbone, ctx: TaskContext, key: str, *, out_dir: Path
             row["provenance"] = provenance(ctx, wall_s=time.perf_counter() - start)
             if (training := limits.get("training")) is not None and training.size:
                 row["provenance"]["training_batch_piece"] = training.size
-            if distributed.current().main:
-                append_row(path, row)
             rows.append(row)
+    if distributed.current().main:
+        append_rows(path, rows)  # the job's rows land together or not at all
     return rows, False
 
 
@@ -374,7 +388,7 @@ def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> 
         "version": task.version,
         "config": task.config(),
         "backbone": row_name(backbone),
-        "weights": _weights_asked(spec, backbone),
+        "weights": _weights_asked(spec, backbone, ctx.seed),
         "model_args": dict(sorted(spec.model_args.items())),
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
@@ -384,12 +398,12 @@ def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> 
     }
 
 
-def _weights_asked(spec: RunSpec, backbone: str) -> str:
+def _weights_asked(spec: RunSpec, backbone: str, seed: int) -> str:
     if spec.weights:
         return row_weights_id(backbone, spec.weights)
     if spec.pretrained:
         return "pretrained"  # the hub file's content id is in the job's own key
-    return f"random-init:{spec.seeds[0]}:{spec.random_init}"
+    return f"random-init:{seed}:{spec.random_init}"
 
 
 def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:

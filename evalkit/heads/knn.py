@@ -5,14 +5,17 @@ Features are L2-normalised; each eval image's neighbours are the training images
 cosine similarity; neighbour i votes for its class with weight exp(sim_i / T) (T = 0.07), or 1
 with ``weighting="uniform"``. The training features arrive in chunks and only the running
 top-k (k = the largest requested) survives each chunk; the chunks are read once and met by
-the queries a block at a time, so memory is about chunk × block similarities, whatever the
-training split's size, on whatever device the queries are; several k come from one pass,
-since the neighbours of k = 20 are the first 20 of k = 200.
+the queries a block at a time, so memory is about block × ``TRAIN_BLOCK`` similarities plus one
+chunk's features, whatever the training split's size, on whatever device the queries are;
+several k come from one pass, since the neighbours of k = 20 are the first 20 of k = 200.
 
-The bf16 search is exact too: it takes 2k candidates per chunk from a bf16 product and ranks
-them by their float32 similarity, and a query whose k-th exact similarity does not clear the
-2k-th rough one (4k-th for a second try) by the bf16 product's error bound is searched again in float32 on that chunk.
-``search="auto"`` uses it where bf16 products are fast (a GPU, or a CPU with bf16 instructions).
+One answer whatever the search: a fast product (float32, or bf16 where that is fast) only
+proposes candidates; the neighbours are always the candidates of highest float64 similarity,
+equal similarities ordered by training index. A query whose k-th float64 similarity does not
+clear the best rough similarity left out of its candidates by that product's error bound is
+ranked again with more candidates, then, if still unproven, by float64 over the whole chunk.
+So ``search="fp32"``, ``"bf16"`` and ``"auto"`` give the same neighbours, in the same order,
+on any CPU or GPU, duplicate and near-duplicate training rows included.
 """
 
 from __future__ import annotations
@@ -22,114 +25,200 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 TEMPERATURE = 0.07
-QUERY_BLOCK = 4096  # queries per similarity product (a bf16 search: 1024, its gathers are wide)
-CANDIDATES = (2, 4)  # a bf16 search ranks 2k candidates exactly, 4k for a query it cannot
-# certify with 2k (a fifth of the queries of 100k × 768 features; with 4k, none), then fp32
-TRAIN_BLOCK = 4096  # training rows per similarity product: 64 MB of fp32 similarities
-# How far a bf16 similarity of two unit vectors can be from the fp32 one: each entry rounded to
-# 8 significant bits (2·2^-9 of Σ|q_i·x_i| ≤ 1), the bf16 result rounded again (2^-9); the fp32
-# sums' own rounding (dim·2^-24, twice) is added per call.
+QUERY_BLOCK = 1024  # queries per rough product
+TRAIN_BLOCK = 4096  # training columns per rough product: 16 MB of fp32 similarities a block
+CANDIDATES = (2, 4)  # ranked exactly: 2k candidates, 4k for a query 2k cannot certify
+EXACT_BYTES = 2**26  # float64 candidate rows gathered at once when ranking them exactly
+# How far a rough similarity of two unit vectors can be from the exact one. bf16: each entry
+# rounded to 8 significant bits (2·2^-9 of Σ|q_i·x_i| ≤ 1), the bf16 result rounded again
+# (2^-9). Both products also carry their float32 sums' rounding (dim·2^-24) and the float32
+# normalisation of each side (2^-23 each), added per call by ``slack``.
 BF16_ERROR = 2**-8 + 2**-9 + 2**-16
 
 
 def nearest(train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], queries: torch.Tensor,
             k: int, search: str = "fp32", block: int = QUERY_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The ``k`` most similar training rows of every query: (similarities, labels), each
-    (Q, k), most similar first, on the queries' device. ``train_chunks`` yields (features,
-    labels) and is read once: each chunk is normalised and laid out column by column once,
-    and met by the queries ``block`` at a time, ``TRAIN_BLOCK`` columns at a time, the
-    similarities written into one reused buffer (a fresh 100-MB product per step costs more
-    in page faults than its top-k). ``search="bf16"`` finds 2k (or 4k) candidates per chunk with a
-    bf16 product (several times faster on CPUs with bf16 instructions and on GPUs) and ranks
-    them by their exact float32 similarity, with a float32 search wherever that could have
-    missed a neighbour (``search="auto"``: bf16 where ``fast_bf16``)."""
+    (Q, k), most similar first (ties: lower training index first), on the queries' device.
+    ``train_chunks`` yields (features, labels) and is read once. ``search`` picks the product
+    that proposes candidates — ``fp32``, ``bf16`` (several times faster on CPUs with bf16
+    instructions and on GPUs) or ``auto`` (bf16 where ``fast_bf16``) — and never the answer."""
     if search == "auto":
         search = "bf16" if fast_bf16(queries.device) else "fp32"
-    queries = F.normalize(queries.float(), dim=1)
-    block = block if search == "fp32" else min(block, 1024)
-    blocks = [slice(s, s + block) for s in range(0, len(queries), block)]
-    best = [_empty(queries[b], k) for b in blocks]
-    buffer = queries.new_empty(min(block, len(queries)), TRAIN_BLOCK)
+    dtype = torch.float32 if search == "fp32" else torch.bfloat16
+    queries = Rows(queries)
+    rough = queries.unit(dtype)
+    blocks = [slice(s, s + block) for s in range(0, len(rough), block)]
+    best: list[tuple | None] = [None] * len(blocks)
+    offset = 0
     for features, labels in train_chunks:
-        features = F.normalize(features.float().to(queries.device), dim=1)
-        labels = labels.to(queries.device)
-        columns = features.T.contiguous()
-        step = TRAIN_BLOCK
-        if search == "bf16":  # converted once; candidates gathered once per chunk, not per block
-            columns, step = columns.bfloat16(), len(features)
-        for start in range(0, len(features), step):
-            part = slice(start, start + step)
-            for i, rows in enumerate(blocks):
-                found = _block_top(queries[rows], columns[:, part], features[part], k, buffer)
-                best[i] = _merge(best[i], found, labels[part], k)
-    return torch.cat([b[0] for b in best]), torch.cat([b[1] for b in best])
+        chunk = Chunk(Rows(features.to(rough.device)), dtype)
+        labels = labels.to(rough.device)
+        for i, part in enumerate(blocks):
+            sims, index = chunk.top(queries[part], rough[part], k)
+            best[i] = _merge(best[i], (sims, index + offset, labels[index]), k)
+        offset += len(features)
+    return torch.cat([b[0] for b in best]).float(), torch.cat([b[2] for b in best])
 
 
-def _empty(queries: torch.Tensor, k: int):
-    return (queries.new_full((len(queries), 0), -torch.inf),
-            torch.zeros((len(queries), 0), dtype=torch.long, device=queries.device))  # fmt: skip
+class Rows:
+    """Feature rows as float32 with their float64 norms, and their exact similarities: every
+    product of two float32 entries is exact in float64, and the sums over features are added in
+    one fixed pairwise order, so a similarity is the same to the last bit on any CPU, GPU,
+    thread count or kernel, whichever rows are compared with it."""
+
+    def __init__(self, features: torch.Tensor, norms: torch.Tensor | None = None):
+        self.features = features.float()
+        self.norms = _norms(self.features) if norms is None else norms
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, index) -> Rows:
+        return Rows(self.features[index], self.norms[index])
+
+    def unit(self, dtype: torch.dtype) -> torch.Tensor:
+        """The unit rows in ``dtype`` (the rough product's), a block at a time."""
+        blocks = zip(self.features.split(TRAIN_BLOCK), self.norms.split(TRAIN_BLOCK), strict=True)
+        return torch.cat([(rows / norms[:, None].float()).to(dtype) for rows, norms in blocks])
+
+    def similarities(self, others: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+        """Exact cosine similarities (Q, C) of these Q rows with ``others``: (Q, C, D) rows
+        gathered per query, or (C, D) rows for every query; ``norms`` theirs."""
+        step = max(1, EXACT_BYTES // (8 * others.shape[-2] * others.shape[-1]))
+        parts = []
+        for s in range(0, len(self), step):
+            mine = self.features[s : s + step, None, :].double()
+            theirs, their_norms = (
+                (others, norms)
+                if others.dim() == 2
+                else (others[s : s + step], norms[s : s + step])
+            )
+            dots = fixed_sum(mine * theirs.double())
+            parts.append(dots / self.norms[s : s + step, None] / their_norms)
+        return torch.cat(parts)
 
 
-def _merge(best, found, labels, k: int):
-    """The running top-k of a query block and a chunk's own top-k, still k wide."""
-    sims, index = found
-    sims = torch.cat([best[0], sims], dim=1)
-    labs = torch.cat([best[1], labels[index]], dim=1)
-    top, order = sims.topk(min(k, sims.shape[1]), dim=1)
-    return top, labs.gather(1, order)
+def _norms(features: torch.Tensor) -> torch.Tensor:
+    """Float64 norms of float32 rows: exact squares, summed in the fixed order."""
+    squares = [fixed_sum(rows.double().square()) for rows in features.split(TRAIN_BLOCK)]
+    return torch.cat(squares).sqrt().clamp_min(1e-12)
 
 
-def _block_top(queries, columns, features, k: int, buffer):
-    """The top-k of one query block against one block of training columns (D, C): exact
-    when the columns are fp32; from 2k (or 4k) bf16 candidates re-ranked in fp32 when bf16, the
-    queries whose candidates cannot be shown to hold their k nearest searched in fp32."""
-    if columns.dtype == torch.float32:
-        sims = torch.mm(queries, columns, out=buffer[: len(queries), : columns.shape[1]])
-        return sims.topk(min(k, columns.shape[1]), dim=1)
-    rough = _bf16_product(queries, columns)
-    widths = [min(times * k, columns.shape[1]) for times in CANDIDATES]
-    rough_top, candidates = rough.topk(widths[-1], dim=1)
-    # a row outside the first w candidates has a bf16 similarity ≤ the w-th, so an exact one
-    # ≤ that + the error bound: below the k-th exact candidate, it cannot be a neighbour
-    slack = BF16_ERROR + 2 * queries.shape[1] * 2**-24
-    rows = torch.arange(len(queries), device=queries.device)
-    sims, index = _ranked(queries, features, candidates[:, : widths[0]], k)
-    for width, wider in zip(widths, [*widths[1:], None], strict=True):
-        if width == columns.shape[1]:  # every row was a candidate
-            break
-        rows = rows[sims[rows, -1] <= rough_top[rows, width - 1].float() + slack]
-        if not len(rows):
-            break
-        if wider is None:  # still doubtful: the float32 search of the whole block
-            sims[rows], index[rows] = (queries[rows] @ features.T).topk(k, dim=1)
-        else:
-            found = _ranked(queries[rows], features, candidates[rows, :wider], k)
-            sims[rows], index[rows] = found
-    return sims, index
+def fixed_sum(values: torch.Tensor) -> torch.Tensor:
+    """The sum over the last dimension in one pairwise order fixed here (halves added
+    elementwise), so no kernel, vector width or thread count changes its rounding."""
+    while values.shape[-1] > 1:
+        half = values.shape[-1] // 2
+        summed = values[..., :half] + values[..., half : 2 * half]
+        values = (
+            torch.cat([summed, values[..., 2 * half :]], -1) if values.shape[-1] % 2 else summed
+        )
+    return values[..., 0]
 
 
-def _ranked(queries, features, candidates, k: int):
-    """The k candidates of highest float32 similarity, and the similarities."""
-    exact = torch.einsum("qd,qcd->qc", queries, features[candidates])
-    sims, order = exact.topk(min(k, exact.shape[1]), dim=1)
-    return sims, candidates.gather(1, order)
+class Chunk:
+    """One chunk of training rows, and its unit rows laid out column by column in the rough
+    product's dtype."""
+
+    def __init__(self, rows: Rows, dtype: torch.dtype):
+        self.rows, self.columns = rows, rows.unit(dtype).T.contiguous()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def top(self, queries: Rows, rough: torch.Tensor, k: int):
+        """The k rows of highest exact similarity to each query (similarities, chunk index)."""
+        widths = [min(times * k, len(self)) for times in CANDIDATES]
+        rough_top, candidates = self.rough_top(rough, widths[-1])
+        sims, index = self.ranked(queries, candidates[:, : widths[0]], k)
+        margin = slack(rough.dtype, rough.shape[1])
+        doubtful = torch.arange(len(queries), device=rough.device)
+        for width, wider in zip(widths, [*widths[1:], None], strict=True):
+            if width == len(self):  # every row was a candidate
+                break
+            # a row outside the first `width` candidates has a rough similarity ≤ the
+            # width-th, so an exact one ≤ that + the margin: it cannot beat (or tie) the k-th
+            kth = sims[doubtful, k - 1]
+            doubtful = doubtful[kth <= rough_top[doubtful, width - 1].double() + margin]
+            if not len(doubtful):
+                break
+            if wider is None:
+                found = self.exhaustive(queries[doubtful], k)
+            else:
+                found = self.ranked(queries[doubtful], candidates[doubtful, :wider], k)
+            sims[doubtful], index[doubtful] = found
+        return sims, index
+
+    def rough_top(self, rough: torch.Tensor, width: int):
+        """The ``width`` highest rough similarities per query and their rows, most similar
+        first, from products ``TRAIN_BLOCK`` columns at a time."""
+        best = None
+        for start in range(0, len(self), TRAIN_BLOCK):
+            sims = _product(rough, self.columns[:, start : start + TRAIN_BLOCK])
+            top, index = sims.topk(min(width, sims.shape[1]), dim=1)
+            found = (top, index + start)
+            if best is not None:
+                top, order = torch.cat([best[0], top], 1).topk(width, dim=1)
+                found = (top, torch.cat([best[1], found[1]], 1).gather(1, order))
+            best = found
+        return best
+
+    def ranked(self, queries: Rows, candidates: torch.Tensor, k: int):
+        """Of each query's candidates, the k of highest exact similarity, ties by index."""
+        candidates = candidates.sort(dim=1).values
+        rows = self.rows[candidates]
+        return ordered_top(queries.similarities(rows.features, rows.norms), candidates, k)
+
+    def exhaustive(self, queries: Rows, k: int):
+        """The k rows of highest exact similarity over the whole chunk, ties by index."""
+        best = None
+        for start in range(0, len(self), TRAIN_BLOCK):
+            rows = self.rows[start : start + TRAIN_BLOCK]
+            sims = queries.similarities(rows.features, rows.norms)
+            index = torch.arange(start, start + len(rows), device=sims.device).expand_as(sims)
+            best = _merge(best, ordered_top(sims, index, k), k)
+        return best
 
 
-def _bf16_product(queries: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """queries·columns in bf16 with float32 sums (the error bound assumes them): CUDA's
-    reduced-precision reductions are switched off for the call."""
-    if queries.device.type != "cuda":
-        return queries.bfloat16() @ columns
+def ordered_top(sims: torch.Tensor, index: torch.Tensor, k: int):
+    """The k highest ``sims`` per row, highest first, equal ones in ``index``'s (ascending)
+    order: a stable sort keeps it."""
+    order = sims.sort(dim=1, descending=True, stable=True).indices[:, :k]
+    return sims.gather(1, order), index.gather(1, order)
+
+
+def _merge(best, found, k: int):
+    """The running top-k of a query block and the next rows' own (similarities, training index
+    and any more columns, e.g. labels): the next rows come after every earlier one, so a stable
+    sort orders equal similarities by index."""
+    if best is None:
+        return found
+    parts = [torch.cat(pair, dim=1) for pair in zip(best, found, strict=True)]
+    order = parts[0].sort(dim=1, descending=True, stable=True).indices[:, :k]
+    return tuple(part.gather(1, order) for part in parts)
+
+
+def slack(dtype: torch.dtype, dim: int) -> float:
+    """The error bound of a rough similarity of unit vectors in ``dtype`` (see BF16_ERROR)."""
+    rounding = dim * 2**-24 + 2 * 2**-23
+    return rounding + (BF16_ERROR if dtype == torch.bfloat16 else 0.0)
+
+
+def _product(queries: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """queries·columns with float32 sums (the error bound assumes them): CUDA's
+    reduced-precision reductions are switched off for a bf16 call."""
+    if queries.device.type != "cuda" or queries.dtype != torch.bfloat16:
+        return queries @ columns
     flags = torch.backends.cuda.matmul
     kept, flags.allow_bf16_reduced_precision_reduction = (
         flags.allow_bf16_reduced_precision_reduction,
         False,
     )
     try:
-        return queries.bfloat16() @ columns
+        return queries @ columns
     finally:
         flags.allow_bf16_reduced_precision_reduction = kept
 

@@ -1,0 +1,65 @@
+"""Computes, on the kernel path of its environment (tests/kernels.py), what evalkit promises
+to be the same on every machine, and prints it as JSON: kNN neighbours on near-duplicate and
+duplicate training rows in every search mode (bitwise: the ranking's arithmetic is evalkit's
+own), the linear probe's decisions on real-looking features (chosen L2, hold-out and test
+hits) and the classes predicted after a batch back-off.
+
+Inputs come from files the caller made once, since even torch's random numbers follow the
+kernel path (``randn`` without AVX2 differs).
+
+Usage: python kernel_check.py FEATURES.pt KNN.pt"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+import torch
+from probe_threads_script import main as probe
+
+from evalkit.heads.knn import nearest
+
+
+def digest(*tensors: torch.Tensor) -> str:
+    return hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in tensors)).hexdigest()[
+        :16
+    ]
+
+
+def knn(path: str) -> dict[str, str]:
+    train, labels, queries = torch.load(path, weights_only=True)
+    out = {}
+    for mode in ("fp32", "bf16"):
+        for chunk in (360, 7):
+            parts = [(train[i : i + chunk], labels[i : i + chunk]) for i in range(0, 360, chunk)]
+            out[f"{mode}/{chunk}"] = digest(*nearest(parts, queries, k=12, search=mode))
+    return out
+
+
+def backed_off_predictions(path: str) -> str:
+    """A linear head on the features, all 384 rows at once and 8 at a time (a back-off)."""
+    images = torch.load(path, weights_only=True)[2]
+    generator = torch.Generator().manual_seed(2)  # uniform draws are the same on every path
+    layer = torch.nn.Linear(images.shape[1], 24)
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.uniform_(-0.05, 0.05, generator=generator)
+        whole = layer(images)
+        pieces = torch.cat([layer(part) for part in images.split(8)])
+    assert torch.allclose(whole, pieces, rtol=1e-5, atol=1e-5)
+    assert torch.equal(whole.argmax(1), pieces.argmax(1))
+    return digest(whole.argmax(1))
+
+
+if __name__ == "__main__":
+    threads = int(os.environ["OMP_NUM_THREADS"])  # torch caps the variable at the core count
+    torch.set_num_threads(threads)
+    print(json.dumps({
+        "aten": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "knn": knn(sys.argv[2]),
+        "probe": probe(sys.argv[1], threads, 0.0),
+        "backed_off": backed_off_predictions(sys.argv[1]),
+    }))  # fmt: skip

@@ -1,0 +1,56 @@
+"""Kernel paths: environments under which this one CPU computes as other machines do, so
+that every machine of the project's kind runs the same determinism checks whatever its own
+instructions (AVX-512 BF16, AMX or neither).
+
+Each path sets what chooses the arithmetic: the thread count (how a BLAS or a reduction
+splits its sums), MKL's code branch (``MKL_CBWR``: AVX-512, AVX2 or its compatible code,
+whose GEMM picks other kernels for small matrices), oneDNN's instruction cap
+(``ONEDNN_MAX_CPU_ISA``: its bf16 products without AVX-512 BF16/AMX) and ATen's own vector
+width (``ATEN_CPU_CAPABILITY``: sums and softmax in 16, 8 or 1 lanes). Measured on a 2-core
+AMD EPYC with AVX-512 BF16 and no AMX: each path below changes the last bits of some products
+or sums that the default path computes (tests/test_kernels.py checks the promises under all).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+@functools.cache
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def kernel_paths() -> dict[str, dict[str, str]]:
+    """Name → environment of every path this CPU can take."""
+    paths = {
+        "1 thread": {"OMP_NUM_THREADS": "1"},
+        "2 threads": {"OMP_NUM_THREADS": "2"},
+        "4 threads, MKL compatible code, ATen scalar": {
+            "OMP_NUM_THREADS": "4", "MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"},
+        "2 threads, AVX2 everywhere": {
+            "OMP_NUM_THREADS": "2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "ATEN_CPU_CAPABILITY": "avx2"},
+    }  # fmt: skip
+    if "avx512f" in cpu_flags():
+        paths["1 thread, MKL AVX-512 code"] = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AVX512"}
+    return paths
+
+
+def run_under(path: dict[str, str], *argv: str, timeout: int = 600) -> str:
+    """``python *argv`` under a kernel path; its standard output."""
+    keep = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+                                                             "ATEN_CPU_CAPABILITY")}  # fmt: skip
+    done = subprocess.run([sys.executable, *argv], env={**keep, **path}, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
