@@ -122,11 +122,17 @@ def sweep_stale(folder: Path):
         return
     for entry in folder.iterdir():
         pid = entry.name.rpartition(MARK)[2]
-        if entry.name.startswith(".") and MARK in entry.name and pid.isdigit() and _ended(int(pid)):
+        if (
+            entry.name.startswith(".")
+            and MARK in entry.name
+            and pid.isdigit()
+            and process_ended(int(pid))
+        ):
             _remove(entry)
 
 
-def _ended(pid: int) -> bool:
+def process_ended(pid: int) -> bool:
+    """Whether the process ``pid`` (another than this one) has ended."""
     if pid == os.getpid():
         return False
     try:

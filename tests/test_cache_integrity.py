@@ -174,3 +174,32 @@ def test_a_shard_swapped_in_under_its_stamp_is_caught_on_the_warm_path(fake, dat
     assert "shard-00001.safetensors are unusable (written for" in " ".join(
         capsys.readouterr().err.split()
     )
+
+
+def _rot_labels_keeping_stamp(path):
+    """Overwrite a shard's label array with a huge class index, keeping its stamp."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    start, stop = json.loads(data[8 : 8 + header])["labels"]["data_offsets"]
+    data[8 + header + start : 8 + header + stop] = b"\x7f" * (stop - start)
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_damaged_labels_under_a_kept_stamp_are_one_line(cli_env, tmp_path, capsys):
+    """Labels rotted to an out-of-range class (read without their checksum, as a vouched
+    stamp allows) must not reach a task: not a wrong number, not a 3-TB allocation."""
+    argv = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded",
+            "--quiet", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    for shard in (tmp_path / "c" / "features").glob("*/shard-*"):
+        _age(shard)
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0  # vouches for every stamp
+    [victim, *_] = sorted((tmp_path / "c" / "features").glob("*/shard-*"))
+    _rot_labels_keeping_stamp(victim)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "c2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds labels that are not the data set's" in err[0], err

@@ -95,3 +95,13 @@ def test_plan_states_decode_rate_beside_forward_rate(capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("feeding:"))
     assert "11 decoding workers per rank" in line and "the forward takes about" in line
     assert "the device waits" in line  # PIL on 11 cores cannot feed a ViT-B on an H100
+
+
+def test_slurms_cpu_count_caps_the_affinity_never_raises_it(monkeypatch):
+    """Slurm's per-task count below the affinity mask lowers it; above (a mask narrowed by
+    taskset or cgroups inside the allocation) it must not raise it."""
+    monkeypatch.setattr(feeding.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for slurm, expected in (("2", 2), ("16", 4), ("", 4)):
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", slurm)
+        assert feeding.available_cpus() == expected, slurm

@@ -386,3 +386,91 @@ def test_a_copy_rerun_replaces_the_links_and_the_counts_say_so(tmp_path, capsys)
     assert "val_written: 12" in capsys.readouterr().out
     images = list((tmp_path / "p" / "imagenet" / "val").rglob("*.JPEG"))
     assert len(images) == 12 and not any(p.is_symlink() for p in images)
+
+
+def _clean_val(folder, per_class=1, size=(300, 260)):
+    for label, i, image in source_images(per_class):
+        (folder / WNIDS[label]).mkdir(parents=True, exist_ok=True)
+        image.resize(size).save(folder / WNIDS[label] / f"img{i}.JPEG", format="JPEG")
+    return folder
+
+
+def _ended_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return int(done.stdout)
+
+
+def test_imagenet_c_sweeps_what_killed_writers_left_and_counts_what_is_on_disk(tmp_path):
+    """Temporaries of a dead writer (this version's and an earlier one's ``.partial``) are
+    removed by the next run; provenance.json counts every output on disk after a resume."""
+    clean = _clean_val(tmp_path / "val")
+    base = ["prepare", "imagenet-c", "--from", str(clean), "--corruptions", "fog", "--quiet"]
+    dest = tmp_path / "c"
+    assert main([*base, str(dest), "--workers", "1"]) == 0
+    finished = sorted(dest.rglob("*.JPEG"))
+    for path in finished[::2]:  # as if the run had been killed half-way
+        path.unlink()
+    folder, dead = finished[0].parent, _ended_pid()
+    stale = [folder / f".{finished[0].name}.{dead}.partial", folder / f".x.JPEG.tmp-{dead}"]
+    for path in stale:
+        path.write_bytes(b"half a JPEG")
+    assert main([*base, str(dest), "--workers", "1"]) == 0
+    assert not any(path.exists() for path in stale)
+    assert sorted(dest.rglob("*.JPEG")) == finished
+    provenance = json.loads((dest / "provenance.json").read_text())
+    assert provenance["outputs"] == len(finished) == 3 * 5 and provenance["images"] == 3
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(
+                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
+            )
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_imagenet_c_workers_end_when_the_command_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    clean = _clean_val(tmp_path / "val", per_class=4)
+    command = [sys.executable, "-m", "evalkit", "prepare", "imagenet-c", "--from", str(clean),
+               str(tmp_path / "c"), "--workers", "2", "--quiet"]  # fmt: skip
+    main_process = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while len(workers := _children(main_process.pid)) < 2 and time.monotonic() < deadline:
+        assert main_process.poll() is None, "the run ended before its workers started"
+        time.sleep(0.2)
+    assert len(workers) >= 2
+    main_process.send_signal(signal.SIGKILL)
+    main_process.wait()
+    deadline = time.monotonic() + 20
+    while (left := [p for p in workers if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"workers {left} outlived the killed command"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for whoever adopted it to reap it."""
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -188,3 +188,32 @@ def test_any_v2_split_name_is_read(release, tmp_path):
     )
     assert code == 0
     assert len(list((tmp_path / "out/waymo_depth/testing/mask").glob("*.png"))) == 2
+
+
+def test_the_nearest_return_wins_a_pixel_in_any_order():
+    """Two returns into one pixel (an occlusion edge): the nearer depth is kept, whichever
+    laser or row came first, within one laser's returns and across lasers."""
+    from evalkit.data.prepare.waymo import StagedDepth
+
+    staged = StagedDepth(height=2, width=3)
+    staged.add(np.array([0, 0]), np.array([0, 0]), np.array([9.0, 4.0]), max_depth=80)
+    staged.add(np.array([0]), np.array([0]), np.array([6.0]), max_depth=80)  # a farther laser
+    staged.add(np.array([2]), np.array([1]), np.array([7.0]), max_depth=80)
+    staged.add(np.array([2, 2]), np.array([1, 1]), np.array([3.0, 5.0]), max_depth=80)
+    staged.add(np.array([1]), np.array([1]), np.array([90.0]), max_depth=80)  # beyond the cap
+    assert staged.image().tolist() == [[4.0, 0.0, 0.0], [0.0, 0.0, 3.0]]
+
+
+def test_a_point_outside_the_radial_window_never_lands_even_where_it_would_fit():
+    """k1 = −0.5: at u = 0.77 the radial factor is 0.70, outside [0.8, 1.2], where the
+    polynomial has turned back; distorted, the point would land at column 154 of a 200-px
+    image. The camera model leaves it out; a point at u = 0.3 (factor 0.955) lands."""
+    from evalkit.data.prepare.waymo import Camera
+
+    camera = Camera(width=200, height=200, extrinsic=np.eye(4),
+                    intrinsic=(100.0, 100.0, 100.0, 100.0, -0.5, 0.0, 0.0, 0.0, 0.0))  # fmt: skip
+    points = np.array([[1.0, -0.77, 0.0], [1.0, -0.3, 0.0]])  # x forward, y left, z up
+    cols, rows, depth = camera.project(points)
+    assert cols.tolist() == [128] and rows.tolist() == [100]
+    radial = 1 - 0.5 * 0.77**2
+    assert 0 <= 100 * 0.77 * radial + 100 < 200 and radial < 0.8  # it would fit in the image

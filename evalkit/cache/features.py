@@ -247,7 +247,26 @@ def extract_features(
             files.write_manifest(folder, wanted, len(indices))
     features = FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
     features.extracted = sum(len(shards[i]) for i in computed)  # by this process's group
+    _check_labels(features, dataset, indices, folder)
     return features
+
+
+def _check_labels(features: FeatureSet, dataset, indices: list[int], folder: Path | None):
+    """Cached labels are the data set's: damage under a kept stamp (found otherwise only by
+    ``evalkit cache verify``) must not become a wrong number or a huge allocation."""
+    expected = getattr(dataset, "labels", None)
+    if not isinstance(expected, list) or len(expected) != len(dataset) or not features.parts:
+        return
+    if features.labels.dim() != 1 or len(features.labels) != len(indices):
+        differ = len(indices)
+    else:
+        differ = int((features.labels != torch.as_tensor(expected)[indices]).sum())
+    if differ:
+        raise EvalkitError(
+            f"the feature cache {folder} holds labels that are not the data set's ({differ} of "
+            f"{len(indices)} differ): it is damaged; run `evalkit cache verify` (it removes "
+            "damaged shards), then rerun"
+        )
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:

@@ -7,23 +7,30 @@ As the original generator: each image resized (short side 256, bilinear) and cen
 224, corrupted by ``evalkit.data.corruptions``, saved as JPEG at quality 85. Each output's
 randomness is seeded from (seed, corruption, severity, the image's path), so a file's content
 does not depend on the worker that wrote it or on which files were already there: a run
-resumes by skipping finished files (written under a temporary name, then renamed).
+resumes by skipping finished files. Every file is written through ``evalkit.writes`` (under a
+temporary name, then renamed; a full disk is one line); temporaries left by a killed run are
+swept when the next one starts; worker processes end when the command's process does; and
+``provenance.json`` counts the outputs on disk, whichever runs wrote them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
-import json
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from evalkit.cache.identity import write_json
 from evalkit.data.corruptions import NAMES, SEVERITIES, corrupt
 from evalkit.data.folder import to_rgb
 from evalkit.errors import EvalkitError
+from evalkit.writes import process_ended, replacing, sweep_stale
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 RESIZE, CROP, QUALITY = 256, 224, 85
@@ -59,17 +66,41 @@ def corrupt_one(job: tuple) -> int:
         out = corrupt(
             clean, corruption, severity, seed=image_seed(seed, corruption, severity, relative)
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        Image.fromarray(out).save(partial, format="JPEG", quality=QUALITY, optimize=True)
-        partial.replace(path)
+        with replacing(path) as partial:
+            Image.fromarray(out).save(partial, format="JPEG", quality=QUALITY, optimize=True)
     return len(todo)
 
 
-def _one_thread():
+def _worker_start(parent: int):
+    """A pool worker: one torch thread (the workers share the cores), and ended by the kernel
+    when the command's process dies (a killed parent would otherwise leave it running)."""
     import torch
 
-    torch.set_num_threads(1)  # the workers share the cores
+    torch.set_num_threads(1)
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def sweep_temporaries(dest: Path):
+    """Remove what killed writers left under ``dest``: this version's temporaries and the
+    ``.<name>.<pid>.partial`` files of earlier versions, whose writer has ended."""
+    for folder, _, names in os.walk(dest):
+        if any(name.startswith(".") for name in names):
+            sweep_stale(Path(folder))
+            for name in names:
+                pid = name.removesuffix(".partial").rpartition(".")[2]
+                if name.endswith(".partial") and pid.isdigit() and process_ended(int(pid)):
+                    with contextlib.suppress(OSError):
+                        (Path(folder) / name).unlink()
+
+
+def on_disk(dest: Path, images: list[str], corruptions, severities) -> int:
+    return sum(
+        path.is_file() for r in images for *_, path in outputs(dest, r, corruptions, severities)
+    )
 
 
 def clean_images(source: Path) -> list[str]:
@@ -94,20 +125,24 @@ def prepare_imagenet_c(source: Path, dest: Path, *, workers: int, seed: int, pro
             f"unknown corruptions {', '.join(unknown)}: choose from {', '.join(NAMES)}"
         )
     dest.mkdir(parents=True, exist_ok=True)
-    provenance = {"source": str(source), "seed": seed, "resize": RESIZE, "crop": CROP, "jpeg_quality": QUALITY,
-                  "corruptions": list(corruptions), "severities": list(severities),
-                  "seeding": "sha256(seed:corruption:severity:relative path)[:4], little-endian"}  # fmt: skip
-    (dest / "provenance.json").write_text(json.dumps(provenance, indent=1))
+    sweep_temporaries(dest)
     jobs = [(source, dest, r, tuple(corruptions), tuple(severities), seed) for r in images]
     written = 0
     if workers <= 1:
         for job in progress(jobs, "imagenet-c"):
             written += corrupt_one(job)
     else:
-        with ProcessPoolExecutor(workers, initializer=_one_thread) as pool:
+        with ProcessPoolExecutor(
+            workers, initializer=_worker_start, initargs=(os.getpid(),)
+        ) as pool:
             for count in progress(
                 pool.map(corrupt_one, jobs, chunksize=8), "imagenet-c", total=len(jobs)
             ):
                 written += count
     total = len(images) * len(corruptions) * len(severities)
+    provenance = {"source": str(source), "seed": seed, "resize": RESIZE, "crop": CROP, "jpeg_quality": QUALITY,
+                  "corruptions": list(corruptions), "severities": list(severities),
+                  "seeding": "sha256(seed:corruption:severity:relative path)[:4], little-endian",
+                  "images": len(images), "outputs": on_disk(dest, images, corruptions, severities)}  # fmt: skip
+    write_json(dest / "provenance.json", provenance)
     return {"images": len(images), "outputs": total, "written": written, "kept": total - written}

@@ -28,7 +28,6 @@ and a frame's staged depth map is written to disk as soon as all its lasers are 
 from __future__ import annotations
 
 import io
-import json
 import math
 import shutil
 from collections.abc import Iterator
@@ -38,7 +37,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from evalkit.cache.identity import write_json
 from evalkit.errors import EvalkitError
+from evalkit.writes import replacing, sweep_stale
 
 COMPONENTS = ("camera_image", "lidar", "lidar_calibration", "camera_calibration")
 CAMERAS = {1: "FRONT", 2: "FRONT_LEFT", 3: "FRONT_RIGHT", 4: "SIDE_LEFT", 5: "SIDE_RIGHT"}
@@ -302,6 +303,7 @@ def prepare_waymo(source: Path, dest: Path, options: WaymoOptions, progress) -> 
         out = root / split
         for name in ("image", "depth", "mask", ".staged"):
             (out / name).mkdir(parents=True, exist_ok=True)
+            sweep_stale(out / name)  # what a killed run was writing
         for segment in progress(names, f"waymo {split}"):
             if why := unreadable.get((split, segment)):
                 report.skip(why)
@@ -314,15 +316,19 @@ def prepare_waymo(source: Path, dest: Path, options: WaymoOptions, progress) -> 
 
 
 def _write_provenance(root: Path, options: WaymoOptions, result: dict):
+    """What was prepared: ``frames`` counts the finished frames on disk per split, whichever
+    runs wrote them; ``written`` and ``skipped`` are this run's."""
     provenance = {**result, "options": asdict(options)}
     provenance.pop("kept")
+    provenance["frames"] = {split: sum(1 for _ in (root / split / "mask").glob("*.png"))
+                            for split in options.splits}  # fmt: skip
     provenance["cameras"] = [CAMERAS.get(c, c) for c in options.cameras]
     provenance["depth"] = options.depth
     provenance["geometry"] = (
         "first returns; the dataset's camera model (radial factor in [0.8, 1.2], x > 0, "
         "inside the image); no rolling-shutter or per-pixel LiDAR poses"
     )
-    (root / "provenance.json").write_text(json.dumps(provenance, indent=1))
+    write_json(root / "provenance.json", provenance)
 
 
 @dataclass
@@ -436,10 +442,10 @@ class SegmentWriter:
             if not (image > 0).any():
                 self.report.skip("no LiDAR return in the image")
                 continue
-            Image.fromarray(encode_depth(image)).save(self.path(".staged", time, camera))
-            Image.fromarray(((image > 0) * 255).astype(np.uint8)).save(
-                self.staged_mask(time, camera)
-            )
+            with replacing(self.path(".staged", time, camera)) as tmp:
+                Image.fromarray(encode_depth(image)).save(tmp, format="PNG")
+            with replacing(self.staged_mask(time, camera)) as tmp:
+                Image.fromarray(((image > 0) * 255).astype(np.uint8)).save(tmp, format="PNG")
             done.add((time, camera))
         return done
 
@@ -472,7 +478,8 @@ class SegmentWriter:
                 if size is None
                 else f"camera {name} image is {size[0]}×{size[1]}, its calibration says {expected[0]}×{expected[1]}"
             )
-        self.path("image", time, camera).write_bytes(jpeg)
+        with replacing(self.path("image", time, camera)) as tmp:
+            tmp.write_bytes(jpeg)
         self.path(".staged", time, camera).replace(self.path("depth", time, camera))
         self.staged_mask(time, camera).replace(self.path("mask", time, camera))  # last: done
         self.report.written += 1
