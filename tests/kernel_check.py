@@ -1,4 +1,4 @@
-"""Computes, on the kernel path of its environment (tests/kernels.py), what evalkit promises
+"""Computes, on the kernel path of its environment (benchmarks/kernels.py), what evalkit promises
 to be the same on every machine, and prints it as JSON: kNN neighbours on near-duplicate and
 duplicate training rows in every search mode (bitwise: the ranking's arithmetic is evalkit's
 own), the linear probe's decisions on real-looking features (chosen L2, hold-out and test

@@ -1,5 +1,5 @@
 """The same numbers on every machine of the project's kind: what evalkit promises is
-computed under every kernel path this CPU can take (tests/kernels.py — thread counts, MKL's
+computed under every kernel path this CPU can take (benchmarks/kernels.py — thread counts, MKL's
 code branches, oneDNN and ATen instruction caps) and must agree, so a CPU with AVX-512 BF16
 or AMX and one without run the same checks. kNN is promised to the last bit; the probe's
 decisions (chosen L2, hold-out hits per L2, test hits) and predictions after a back-off are
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels import kernel_paths, run_under
 from test_knn import _near_duplicates
 from test_repeatable import resnet_features
+
+from benchmarks.kernels import kernel_paths, run_under
 
 SCRIPT = str(Path(__file__).with_name("kernel_check.py"))
 ATEN = {"default": "DEFAULT", "avx2": "AVX2"}

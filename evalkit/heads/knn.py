@@ -30,7 +30,8 @@ TEMPERATURE = 0.07
 QUERY_BLOCK = 1024  # queries per rough product
 TRAIN_BLOCK = 4096  # training columns per rough product: 16 MB of fp32 similarities a block
 CANDIDATES = (2, 4)  # ranked exactly: 2k candidates, 4k for a query 2k cannot certify
-EXACT_BYTES = 2**26  # float64 candidate rows gathered at once when ranking them exactly
+EXACT_BYTES = 2**21  # float64 candidate rows gathered at once when ranking them exactly
+GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see Rows)
 # How far a rough similarity of two unit vectors can be from the exact one. bf16: each entry
 # rounded to 8 significant bits (2·2^-9 of Σ|q_i·x_i| ≤ 1), the bf16 result rounded again
 # (2^-9). Both products also carry their float32 sums' rounding (dim·2^-24) and the float32
@@ -48,13 +49,13 @@ def nearest(train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], queries: 
     if search == "auto":
         search = "bf16" if fast_bf16(queries.device) else "fp32"
     dtype = torch.float32 if search == "fp32" else torch.bfloat16
-    queries = Rows(queries)
+    queries = Rows.of(queries)
     rough = queries.unit(dtype)
     blocks = [slice(s, s + block) for s in range(0, len(rough), block)]
     best: list[tuple | None] = [None] * len(blocks)
     offset = 0
     for features, labels in train_chunks:
-        chunk = Chunk(Rows(features.to(rough.device)), dtype)
+        chunk = Chunk(Rows.of(features.to(rough.device)), dtype)
         labels = labels.to(rough.device)
         for i, part in enumerate(blocks):
             sims, index = chunk.top(queries[part], rough[part], k)
@@ -64,47 +65,51 @@ def nearest(train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], queries: 
 
 
 class Rows:
-    """Feature rows as float32 with their float64 norms, and their exact similarities: every
-    product of two float32 entries is exact in float64, and the sums over features are added in
-    one fixed pairwise order, so a similarity is the same to the last bit on any CPU, GPU,
-    thread count or kernel, whichever rows are compared with it."""
+    """Feature rows as unit vectors on a grid of 2^-25 (int32), and their exact similarities:
+    the product of two grid entries is an integer below 2^50, so every sum of such products is
+    an integer that float64 holds exactly, in whatever order a BLAS, a thread count or a GPU
+    adds them. A similarity is thus the same to the last bit on every machine; the grid moves a
+    cosine by about 1e-6 at most, so rows closer than that may tie and go by index. Every step
+    to the grid is IEEE arithmetic in an order fixed here (the norms' sums too), so the grid is
+    the same everywhere."""
 
-    def __init__(self, features: torch.Tensor, norms: torch.Tensor | None = None):
-        self.features = features.float()
-        self.norms = _norms(self.features) if norms is None else norms
+    def __init__(self, grid: torch.Tensor):
+        self.grid = grid
+
+    @classmethod
+    def of(cls, features: torch.Tensor) -> Rows:
+        blocks = []
+        for rows in features.float().split(TRAIN_BLOCK):
+            norms = fixed_sum(rows.square()).sqrt().clamp_min(1e-12)
+            blocks.append((rows / norms[:, None] * GRID).round_().int())
+        return cls(torch.cat(blocks))
 
     def __len__(self) -> int:
-        return len(self.features)
+        return len(self.grid)
 
     def __getitem__(self, index) -> Rows:
-        return Rows(self.features[index], self.norms[index])
+        return Rows(self.grid[index])
 
     def unit(self, dtype: torch.dtype) -> torch.Tensor:
         """The unit rows in ``dtype`` (the rough product's), a block at a time."""
-        blocks = zip(self.features.split(TRAIN_BLOCK), self.norms.split(TRAIN_BLOCK), strict=True)
-        return torch.cat([(rows / norms[:, None].float()).to(dtype) for rows, norms in blocks])
+        return torch.cat([(rows.float() / GRID).to(dtype) for rows in self.grid.split(TRAIN_BLOCK)])
 
-    def similarities(self, others: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
-        """Exact cosine similarities (Q, C) of these Q rows with ``others``: (Q, C, D) rows
-        gathered per query, or (C, D) rows for every query; ``norms`` theirs."""
-        step = max(1, EXACT_BYTES // (8 * others.shape[-2] * others.shape[-1]))
+    def similarities(self, others: torch.Tensor, candidates: torch.Tensor | None = None):
+        """Exact cosine similarities of these Q rows with ``others``' grid rows (C, D): all of
+        them (Q, C), or each query's own ``candidates`` (Q, W), gathered a few queries at a
+        time so that what is gathered is still in cache when it is multiplied."""
+        width = others.shape[0] if candidates is None else candidates.shape[1]
+        step = max(1, EXACT_BYTES // (8 * width * others.shape[1]))
         parts = []
         for s in range(0, len(self), step):
-            mine = self.features[s : s + step, None, :].double()
-            theirs, their_norms = (
-                (others, norms)
-                if others.dim() == 2
-                else (others[s : s + step], norms[s : s + step])
-            )
-            dots = fixed_sum(mine * theirs.double())
-            parts.append(dots / self.norms[s : s + step, None] / their_norms)
-        return torch.cat(parts)
-
-
-def _norms(features: torch.Tensor) -> torch.Tensor:
-    """Float64 norms of float32 rows: exact squares, summed in the fixed order."""
-    squares = [fixed_sum(rows.double().square()) for rows in features.split(TRAIN_BLOCK)]
-    return torch.cat(squares).sqrt().clamp_min(1e-12)
+            mine = self.grid[s : s + step].double()
+            if candidates is None:
+                parts.append(mine @ others.double().T)
+                continue
+            part = candidates[s : s + step]
+            theirs = others.index_select(0, part.flatten()).view(*part.shape, -1).double()
+            parts.append(torch.bmm(theirs, mine[:, :, None])[..., 0])
+        return torch.cat(parts) / GRID**2
 
 
 def fixed_sum(values: torch.Tensor) -> torch.Tensor:
@@ -154,14 +159,19 @@ class Chunk:
 
     def rough_top(self, rough: torch.Tensor, width: int):
         """The ``width`` highest rough similarities per query and their rows, most similar
-        first, from products ``TRAIN_BLOCK`` columns at a time."""
+        first, from products ``TRAIN_BLOCK`` columns at a time. After the first block only the
+        similarities above a query's current width-th enter the merge (a comparison instead
+        of a ``topk`` per block: most of a block's rows are below it)."""
         best = None
         for start in range(0, len(self), TRAIN_BLOCK):
             sims = _product(rough, self.columns[:, start : start + TRAIN_BLOCK])
-            top, index = sims.topk(min(width, sims.shape[1]), dim=1)
-            found = (top, index + start)
+            if best is None or best[0].shape[1] < width:
+                found = sims.topk(min(width, sims.shape[1]), dim=1)
+                found = (found.values, found.indices + start)
+            elif (found := _above(sims, best[0][:, -1], start)) is None:
+                continue
             if best is not None:
-                top, order = torch.cat([best[0], top], 1).topk(width, dim=1)
+                top, order = torch.cat([best[0], found[0]], 1).topk(width, dim=1)
                 found = (top, torch.cat([best[1], found[1]], 1).gather(1, order))
             best = found
         return best
@@ -169,18 +179,30 @@ class Chunk:
     def ranked(self, queries: Rows, candidates: torch.Tensor, k: int):
         """Of each query's candidates, the k of highest exact similarity, ties by index."""
         candidates = candidates.sort(dim=1).values
-        rows = self.rows[candidates]
-        return ordered_top(queries.similarities(rows.features, rows.norms), candidates, k)
+        return ordered_top(queries.similarities(self.rows.grid, candidates), candidates, k)
 
     def exhaustive(self, queries: Rows, k: int):
         """The k rows of highest exact similarity over the whole chunk, ties by index."""
         best = None
         for start in range(0, len(self), TRAIN_BLOCK):
-            rows = self.rows[start : start + TRAIN_BLOCK]
-            sims = queries.similarities(rows.features, rows.norms)
-            index = torch.arange(start, start + len(rows), device=sims.device).expand_as(sims)
+            sims = queries.similarities(self.rows.grid[start : start + TRAIN_BLOCK])
+            index = torch.arange(start, start + sims.shape[1], device=sims.device).expand_as(sims)
             best = _merge(best, ordered_top(sims, index, k), k)
         return best
+
+
+def _above(sims: torch.Tensor, floor: torch.Tensor, start: int):
+    """Per query, the similarities above ``floor`` and their rows (``start`` + column), as
+    rows padded with -inf; None when there are none."""
+    rows, cols = (sims > floor[:, None]).nonzero(as_tuple=True)
+    if not len(rows):
+        return None
+    counts = torch.bincount(rows, minlength=len(sims))
+    place = torch.arange(len(rows), device=sims.device) - (counts.cumsum(0) - counts)[rows]
+    values = sims.new_full((len(sims), int(counts.max())), -torch.inf)
+    index = torch.zeros(values.shape, dtype=torch.long, device=sims.device)
+    values[rows, place], index[rows, place] = sims[rows, cols], cols + start
+    return values, index
 
 
 def ordered_top(sims: torch.Tensor, index: torch.Tensor, k: int):

@@ -8,7 +8,8 @@ whose GEMM picks other kernels for small matrices), oneDNN's instruction cap
 (``ONEDNN_MAX_CPU_ISA``: its bf16 products without AVX-512 BF16/AMX) and ATen's own vector
 width (``ATEN_CPU_CAPABILITY``: sums and softmax in 16, 8 or 1 lanes). Measured on a 2-core
 AMD EPYC with AVX-512 BF16 and no AMX: each path below changes the last bits of some products
-or sums that the default path computes (tests/test_kernels.py checks the promises under all).
+or sums that the default path computes (tests/test_kernels.py checks the promises under all; ``python -m benchmarks.repeatability``
+measures how far each task family's numbers move across them).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def kernel_paths() -> dict[str, dict[str, str]]:
 
 
 def run_under(path: dict[str, str], *argv: str, timeout: int = 600) -> str:
-    """``python *argv`` under a kernel path; its standard output."""
+    """``python *argv`` under a kernel path (its variables over this process's); its output."""
     keep = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
                                                              "ATEN_CPU_CAPABILITY")}  # fmt: skip
     done = subprocess.run([sys.executable, *argv], env={**keep, **path}, capture_output=True,
