@@ -58,7 +58,7 @@ def test_every_reader_skips_a_malformed_line_with_one_warning(bad, cli_env, caps
     rows_file.write_text("\n".join([good[0], bad, *good[1:]]) + "\n")
     capsys.readouterr()
     for command in (["table", "out"], ["compare", "out", "out"], KNN + ["--out", "out"],
-                    ["card", "out", "--model-id", "org/fake", "--out", "card.md"]):  # fmt: skip
+                    ["card", "out", "--model-id", "org/fake", "--out", "card-out"]):  # fmt: skip
         assert main(command) == 0, command
         err = capsys.readouterr().err
         assert f"imagenet-knn.jsonl:2 is not a result row ({BAD_LINES[bad]}" in err, (command, err)
