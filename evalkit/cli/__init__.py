@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rich.console import Console
+    from rich.markup import escape  # "pip install 'evalkit[clip]'" must keep its [clip]
 
     console = Console(stderr=False)
     try:
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     except EvalkitError as exc:
         if args.debug:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                                   soft_wrap=True)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: finished rows and cached features are kept")
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         message = disk_error(exc, exc.filename or "a file")
         Console(stderr=True).print(
-            f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(str(message))}", highlight=False, soft_wrap=True
         )
         return 2
 

@@ -91,7 +91,12 @@ def _models(family: str | None, pattern: str | None, console) -> int:
     elif family == "open_clip":
         import fnmatch
 
-        import open_clip
+        try:
+            import open_clip
+        except ImportError:
+            raise EvalkitError(
+                "listing open_clip models needs open_clip_torch: pip install 'evalkit[clip]'"
+            ) from None
 
         names = [n for n in open_clip.list_models() if fnmatch.fnmatch(n, pattern or "*")]
         tags = {}

@@ -228,13 +228,18 @@ def cmd_compare(args, console) -> int:
         console.print(f"baselines in {args.base} replaced by the rows of {args.new}")
         return 0
     bad = [r for r in records if r["status"] in FAILING]
-    console.print(
-        f"{len(bad)} change(s) beyond their tolerances (up or down"
-        f"{'; gains tolerated' if args.one_sided else ''})"
-        if bad
-        else "no changes beyond tolerance"
-    )
+    console.print(verdict(records, args.one_sided), highlight=False)
     return 1 if bad and args.fail_on_regression else 0
+
+
+def verdict(records: list[dict], one_sided: bool) -> str:
+    """One line: how many metrics moved beyond their tolerances, how many are missing."""
+    moved = sum(r["status"] in ("regression", "changed-up") for r in records)
+    missing = sum(r["status"] == "missing" for r in records)
+    parts = [f"{moved} change(s) beyond their tolerances (up or down"
+             f"{'; gains tolerated' if one_sided else ''})"] if moved else []  # fmt: skip
+    parts += [f"{missing} baseline row(s) missing from the new rows"] if missing else []
+    return "; ".join(parts) or "no changes beyond tolerance"
 
 
 def write_report(path: Path, text: str):
