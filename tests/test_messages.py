@@ -35,3 +35,19 @@ def test_compare_says_missing_rows_are_missing(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "new"), "--tolerance", "0"]) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "1 baseline row(s) missing from the new rows", last
+
+
+def test_errors_with_nothing_to_show_is_one_line(tmp_path, capsys):
+    import pandas as pd
+
+    frame = pd.DataFrame({"image": ["a.jpg", "b.jpg"], "label": [0, 1], "label_name": ["cat", "dog"],
+                          "prediction": [0, 1], "prediction_name": ["cat", "dog"],
+                          "correct": [True, True], "top5_scores": [[3.0, 1.0], [2.0, 1.0]]})  # fmt: skip
+    folder = tmp_path / "runs" / "predictions"
+    folder.mkdir(parents=True)
+    frame.to_parquet(folder / "imagenet-linear--fake--s0--key.parquet")
+    assert main(["errors", str(tmp_path / "runs"), "--task", "imagenet-linear"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        "imagenet-linear--fake--s0--key.parquet: 2 images, nothing to show (no mistakes)"
+    ]

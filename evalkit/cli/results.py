@@ -285,8 +285,13 @@ def cmd_errors(args, console) -> int:
         )
     for path in files:
         frame = pd.read_parquet(path)
+        tables = [(title, rows) for title, rows in error_tables(frame, args.top) if len(rows)]
+        if not tables:
+            console.print(f"{path.name}: {len(frame)} images, nothing to show (no mistakes)",
+                          highlight=False)  # fmt: skip
+            continue
         console.print(f"[bold]{path.name}[/bold]: {len(frame)} images")
-        for title, rows in error_tables(frame, args.top):
+        for title, rows in tables:
             table = Table(title=title)
             for column in rows.columns:  # folded, never cut: a path is only useful whole
                 table.add_column(column, overflow="fold")
