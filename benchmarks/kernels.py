@@ -37,11 +37,17 @@ def kernel_paths() -> dict[str, dict[str, str]]:
         "1 thread": {"OMP_NUM_THREADS": "1"},
         "2 threads": {"OMP_NUM_THREADS": "2"},
         "4 threads, MKL compatible code, ATen scalar": {
-            "OMP_NUM_THREADS": "4", "MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"},
+            "OMP_NUM_THREADS": "4",
+            "MKL_CBWR": "COMPATIBLE",
+            "ATEN_CPU_CAPABILITY": "default",
+        },
         "2 threads, AVX2 everywhere": {
-            "OMP_NUM_THREADS": "2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "ATEN_CPU_CAPABILITY": "avx2"},
-    }  # fmt: skip
+            "OMP_NUM_THREADS": "2",
+            "MKL_CBWR": "AVX2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "ATEN_CPU_CAPABILITY": "avx2",
+        },
+    }
     if "avx512f" in cpu_flags():
         paths["1 thread, MKL AVX-512 code"] = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AVX512"}
     return paths
@@ -49,9 +55,17 @@ def kernel_paths() -> dict[str, dict[str, str]]:
 
 def run_under(path: dict[str, str], *argv: str, timeout: int = 600) -> str:
     """``python *argv`` under a kernel path (its variables over this process's); its output."""
-    keep = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
-                                                             "ATEN_CPU_CAPABILITY")}  # fmt: skip
-    done = subprocess.run([sys.executable, *argv], env={**keep, **path}, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+    }
+    done = subprocess.run(
+        [sys.executable, *argv],
+        env={**keep, **path},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout

@@ -47,13 +47,26 @@ def spread(argv: list[str]) -> dict[str, dict]:
         with tempfile.TemporaryDirectory() as tmp:
             for metric, value in rows_under(path, argv, Path(tmp)).items():
                 values.setdefault(metric, {})[name] = value
-    return {metric: {"spread": max(by.values()) - min(by.values()), "by_path": by}
-            for metric, by in sorted(values.items())}  # fmt: skip
+    return {
+        metric: {"spread": max(by.values()) - min(by.values()), "by_path": by}
+        for metric, by in sorted(values.items())
+    }
 
 
 def task_command(task: str, backbone: str) -> list[str]:
-    return ["-m", "evalkit", "run", "--task", task, "--backbone", backbone, "--data",
-            "embedded", "--quiet", "--out"]  # fmt: skip
+    return [
+        "-m",
+        "evalkit",
+        "run",
+        "--task",
+        task,
+        "--backbone",
+        backbone,
+        "--data",
+        "embedded",
+        "--quiet",
+        "--out",
+    ]
 
 
 def main():
@@ -62,15 +75,20 @@ def main():
     parser.add_argument("--backbone", default="fake")
     parser.add_argument("--gate", action="store_true", help="the regression gate's rows")
     args = parser.parse_args()
-    commands = {"gate": [str(GATE)]} if args.gate else {
-        task: task_command(task, args.backbone) for task in args.tasks.split(",")}  # fmt: skip
+    commands = (
+        {"gate": [str(GATE)]}
+        if args.gate
+        else {task: task_command(task, args.backbone) for task in args.tasks.split(",")}
+    )
     record = {"paths": kernel_paths()}
     for name, argv in commands.items():
         record[name] = spread(argv)
         moved = {m: r["spread"] for m, r in record[name].items() if r["spread"]}
         print(f"{name}: {len(record[name])} metrics, moved across paths: {moved or 'none'}")
-    report("repeatability-gate" if args.gate else f"repeatability-{args.backbone.replace('/', '_')}",
-           record)  # fmt: skip
+    report(
+        "repeatability-gate" if args.gate else f"repeatability-{args.backbone.replace('/', '_')}",
+        record,
+    )
 
 
 if __name__ == "__main__":

@@ -56,10 +56,14 @@ def backed_off_predictions(path: str) -> str:
 if __name__ == "__main__":
     threads = int(os.environ["OMP_NUM_THREADS"])  # torch caps the variable at the core count
     torch.set_num_threads(threads)
-    print(json.dumps({
-        "aten": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "knn": knn(sys.argv[2]),
-        "probe": probe(sys.argv[1], threads, 0.0),
-        "backed_off": backed_off_predictions(sys.argv[1]),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "aten": torch.backends.cpu.get_cpu_capability(),
+                "threads": torch.get_num_threads(),
+                "knn": knn(sys.argv[2]),
+                "probe": probe(sys.argv[1], threads, 0.0),
+                "backed_off": backed_off_predictions(sys.argv[1]),
+            }
+        )
+    )

@@ -191,8 +191,18 @@ def _rot_labels_keeping_stamp(path):
 def test_damaged_labels_under_a_kept_stamp_are_one_line(cli_env, tmp_path, capsys):
     """Labels rotted to an out-of-range class (read without their checksum, as a vouched
     stamp allows) must not reach a task: not a wrong number, not a 3-TB allocation."""
-    argv = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded",
-            "--quiet", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     for shard in (tmp_path / "c" / "features").glob("*/shard-*"):
         _age(shard)

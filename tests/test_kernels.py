@@ -36,8 +36,10 @@ def features(tmp_path_factory, data_cache) -> str:
 def results(features):
     duplicates = str(Path(features).with_name("knn.pt"))
     torch.save(_near_duplicates(), duplicates)
-    return {name: json.loads(run_under(env, SCRIPT, features, duplicates))
-            for name, env in kernel_paths().items()}  # fmt: skip
+    return {
+        name: json.loads(run_under(env, SCRIPT, features, duplicates))
+        for name, env in kernel_paths().items()
+    }
 
 
 def test_each_kernel_path_is_the_one_asked_for(results):

@@ -133,8 +133,9 @@ def test_every_search_mode_gives_one_answer_on_duplicate_rows(chunk, monkeypatch
     assert torch.equal(first[1], _reference(train, labels, queries, 12))
     for sims, neighbour_labels in answers.values():
         assert torch.equal(sims, first[0]) and torch.equal(neighbour_labels, first[1])
-        assert torch.equal(vote(sims, neighbour_labels, 12, 5).argmax(1),
-                           vote(*first, 12, 5).argmax(1))  # fmt: skip
+        assert torch.equal(
+            vote(sims, neighbour_labels, 12, 5).argmax(1), vote(*first, 12, 5).argmax(1)
+        )
 
 
 def test_bf16_certification_at_its_bound(monkeypatch):

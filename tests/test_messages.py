@@ -40,9 +40,17 @@ def test_compare_says_missing_rows_are_missing(tmp_path, capsys):
 def test_errors_with_nothing_to_show_is_one_line(tmp_path, capsys):
     import pandas as pd
 
-    frame = pd.DataFrame({"image": ["a.jpg", "b.jpg"], "label": [0, 1], "label_name": ["cat", "dog"],
-                          "prediction": [0, 1], "prediction_name": ["cat", "dog"],
-                          "correct": [True, True], "top5_scores": [[3.0, 1.0], [2.0, 1.0]]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "image": ["a.jpg", "b.jpg"],
+            "label": [0, 1],
+            "label_name": ["cat", "dog"],
+            "prediction": [0, 1],
+            "prediction_name": ["cat", "dog"],
+            "correct": [True, True],
+            "top5_scores": [[3.0, 1.0], [2.0, 1.0]],
+        }
+    )
     folder = tmp_path / "runs" / "predictions"
     folder.mkdir(parents=True)
     frame.to_parquet(folder / "imagenet-linear--fake--s0--key.parquet")

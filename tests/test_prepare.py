@@ -399,8 +399,12 @@ def _ended_pid() -> int:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(done.stdout)
 
 
@@ -449,8 +453,19 @@ def test_imagenet_c_workers_end_when_the_command_is_killed(tmp_path):
     import time
 
     clean = _clean_val(tmp_path / "val", per_class=4)
-    command = [sys.executable, "-m", "evalkit", "prepare", "imagenet-c", "--from", str(clean),
-               str(tmp_path / "c"), "--workers", "2", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "evalkit",
+        "prepare",
+        "imagenet-c",
+        "--from",
+        str(clean),
+        str(tmp_path / "c"),
+        "--workers",
+        "2",
+        "--quiet",
+    ]
     main_process = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while len(workers := _children(main_process.pid)) < 2 and time.monotonic() < deadline:

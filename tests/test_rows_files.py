@@ -12,8 +12,18 @@ import pytest
 
 from evalkit.cli import main
 
-KNN = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded", "--quiet",
-       "--set", "ks=1,3"]  # fmt: skip
+KNN = [
+    "run",
+    "--task",
+    "imagenet-knn",
+    "--backbone",
+    "fake",
+    "--data",
+    "embedded",
+    "--quiet",
+    "--set",
+    "ks=1,3",
+]
 
 
 def _lines(out) -> list[dict]:
@@ -57,8 +67,12 @@ def test_every_reader_skips_a_malformed_line_with_one_warning(bad, cli_env, caps
     good = rows_file.read_text().splitlines()
     rows_file.write_text("\n".join([good[0], bad, *good[1:]]) + "\n")
     capsys.readouterr()
-    for command in (["table", "out"], ["compare", "out", "out"], KNN + ["--out", "out"],
-                    ["card", "out", "--model-id", "org/fake", "--out", "card-out"]):  # fmt: skip
+    for command in (
+        ["table", "out"],
+        ["compare", "out", "out"],
+        KNN + ["--out", "out"],
+        ["card", "out", "--model-id", "org/fake", "--out", "card-out"],
+    ):
         assert main(command) == 0, command
         err = capsys.readouterr().err
         assert f"imagenet-knn.jsonl:2 is not a result row ({BAD_LINES[bad]}" in err, (command, err)

@@ -210,8 +210,12 @@ def test_a_point_outside_the_radial_window_never_lands_even_where_it_would_fit()
     image. The camera model leaves it out; a point at u = 0.3 (factor 0.955) lands."""
     from evalkit.data.prepare.waymo import Camera
 
-    camera = Camera(width=200, height=200, extrinsic=np.eye(4),
-                    intrinsic=(100.0, 100.0, 100.0, 100.0, -0.5, 0.0, 0.0, 0.0, 0.0))  # fmt: skip
+    camera = Camera(
+        width=200,
+        height=200,
+        extrinsic=np.eye(4),
+        intrinsic=(100.0, 100.0, 100.0, 100.0, -0.5, 0.0, 0.0, 0.0, 0.0),
+    )
     points = np.array([[1.0, -0.77, 0.0], [1.0, -0.3, 0.0]])  # x forward, y left, z up
     cols, rows, depth = camera.project(points)
     assert cols.tolist() == [128] and rows.tolist() == [100]

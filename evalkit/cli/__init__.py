@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except EvalkitError as exc:
         if args.debug:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
-                                   soft_wrap=True)  # fmt: skip
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: finished rows and cached features are kept")

@@ -236,8 +236,14 @@ def verdict(records: list[dict], one_sided: bool) -> str:
     """One line: how many metrics moved beyond their tolerances, how many are missing."""
     moved = sum(r["status"] in ("regression", "changed-up") for r in records)
     missing = sum(r["status"] == "missing" for r in records)
-    parts = [f"{moved} change(s) beyond their tolerances (up or down"
-             f"{'; gains tolerated' if one_sided else ''})"] if moved else []  # fmt: skip
+    parts = (
+        [
+            f"{moved} change(s) beyond their tolerances (up or down"
+            f"{'; gains tolerated' if one_sided else ''})"
+        ]
+        if moved
+        else []
+    )
     parts += [f"{missing} baseline row(s) missing from the new rows"] if missing else []
     return "; ".join(parts) or "no changes beyond tolerance"
 
@@ -287,8 +293,9 @@ def cmd_errors(args, console) -> int:
         frame = pd.read_parquet(path)
         tables = [(title, rows) for title, rows in error_tables(frame, args.top) if len(rows)]
         if not tables:
-            console.print(f"{path.name}: {len(frame)} images, nothing to show (no mistakes)",
-                          highlight=False)  # fmt: skip
+            console.print(
+                f"{path.name}: {len(frame)} images, nothing to show (no mistakes)", highlight=False
+            )
             continue
         console.print(f"[bold]{path.name}[/bold]: {len(frame)} images")
         for title, rows in tables:

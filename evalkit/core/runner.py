@@ -201,8 +201,7 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     identities = {}
     try:
         for name in backbones:
-            for seed, backbone in seeded_backbones(spec, name, on_backbone):
-                batch = _batch_size(spec, backbone)
+            for seed, backbone, batch in seeded_backbones(spec, name, on_backbone):
                 for task in tasks:
                     ctx = spec.context(seed, identities, batch)
                     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
@@ -220,17 +219,19 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
 
 
 def seeded_backbones(spec: RunSpec, name: str, on_backbone: Callable | None):
-    """(seed, backbone) for each of the command's seeds: a backbone with random weights is
-    built from each job's own seed, so a job's numbers never depend on the other seeds of its
-    command; one whose weights are read is loaded once for all of them."""
-    backbone = None
+    """(seed, backbone, batch size) for each of the command's seeds: a backbone with random
+    weights is built from each job's own seed, so a job's numbers never depend on the other
+    seeds of its command; one whose weights are read is loaded (and its batch size planned)
+    once for all of them."""
+    backbone = batch = None
     for seed in spec.seeds:
         if backbone is None or backbone.info.random_init:
             del backbone  # free it before the next one loads
             backbone = load_backbone(name, spec.backbone_options(seed))
             if on_backbone is not None:
                 on_backbone(backbone)
-        yield seed, backbone
+            batch = _batch_size(spec, backbone)
+        yield seed, backbone, batch
 
 
 def _batch_size(spec: RunSpec, backbone) -> int:

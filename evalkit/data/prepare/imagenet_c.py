@@ -140,9 +140,17 @@ def prepare_imagenet_c(source: Path, dest: Path, *, workers: int, seed: int, pro
             ):
                 written += count
     total = len(images) * len(corruptions) * len(severities)
-    provenance = {"source": str(source), "seed": seed, "resize": RESIZE, "crop": CROP, "jpeg_quality": QUALITY,
-                  "corruptions": list(corruptions), "severities": list(severities),
-                  "seeding": "sha256(seed:corruption:severity:relative path)[:4], little-endian",
-                  "images": len(images), "outputs": on_disk(dest, images, corruptions, severities)}  # fmt: skip
+    provenance = {
+        "source": str(source),
+        "seed": seed,
+        "resize": RESIZE,
+        "crop": CROP,
+        "jpeg_quality": QUALITY,
+        "corruptions": list(corruptions),
+        "severities": list(severities),
+        "seeding": "sha256(seed:corruption:severity:relative path)[:4], little-endian",
+        "images": len(images),
+        "outputs": on_disk(dest, images, corruptions, severities),
+    }
     write_json(dest / "provenance.json", provenance)
     return {"images": len(images), "outputs": total, "written": written, "kept": total - written}

@@ -320,8 +320,9 @@ def _write_provenance(root: Path, options: WaymoOptions, result: dict):
     runs wrote them; ``written`` and ``skipped`` are this run's."""
     provenance = {**result, "options": asdict(options)}
     provenance.pop("kept")
-    provenance["frames"] = {split: sum(1 for _ in (root / split / "mask").glob("*.png"))
-                            for split in options.splits}  # fmt: skip
+    provenance["frames"] = {
+        split: sum(1 for _ in (root / split / "mask").glob("*.png")) for split in options.splits
+    }
     provenance["cameras"] = [CAMERAS.get(c, c) for c in options.cameras]
     provenance["depth"] = options.depth
     provenance["geometry"] = (
