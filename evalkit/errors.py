@@ -29,6 +29,26 @@ def did_you_mean(name: str, choices, listing: str | None = "evalkit ls tasks") -
     return f"run `{listing}` to see the choices"
 
 
+EXTRAS = {  # an optional package's top module → the evalkit extra that installs it
+    "open_clip": "clip",
+    "datasets": "hf",
+    "av": "video",
+    "submitit": "cluster",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "sqlalchemy": "mlflow",
+    "alembic": "mlflow",
+    "tensorboard": "tensorboard",
+    "huggingface_hub": "hub",
+}
+
+
+def install_hint(module: str | None) -> str | None:
+    """``pip install 'evalkit[clip]'`` for a missing optional ``module``; None for others."""
+    extra = EXTRAS.get((module or "").partition(".")[0])
+    return f"pip install 'evalkit[{extra}]'" if extra else None
+
+
 def warn(message: str):
     """One line on stderr for something evalkit recovered from by itself."""
     print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ score, and a temperature fitted to held-out logits."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,21 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> flo
     """Percentage of rows whose label is among the ``k`` highest logits (ties: lowest index
     wins, as in ``torch.topk``)."""
     return 100.0 * topk_hits(logits, labels, k).double().mean().item()
+
+
+TOP_K = re.compile(r"top(\d+)(?:/|$)")
+
+
+def reported_ks(classes: int, ks: tuple[int, ...] = (1, 5)) -> tuple[int, ...]:
+    """The top-k accuracies worth reporting over ``classes`` scored classes: top-1 always, a
+    larger k only below the class count (top-5 of two classes is 100% whatever the model)."""
+    return tuple(k for k in ks if k == 1 or k < classes)
+
+
+def beyond_classes(metric: str, classes: int) -> bool:
+    """Whether ``metric`` is a top-k that ``reported_ks`` leaves out for ``classes``."""
+    found = TOP_K.match(metric)
+    return bool(found and classes and int(found.group(1)) > 1 and int(found.group(1)) >= classes)
 
 
 def topk_hits(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> torch.Tensor:

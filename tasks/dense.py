@@ -197,19 +197,29 @@ def colour_depth(depth: np.ndarray, valid: np.ndarray, max_depth: float) -> np.n
     return np.where(valid[..., None], rgb, 0).astype(np.uint8)
 
 
-def save_picture_grid(rows: list[list[np.ndarray]], path: Path) -> Path:
-    """Rows of equally sized RGB arrays (input, prediction, ground truth) → one PNG."""
+COLUMNS = ("input", "prediction", "ground truth")
+TITLE_HEIGHT = 16
+
+
+def save_picture_grid(rows: list[list[np.ndarray]], path: Path, titles=COLUMNS) -> Path:
+    """Rows of equally sized RGB arrays (input, prediction, ground truth) → one PNG, each
+    column named above its first tile."""
+    from PIL import ImageDraw
+
     height, width = rows[0][0].shape[:2]
-    canvas = np.zeros((len(rows) * (height + 4), len(rows[0]) * (width + 4), 3), np.uint8)
+    top = TITLE_HEIGHT
+    canvas = np.zeros((top + len(rows) * (height + 4), len(rows[0]) * (width + 4), 3), np.uint8)
     for r, row in enumerate(rows):
         for c, tile in enumerate(row):
             tile = np.asarray(Image.fromarray(tile).resize((width, height), Image.NEAREST))
-            canvas[
-                r * (height + 4) : r * (height + 4) + height,
-                c * (width + 4) : c * (width + 4) + width,
-            ] = tile
+            y, x = top + r * (height + 4), c * (width + 4)
+            canvas[y : y + height, x : x + width] = tile
+    picture = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(picture)
+    for c, title in enumerate(titles[: len(rows[0])]):
+        draw.text((c * (width + 4) + 2, 2), title, fill=(255, 255, 255))
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(canvas).save(path)
+    picture.save(path)
     return path
 
 

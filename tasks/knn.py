@@ -18,6 +18,7 @@ import torch
 from evalkit.core.task import POSITIVE, Metric, Rule, one_of, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.knn import TEMPERATURE, nearest, vote
+from evalkit.metrics import reported_ks
 
 from .linear_probe import FrozenClassification, percent, save_classifications, scored_hits
 
@@ -66,8 +67,8 @@ class KNN(FrozenClassification):
         for k in self.ks:
             logits = torch.cat(scores[k])
             if k == self.ks[0]:
-                save_classifications(ctx, logits, test.labels, test_set, space)
-            for t in (1, 5):
+                save_classifications(ctx, logits, test.labels, test_set, space, kind="votes")
+            for t in reported_ks(classes):
                 hits = scored_hits(logits, test.labels, space, t)
                 yield Metric(f"top{t}/k={k}", percent(hits), n=len(test), seeds=[ctx.seed],
                              extra=extra)  # fmt: skip

@@ -53,7 +53,7 @@ from evalkit.errors import EvalkitError
 from evalkit.heads import linear as linear_fit
 from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
 from evalkit.heads.zeroshot import label_space_hits, restricted
-from evalkit.metrics import accuracy_stderr, topk_hits
+from evalkit.metrics import accuracy_stderr, reported_ks, topk_hits
 from evalkit.progress import ProgressBar
 from evalkit.training.loop import sampled_batches
 
@@ -210,7 +210,7 @@ class LinearProbe(FinetuneSettings, FrozenClassification):
             "n_train": len(train.labels),
             "num_classes": num_classes,
         }
-        for k in (1, 5):
+        for k in reported_ks(num_classes):
             row_hits = test_hits(model, data.test_rows(), space, k)
             yield Metric(f"top{k}", percent(row_hits), stderr=accuracy_stderr(row_hits),
                          n=len(test.labels), seeds=[ctx.seed], extra=extra)  # fmt: skip
@@ -276,7 +276,7 @@ def finetuned_classification(task: LinearProbe, backbone, ctx):
     test, space = task.eval_set(tuned.classes, tuned.eval_transform, ctx)
     logits, labels = predict(tuned.model, test, ctx)
     save_classifications(ctx, logits, labels, test, space)
-    for k in (1, 5):
+    for k in reported_ks(logits.shape[1]):
         row_hits = scored_hits(logits, labels, space, k)
         yield Metric(f"top{k}", percent(row_hits), stderr=accuracy_stderr(row_hits), n=len(labels),
                      seeds=[ctx.seed], extra=tuned.extra)  # fmt: skip
@@ -347,11 +347,32 @@ def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
                       for x, y in rows.chunks()])  # fmt: skip
 
 
-def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, dataset, space):
+SCORE_KINDS = {  # what a task's scores are, and how they become probabilities
+    "logits": "softmax of the classifier's logits",
+    "votes": "share of the neighbours' weighted votes",
+    "probabilities": "the model's averaged class probabilities",
+    "similarities": "softmax of 100 × cosine similarity (CLIP's convention)",
+}
+
+
+def as_probabilities(scores: torch.Tensor, kind: str) -> torch.Tensor:
+    """Scores of ``kind`` (``SCORE_KINDS``) as probabilities over the scored classes."""
+    scores = scores.double()
+    if kind == "logits":
+        return scores.softmax(dim=1)
+    if kind == "similarities":
+        return (100.0 * scores).softmax(dim=1)
+    scores = scores.clamp_min(0)  # classes outside a restricted space are at -inf
+    return scores / scores.sum(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, dataset, space, *,
+                         kind: str = "logits"):  # fmt: skip
     """One row per eval image (``--save-predictions``), in the space that was scored: the
-    prediction and top-5 among the candidate classes only, with their names; the image's
-    label as an index of the same classes (``label_classes``: every class counted correct,
-    for ObjectNet's many-to-one mapping) and its name; and whether top-1 was right."""
+    prediction and top-5 among the candidate classes only, with their names, scores and
+    probabilities (``kind`` says what the scores are); the image's label as an index of the
+    same classes (``label_classes``: every class counted correct, for ObjectNet's many-to-one
+    mapping) and its name; and whether top-1 was right."""
     if ctx.predictions is None:
         return
     own = list(getattr(dataset, "classes", []))
@@ -365,6 +386,7 @@ def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, datase
         scores.shape[1] if space is None or space.candidates is None else len(space.candidates)
     )
     top = scores.float().topk(min(5, scorable), dim=1)
+    probabilities = as_probabilities(scores, kind).gather(1, top.indices)
     label_classes = [list(correct[label]) for label in labels.tolist()]
     ids = image_ids(dataset)
     ctx.save_predictions({
@@ -378,6 +400,8 @@ def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, datase
         "top5": top.indices.tolist(),
         "top5_names": [[class_name(names, i) for i in row] for row in top.indices.tolist()],
         "top5_scores": top.values.tolist(),
+        "top5_probabilities": probabilities.tolist(),
+        "score_kind": [SCORE_KINDS[kind]] * len(labels),
         "correct": scored_hits(scores, labels, space, 1).tolist(),
     })  # fmt: skip
 

@@ -41,7 +41,7 @@ from evalkit.errors import EvalkitError
 from evalkit.heads.linear import Standardizer
 from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
 from evalkit.heads.video import HEADS, HeadConfig, build_head
-from evalkit.metrics import accuracy_stderr
+from evalkit.metrics import accuracy_stderr, reported_ks
 
 from .linear_probe import save_classifications
 
@@ -136,9 +136,10 @@ class VideoClassification(Task):
                  "padded": {"train": int(padded.sum()), "eval": test_status["padded"]},
                  "unreadable": {"train": _listed(train_set, unreadable, 1), "eval": test_status["unreadable"]},
                  "skipped": {"train": train_set.skipped, "eval": test_set.skipped}}  # fmt: skip
-        save_classifications(ctx, probabilities, clip_labels, test_set, None)
-        for k in (1, 5):
-            top = probabilities.topk(min(k, probabilities.shape[1]), dim=1).indices
+        save_classifications(ctx, probabilities, clip_labels, test_set, None, kind="probabilities")
+        extra["num_classes"] = probabilities.shape[1]
+        for k in reported_ks(probabilities.shape[1]):
+            top = probabilities.topk(k, dim=1).indices
             right = (top == clip_labels[:, None]).any(dim=1)
             yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip

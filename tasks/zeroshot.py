@@ -70,7 +70,7 @@ from evalkit.heads.zeroshot import (
     stored_class_embeddings,
     templates,
 )
-from evalkit.metrics import accuracy_stderr
+from evalkit.metrics import accuracy_stderr, reported_ks
 
 from .linear_probe import save_classifications
 
@@ -149,12 +149,16 @@ class ZeroShot(Task):
             if ctx.predictions is not None:
                 kept.append(scores.cpu())
         if kept:
-            save_classifications(ctx, torch.cat(kept), feats.labels, test, space)
+            save_classifications(
+                ctx, torch.cat(kept), feats.labels, test, space, kind="similarities"
+            )
         extra = {**extra, "templates": self.chosen_templates(text), "prompts": prompting.style,
                  "classes": len(space.names), "class_names_id": names_id(space.names),
                  "pool": request.pool, "candidates": len(space.candidates or space.names),
                  "label_space": self.describe_space(space)}  # fmt: skip
-        for k, found in hits.items():
+        extra["num_classes"] = extra["candidates"]
+        for k in reported_ks(extra["num_classes"]):
+            found = hits[k]
             right = torch.cat(found)
             yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
                          seeds=[ctx.seed], extra=extra)  # fmt: skip

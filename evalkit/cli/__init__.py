@@ -24,7 +24,7 @@ from evalkit.cli import (
     results,
     run,
 )
-from evalkit.errors import EvalkitError, disk_error
+from evalkit.errors import EvalkitError, disk_error, install_hint
 
 # In ``evalkit --help`` order: each command's parser builder and handler.
 COMMANDS = {
@@ -71,6 +71,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         Console(stderr=True).print(
             f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
+        return 2
+    except ModuleNotFoundError as exc:
+        hint = install_hint(exc.name)
+        if hint is None or args.debug:  # a package evalkit requires: a broken install, a bug
+            raise
+        Console(stderr=True).print(
+            f"[bold red]error:[/] evalkit {escape(args.command)} needs {exc.name}, an optional "
+            f"package: {escape(hint)}",
+            highlight=False,
+            soft_wrap=True,
         )
         return 2
     except KeyboardInterrupt:

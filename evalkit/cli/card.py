@@ -13,13 +13,19 @@ def add_card(sub) -> None:
     card.add_argument("--backbone", help="whose rows, when the folder holds several backbones")
     card.add_argument("--out", type=Path, default=Path("README.md"), help="the card's file")
     card.add_argument("--push", action="store_true", help="upload it as the model's README.md")
+    card.add_argument(
+        "--allow-stand-in",
+        action="store_true",
+        help="let --push publish rows on evalkit's embedded stand-in data (labelled as such)",
+    )
 
 
 def cmd_card(args, console) -> int:
-    from evalkit.publish.card import push_card, write_card
+    from evalkit.publish.card import check_publishable, push_card, write_card
 
     path = write_card(args.results, args.model_id, args.out, args.backbone)
     console.print(f"card: {path}")
     if args.push:
+        check_publishable(args.results, args.backbone, args.allow_stand_in)
         console.print(f"pushed: {push_card(path, args.model_id)}")
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 
@@ -13,6 +12,14 @@ def add_check_data(sub) -> None:
         help="check the data a task would read, without a backbone; exit 2 on problems",
     )
     check.add_argument("--task", required=True)
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the run's task settings, e.g. dataset=folder:PATH or dataset=hf:ORG/NAME",
+    )
     check.add_argument("--data", default="auto", help="auto | folder | hf | embedded")
     check.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
     check.add_argument("--cache-dir", type=Path, help="where embedded stand-ins are written")
@@ -48,9 +55,9 @@ def cmd_check_data(args, console) -> int:
     from evalkit.data import DataConfig
     from evalkit.data.check import check_dataset
 
-    task = resolve_task(args.task)
+    task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
-    progress = not args.quiet and sys.stderr.isatty()
+    progress = not args.quiet
     reports = [check_dataset(name, tuple(splits.values()), config, progress=progress)
                for name, splits in task.reads().items()]  # fmt: skip
     for report in reports:
@@ -81,7 +88,16 @@ def cmd_plan(args, console) -> int:
     from rich.table import Table
 
     from evalkit.cache.identity import cache_root
-    from evalkit.core.plan import feeding_rates, human, parse_target, plan_run, stage_flops
+    from evalkit.core.plan import (
+        env_device,
+        feeding_rates,
+        human,
+        parse_target,
+        plan_run,
+        rate_of,
+        stage_flops,
+    )
+    from evalkit.core.rates import expected_time
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
     from evalkit.parallel.planner import human as flops
@@ -93,6 +109,8 @@ def cmd_plan(args, console) -> int:
     stages, budget, sizes, shape = plan_run(
         task, args.backbone, config, options | {"target": target}
     )
+    run_device = args.device or env_device()
+    dtype = args.dtype or ("bf16" if run_device.startswith("cuda") else "fp32")
     table = Table("stage", "mode", "forward passes", "FLOPs", "cache disk", "host RAM",
                   "device / rank", title=f"{task.name} on {args.backbone}")  # fmt: skip
     for s in stages:
@@ -101,6 +119,8 @@ def cmd_plan(args, console) -> int:
     console.print(table)
     total = sum(stage_flops(s, shape) for s in stages)
     console.print(f"compute: {flops(total, 'FLOP')} in all", highlight=False)
+    rate = rate_of(args.backbone, shape, target, run_device, dtype)
+    console.print(expected_time(total, rate), highlight=False, soft_wrap=True)
     console.print(f"splits: {sizes}", highlight=False, soft_wrap=True)
     device = human(budget.device) if budget.device is not None else "no accelerator"
     console.print(f"{budget.name}: RAM {human(budget.host)} per host, device {device}, "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
@@ -62,7 +61,7 @@ def cmd_pretrain(args, console) -> int:
     layout = distributed.setup(args.tp, device=args.device)
     spec = PretrainSpec(sizes=sizes, image=args.image, patch=args.patch, schedule=schedule, out=args.out,
                         device=args.device, fsdp=args.fsdp,
-                        progress=not args.quiet and sys.stderr.isatty() and layout.main)  # fmt: skip
+                        progress=not args.quiet and layout.main)  # fmt: skip
     data = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     table = Table("size", "params", "loss", "first", "final", "steps", "seconds", "weights")
     try:

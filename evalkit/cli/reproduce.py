@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def cmd_reproduce(args, console) -> int:
         raise EvalkitError(f"{', '.join(given)}: for --scale paper only; --scale {args.scale} runs "
                            "on embedded data with the pretraining ladder")  # fmt: skip
     records = reproduce(args.scale, only=only, out=args.out, cache=args.cache_dir,
-                        progress=not args.quiet and sys.stderr.isatty(), echo=console.print,
+                        progress=not args.quiet, echo=console.print,
                         log=log_run_args(args.log)[1::2])  # fmt: skip
     show_effects(records, args, console)
     return 0

@@ -15,7 +15,13 @@ def add_table(sub) -> None:
     table.add_argument(
         "--pivot", default="backbone,task", help="ROWS,COLUMNS (backbone,task or task,backbone)"
     )
-    table.add_argument("--format", choices=("md", "csv"), default="md")
+    table.add_argument(
+        "--format",
+        choices=("md", "csv", "json"),
+        default="md",
+        help="md: the paper-style table; csv, json: one record per (task, data, backbone, "
+        "metric) with numeric value, interval, its kind, n and seeds",
+    )
     table.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
     table.add_argument(
         "--detail",
@@ -89,13 +95,14 @@ def cmd_table(args, console) -> int:
     index, _, columns = args.pivot.partition(",")
     if {index, columns} != {"backbone", "task"}:
         raise EvalkitError(f"--pivot expects backbone,task or task,backbone, got {args.pivot!r}")
-    rows = [{**row, "task": table_task(row)} for row in rows]
-    if args.detail:
-        frame = detail_table(rows)
-        index = "task"
+    if args.format != "md":
+        text = records_text(rows, args.format)
+    elif args.detail:
+        text = markdown(detail_table([{**row, "task": table_task(row)} for row in rows]), "task")
     else:
+        rows = [{**row, "task": table_task(row)} for row in rows]
         frame = pivot_table(rows, index=index, columns=columns, references=references_for(rows))
-    text = frame.to_csv() if args.format == "csv" else markdown(frame, index)
+        text = markdown(frame, index) + legend(frame)
     if args.output:
         args.output.write_text(text)
         console.print(f"wrote {args.output}")
@@ -104,8 +111,82 @@ def cmd_table(args, console) -> int:
     return 0
 
 
-DETAIL = ("task", "backbone", "metric", "value", "seed", "weights_source", "data_source",
-          "evalkit", "device", "time", "run_key")  # fmt: skip
+RECORD_COLUMNS = (
+    "task",
+    "finetuned",
+    "dataset",
+    "backbone",
+    "metric",
+    "value",
+    "interval",
+    "interval_kind",
+    "n",
+    "seeds",
+    "higher_is_better",
+    "random_init",
+)
+
+
+def records_text(rows, fmt: str) -> str:
+    """One numeric record per (task, data, backbone, metric): the mean, the interval and what
+    it is (``sd``: over ``seeds`` seeds; ``se``: over ``n`` test items), for other tools."""
+    import json
+
+    import pandas as pd
+
+    from evalkit.core.results import aggregate, run_spec
+
+    finetuned = {run_spec(r): bool((r.get("config") or {}).get("finetune")) for r in rows}
+    records = [
+        {
+            "task": r["task"],
+            "finetuned": finetuned[r["spec"][:6]],
+            "dataset": r["dataset"],
+            "backbone": r["backbone"],
+            "metric": r["metric"],
+            "value": r["mean"],
+            "interval": r["std"],
+            "interval_kind": r["interval"],
+            "n": r["n"],
+            "seeds": r["seeds"],
+            "higher_is_better": r["higher_is_better"],
+            "random_init": r["random_init"],
+        }
+        for r in aggregate(rows)
+    ]
+    records.sort(key=lambda r: (r["task"], r["dataset"], r["backbone"], r["metric"]))
+    if fmt == "json":
+        return json.dumps(records, indent=1) + "\n"
+    return pd.DataFrame(records, columns=RECORD_COLUMNS).to_csv(index=False)
+
+
+def legend(frame) -> str:
+    """What the table's ``±`` means, for the kinds it shows."""
+    from evalkit.core.results import INTERVALS
+
+    cells = " ".join(str(v) for v in frame.values.ravel())
+    shown = []
+    if "(se)" in cells:
+        shown.append(f"± … (se): {INTERVALS['se']}")
+    if "(sd/" in cells:
+        shown.append(f"± … (sd/k): {INTERVALS['sd']}, k seeds")
+    return f"\n{'; '.join(shown)}.\n" if shown else ""
+
+
+DETAIL = (
+    "task",
+    "dataset",
+    "backbone",
+    "metric",
+    "value",
+    "seed",
+    "weights_source",
+    "data_source",
+    "evalkit",
+    "device",
+    "time",
+    "run_key",
+)
 
 
 def detail_table(rows):
@@ -113,9 +194,10 @@ def detail_table(rows):
     random init), data (a hub dataset's resolved commit), evalkit version, device, time, run key."""
     import pandas as pd
 
-    from evalkit.core.results import number
+    from evalkit.core.results import dataset_label, number
 
-    lines = [{"task": r["task"], "backbone": r["backbone"], "metric": r["metric"],
+    lines = [{"task": r["task"], "dataset": dataset_label(r), "backbone": r["backbone"],
+              "metric": r["metric"],
               "value": number(r["value"]), "seed": r.get("seed"),
               "weights_source": r.get("weights_source") or r.get("weights_id", ""),
               "data_source": r.get("data_source", ""), "run_key": r.get("run_key", ""),
@@ -128,12 +210,18 @@ FINETUNED = " (fine-tuned)"
 
 
 def table_task(row) -> str:
-    """A row's task as tables name it: fine-tuned runs apart from frozen ones, and a run on
-    data other than the task's own (``--set dataset=folder:PATH``) under that dataset's name."""
+    """A row's task as tables name it: fine-tuned runs apart from frozen ones, a run on data
+    other than the task's own (``--set dataset=folder:PATH``) under that dataset's name, and a
+    run on the embedded stand-in marked as one."""
     config = row.get("config", {})
     label = row["task"] + (FINETUNED if config.get("finetune") else "")
-    own = _own_dataset(row["task"], config)
-    return f"{label} on {own}" if own else label
+    recorded = row.get("dataset")
+    if isinstance(recorded, dict):  # rows say what they read; older rows are looked up
+        own = None if recorded.get("own") else recorded.get("name")
+        stand_in = " (stand-in)" if recorded.get("stand_in") else ""
+    else:
+        own, stand_in = _own_dataset(row["task"], config), ""
+    return (f"{label} on {own}" if own else label) + stand_in
 
 
 def _own_dataset(task: str, config: dict) -> str | None:
@@ -157,10 +245,22 @@ def references_for(rows) -> dict:
     """The paper's numbers for the tasks present, as each was run: frozen numbers beside
     frozen runs, fine-tuned ones beside fine-tuned runs, none beside a run on other data
     (tasks unknown here have none)."""
+    refs, looked_up = {}, set()
+    for row in rows:  # rows carry the paper's numbers they sit beside; older rows look them up
+        if "paper" in row:
+            refs.setdefault(row["task"], {})[row["metric"]] = row["paper"]
+        else:
+            looked_up.add(row["task"])
+    return refs | _looked_up_references(looked_up)
+
+
+def _looked_up_references(labels: set[str]) -> dict:
+    if not labels:
+        return {}  # no task module imported: a table of new rows renders in about a second
     from evalkit.core.runner import resolve_task
 
     refs = {}
-    for label in {r["task"] for r in rows}:
+    for label in labels:
         name = label.removesuffix(FINETUNED)
         overrides = ["finetune=true"] if label.endswith(FINETUNED) else []
         try:
@@ -201,7 +301,9 @@ def cmd_compare(args, console) -> int:
     tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
     records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=tolerance,
                       one_sided=args.one_sided)  # fmt: skip
-    table = Table("task", "backbone", "metric", "base", "new", "delta", "status")
+    table = Table()
+    for column in ("task", "data", "backbone", "metric", "base", "new", "delta", "status"):
+        table.add_column(column, overflow="fold")  # names are folded, never cut
     colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
 
     def fmt(v):
@@ -211,6 +313,7 @@ def cmd_compare(args, console) -> int:
         status = rec["status"]
         table.add_row(
             rec["task"],
+            rec["dataset"],
             rec["backbone"],
             rec["metric"],
             fmt(rec["base"]),
@@ -319,11 +422,18 @@ def error_tables(frame, top: int):
     else:  # files written before predictions carried their names
         names = dict(zip(frame["label"], frame["label_name"], strict=False))
         predicted = [names.get(p, str(p)) for p in frame["prediction"]]
-    wrong = frame.assign(predicted=list(predicted))[~frame["correct"]].assign(
-        top_score=lambda f: [scores[0] for scores in f["top5_scores"]],
-    )
+    wrong = frame.assign(predicted=list(predicted))[~frame["correct"]]
     pairs = (wrong.groupby(["label_name", "predicted"]).size().rename("images")
              .nlargest(top).reset_index())  # fmt: skip
-    # the task's own score of its top class (a logit or a similarity, not a probability)
-    confident = wrong.nlargest(top, "top_score")[["image", "label_name", "predicted", "top_score"]]
-    return [("most confused classes", pairs), ("highest-scored mistakes", confident)]
+    if "top5_probabilities" in frame:
+        wrong = wrong.assign(probability=[p[0] for p in wrong["top5_probabilities"]])
+        kind = frame["score_kind"].iloc[0] if len(frame) else "probability"
+        confident = wrong.nlargest(top, "probability")
+        title = f"most confident mistakes (probability: {kind})"
+        columns = ["image", "label_name", "predicted", "probability"]
+    else:  # files written before predictions carried probabilities: the task's raw score
+        wrong = wrong.assign(top_score=[s[0] for s in wrong["top5_scores"]])
+        confident = wrong.nlargest(top, "top_score")
+        title = "highest-scored mistakes (top_score: the task's raw score, not a probability)"
+        columns = ["image", "label_name", "predicted", "top_score"]
+    return [("most confused classes", pairs), (title, confident[columns])]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 
@@ -185,9 +184,12 @@ def cmd_run(args, console) -> int:
     for name in spec.tasks:
         if note := runner.alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
-    cells = [summary_cells(row, skipped=job.skipped)
-             for job in runner.run(spec, on_backbone=lambda b: warn_random_init(b, console))
-             for row in job.rows]  # fmt: skip
+
+    def show_data(line: str):
+        console.print(f"data: {line}", highlight=False, soft_wrap=True)
+
+    jobs = runner.run(spec, on_backbone=lambda b: warn_random_init(b, console), on_data=show_data)
+    cells = [summary_cells(row, skipped=job.skipped) for job in jobs for row in job.rows]
     noted = any(line[-1] for line in cells)  # a note column only when a row has a note
     table = Table("task", "backbone", "metric", "value", "n", *(["note"] if noted else []))
     for line in cells:
@@ -207,7 +209,7 @@ def run_spec(args):
     given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
     given["model_args"] = parse_model_args(args.model_args)
     given["seeds"] = tuple(args.seed or (0,))
-    given["progress"] = not args.quiet and sys.stderr.isatty()
+    given["progress"] = not args.quiet
     return RunSpec(**given)
 
 

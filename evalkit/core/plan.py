@@ -11,6 +11,7 @@ the numbers are estimates of the largest buffers each stage holds, not measureme
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
 from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
 from evalkit.errors import EvalkitError
 
@@ -187,9 +189,27 @@ def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
         p = plan(cfg, tp=tp, dtype=dtype)
         return Shape(spec, cfg.width, cfg.depth, cfg.patch, cfg.image, p.bytes_per_rank,
                      p.activation_bytes_per_image, p.flops_per_image)  # fmt: skip
+    return measured_shape(planning_backbone(spec), dtype=dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def planning_backbone(spec: str):
+    """The backbone a plan sizes (random weights, on the CPU), built once per plan."""
     from evalkit.backbones import BackboneOptions, load_backbone
 
-    return measured_shape(load_backbone(spec, BackboneOptions(random_init=True)), dtype=dtype)
+    return load_backbone(spec, BackboneOptions(random_init=True))
+
+
+def rate_of(spec: str, shape: Shape, target: Target | None, device: str, dtype: str):
+    """The FLOP/s a run of ``spec`` is expected to reach: measured on this machine (the
+    backbone's forward; the built-in family's block product), assumed on a named target."""
+    if target is not None:
+        if not target.peak_tflops:
+            return None
+        return assumed(target.peak_tflops, max(target.gpus, 1), target.name)
+    if spec.partition("/")[0] == "vit22b":
+        return measured_matmul(shape, device, dtype)
+    return measured_forward(planning_backbone(spec), shape, device, dtype)
 
 
 def split_sizes(
@@ -371,7 +391,6 @@ def placement(task, backbone: str, inputs_of, target: Target) -> tuple[int, list
 
 
 DECODE_IMG_S_PER_WORKER = 150  # an ImageNet JPEG decoded, resized and cropped by PIL, per core
-ASSUMED_MFU = 0.4  # a ViT forward in bf16 on a recent GPU reaches about this much of its peak
 
 
 def feeding_rates(shape: Shape, target: Target | None, device: str) -> dict:

@@ -122,10 +122,30 @@ def weights_group(row: Row) -> str:
 
 
 def run_spec(row: Row) -> tuple:
-    """What makes rows comparable: task, backbone, weights, backbone options and settings.
-    Rows differing in anything else (seed, time, machine) are repeats of one run spec."""
+    """What makes rows comparable: task, backbone, weights, backbone options, settings and the
+    data. Rows differing in anything else (seed, time, machine) are repeats of one run spec;
+    a stand-in number and a real one never aggregate."""
     options = json.dumps(row.get("backbone_options") or {}, sort_keys=True, default=str)
-    return (row["task"], row["backbone"], weights_group(row), options, row.get("config_hash", ""))
+    weights = weights_group(row)
+    return (
+        row["task"],
+        row["backbone"],
+        weights,
+        options,
+        row.get("config_hash", ""),
+        dataset_label(row),
+    )
+
+
+def dataset_label(row: Row) -> str:
+    """The data a row was computed on, as views name it: the dataset (``imagenet``,
+    ``folder:/data/flowers``) and ``(stand-in)`` for evalkit's embedded stand-in; rows that do
+    not record it name their ``dataset`` setting or nothing."""
+    recorded = row.get("dataset")
+    if isinstance(recorded, dict):
+        name = recorded.get("name") or "no dataset"
+        return name + (" (stand-in)" if recorded.get("stand_in") else "")
+    return str((row.get("config") or {}).get("dataset") or "")
 
 
 def spec_labels(rows: list[Row]) -> dict[tuple, str]:
@@ -204,19 +224,40 @@ def _one_weights_per_seed(spec: tuple, members: list[Row]) -> list[tuple[tuple, 
 def _aggregated(spec: tuple, label: str, metric: str, members: list[Row]) -> dict[str, Any]:
     by_seed = {r.get("seed", 0): r for r in members}  # a rerun of a seed replaces it
     values = [r["value"] for r in by_seed.values()]
-    spread = statistics.stdev(values) if len(values) > 1 else own_spread(members[-1])
+    last = members[-1]
     return {
         "task": spec[0],
         "backbone": label,
         "spec": spec,
+        "dataset": spec[5],
         "metric": metric,
         "config_hash": spec[4],
         "mean": statistics.fmean(values),
-        "std": spread,
+        **interval(values, last),
+        "n": last.get("n"),
         "runs": len(values),
         "higher_is_better": members[0].get("higher_is_better", True),
         "random_init": any(r.get("random_init") for r in members),
     }
+
+
+INTERVALS = {
+    "sd": "standard deviation over seeds",
+    "se": "standard error over the test items",
+}
+
+
+def interval(values: list[float], row: Row) -> dict[str, Any]:
+    """What the ``±`` of an aggregated value is: the standard deviation over its seeds when
+    there are several (``sd``, ``seeds`` of them), else the row's own standard deviation over
+    the seeds it ran internally, else its standard error over the test items (``se``)."""
+    if len(values) > 1:
+        return {"std": statistics.stdev(values), "interval": "sd", "seeds": len(values)}
+    if row.get("std") is not None:
+        return {"std": row["std"], "interval": "sd", "seeds": len(row.get("seeds") or [])}
+    if row.get("stderr") is not None:
+        return {"std": row["stderr"], "interval": "se", "seeds": 1}
+    return {"std": None, "interval": None, "seeds": 1}
 
 
 def own_spread(row: Row) -> float | None:
@@ -224,10 +265,12 @@ def own_spread(row: Row) -> float | None:
     return row["std"] if row.get("std") is not None else row.get("stderr")
 
 
-def format_value(mean: float, std: float | None) -> str:
+def format_value(mean: float, std: float | None, kind: str | None = None, seeds: int = 1) -> str:
+    """``24.22 ± 2.19 (se)`` or ``24.22 ± 1.10 (sd/3)``: the interval's kind always shown."""
     if std is None or math.isnan(std):
         return number(mean)
-    return f"{number(mean)} ± {number(std)}"
+    label = {"se": " (se)", "sd": f" (sd/{seeds})"}.get(kind or "", "")
+    return f"{number(mean)} ± {number(std)}{label}"
 
 
 def number(value: float) -> str:
@@ -254,7 +297,7 @@ def pivot_table(
         label = rec[index] + (
             " (random init)" if rec["random_init"] and index == "backbone" else ""
         )
-        cells[column][label] = format_value(rec["mean"], rec["std"])
+        cells[column][label] = format_value(rec["mean"], rec["std"], rec["interval"], rec["seeds"])
         for model, value in (
             (references or {}).get(rec["task"], {}).get(rec["metric"], {})
         ).items():
@@ -324,6 +367,7 @@ def compare(
         b, n = base_idx.get(key), new_idx.get(key)
         rec = {
             "task": key[0][0],
+            "dataset": (b or n)["dataset"],
             "backbone": labels.get(key[0]) or (b or n)["backbone"],
             "metric": key[1],
             "base": b["mean"] if b else None,

@@ -41,8 +41,9 @@ from evalkit.core.catalog import TASKS
 from evalkit.core.numerics import numerics, peak_memory_mb, reset_peak_memory, run_numerics
 from evalkit.core.plan import auto_batch_size, unfit
 from evalkit.core.results import Row, append_rows, load_rows, rows_file
-from evalkit.core.task import Task, TaskContext, job_spec
+from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
 from evalkit.data import DataConfig, hub_source
+from evalkit.data.check import find_data
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
 from evalkit.publish.tracking import LogTarget
@@ -189,13 +190,19 @@ class JobResult:
     skipped: bool
 
 
-def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobResult]:
+def run(
+    spec: RunSpec, *, on_backbone: Callable | None = None, on_data: Callable | None = None
+) -> Iterator[JobResult]:
     """Yield one ``JobResult`` per (backbone, task, seed), in that nesting order.
-    ``on_backbone(backbone)`` is called after each backbone loads (the CLI warns there)."""
+    ``on_backbone(backbone)`` is called after each backbone loads (the CLI warns there);
+    ``on_data(line)`` once per dataset the run reads, found before any backbone is built."""
     tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
     backbones = spec.backbones or _no_backbone(tasks)
     writable_folder(spec.out, "--out")  # before any work: where its results would go
     spec = read_only_cache(spec)
+    for line in data_found(tasks, spec):  # a missing folder fails in a second, not after a model
+        if on_data is not None:
+            on_data(line)
     distributed.setup(spec.tp, device=spec.resolved_device)
     restore = run_numerics()
     identities = {}
@@ -216,6 +223,15 @@ def run(spec: RunSpec, *, on_backbone: Callable | None = None) -> Iterator[JobRe
     finally:
         restore()
         distributed.teardown()
+
+
+def data_found(tasks: list[Task], spec: RunSpec) -> list[str]:
+    """One line per dataset the tasks read, every split opened (no image decoded)."""
+    config = spec.context(spec.seeds[0]).data
+    reads = {}
+    for task in tasks:
+        reads |= task.reads()
+    return find_data(reads, config)
 
 
 def seeded_backbones(spec: RunSpec, name: str, on_backbone: Callable | None):
@@ -326,19 +342,39 @@ def run_task(
 @contextlib.contextmanager
 def job_lock(out_dir: Path, key: str):
     """An exclusive ``flock`` on ``<out>/.locks/<run key>.lock`` while one process runs the
-    job (the kernel releases it when the process dies, so a killed run blocks nothing).
-    Under torchrun the ranks of one job decide together, and no lock is taken."""
+    job (the kernel releases it when the process dies, so a killed run blocks nothing); the
+    file is removed when the job ends, so finished runs leave no lock files behind. Under
+    torchrun the ranks of one job decide together, and no lock is taken."""
     if distributed.current().mesh is not None:
         yield
         return
     folder = Path(out_dir) / ".locks"
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{key}.lock", "a") as handle:
+    path = folder / f"{key}.lock"
+    handle = _locked(path)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: a waiter then sees a stale file
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when no other job holds a lock there
+
+
+def _locked(path: Path):
+    """``path`` opened and exclusively locked; a file removed by its last holder while this
+    process waited is stale, and the lock is taken again on the file now at ``path``."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - held until the job ends
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()
 
 
 def _run_task(task: Task, backbone, ctx: TaskContext, key: str, *, out_dir: Path, force: bool,
@@ -349,7 +385,7 @@ def _run_task(task: Task, backbone, ctx: TaskContext, key: str, *, out_dir: Path
         ctx.predictions = predictions_file(out_dir, task.name, backbone.info.name, ctx.seed, key)
     distributed.barrier()  # every rank has decided before rank 0 appends anything
     have_predictions = ctx.predictions is None or ctx.predictions.exists()
-    if not rerun and {r["metric"] for r in done} >= set(task.metrics()) and have_predictions:
+    if not rerun and rows_complete(task.metrics(), done) and have_predictions:
         return done, True
     if not force and (problems := unfit(task, backbone, ctx, tp=distributed.current().tp_size)):
         raise EvalkitError(
@@ -429,9 +465,31 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "run_key": key,
         "request_key": ctx.request_key,
         "data_id": dict(ctx.stats["data"]),
+        "dataset": dataset_record(task, ctx),
+        "paper": paper_numbers(task, metric.metric, ctx),
         **({"data_source": source} if (source := hub_source(task.config().get("dataset"))) else {}),
         "extra": metric.extra,
     }
+
+
+def dataset_record(task: Task, ctx: TaskContext) -> dict:
+    """The data a row was computed on, as views name it: the dataset(s) read, whether they are
+    the task's own (``--set dataset=`` changes them) and whether they are evalkit's embedded
+    stand-in rather than the real set (a number on it is not the real set's number)."""
+    names = task.datasets()
+    return {
+        "name": "+".join(names),
+        "own": names == resolve_task(task.name).datasets(),
+        "stand_in": ctx.data.source == "embedded",
+    }
+
+
+def paper_numbers(task: Task, metric: str, ctx: TaskContext) -> dict:
+    """The paper's numbers this row sits beside (model → value): the task's reference for
+    the metric, none when the row was computed on other data than the task's own."""
+    if not dataset_record(task, ctx)["own"]:
+        return {}
+    return dict(task.reference.get(metric, {}))
 
 
 def provenance(ctx: TaskContext, *, wall_s: float) -> dict:

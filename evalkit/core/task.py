@@ -153,7 +153,8 @@ class Task:
         raise NotImplementedError
 
     def metrics(self) -> list[str]:
-        """Metric names one run produces; a rerun is skipped when all are on disk."""
+        """Metric names one run can produce; a rerun is skipped when all are on disk (a top-k
+        at or above the class count is never reported: ``rows_complete``)."""
         raise NotImplementedError
 
     def plan(self, inputs) -> list:
@@ -290,3 +291,13 @@ def job_spec(task: Task, info, ctx: TaskContext) -> dict:
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
     }
+
+
+def rows_complete(expected: list[str], rows: list[dict]) -> bool:
+    """Whether ``rows`` (one job's) hold every metric of ``expected``, a top-k the rows' class
+    count leaves out (``num_classes`` in their extras) not being expected."""
+    from evalkit.metrics import beyond_classes
+
+    found = {row["metric"] for row in rows}
+    classes = max(((row.get("extra") or {}).get("num_classes") or 0 for row in rows), default=0)
+    return bool(rows) and all(m in found or beyond_classes(m, classes) for m in expected)

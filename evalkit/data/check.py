@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from evalkit.cache.identity import file_digest
-from evalkit.data import DataConfig, data_kind, open_dataset
+from evalkit.data import DataConfig, data_kind, dataset_root, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -101,6 +101,29 @@ class _Identity:
 
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
+
+
+def find_data(reads: dict[str, dict[str, str]], config: DataConfig) -> list[str]:
+    """Open every split a job reads (``Task.reads()``) without reading an image, and describe
+    each dataset in one line; a missing folder, split or class is a one-line error here, before
+    any backbone is built."""
+    lines = []
+    for name, splits in reads.items():
+        train_classes, found = None, []
+        for split in splits.values():
+            dataset = open_split_for_check(name, split, config, train_classes)
+            classes = getattr(dataset, "classes", None)
+            train_classes = train_classes or (list(classes) if classes else None)
+            found.append(f"{split} {len(dataset):,}")
+        classes = f"{len(train_classes):,} classes; " if train_classes else ""
+        lines.append(f"{name} ({_source(name, config)}): {classes}{', '.join(found)}")
+    return lines
+
+
+def _source(name: str, config: DataConfig) -> str:
+    if config.source == "embedded":
+        return "embedded stand-in"
+    return str(dataset_root(data_kind(name), config))
 
 
 def open_split_for_check(name: str, split: str, config: DataConfig, train_classes):

@@ -35,7 +35,9 @@ def load_rgb(path: Path) -> Image.Image:
         ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise EvalkitError(
-            f"corrupt or unreadable image {path} ({exc.__class__.__name__}): replace or delete it"
+            f"corrupt or unreadable image {path} ({exc.__class__.__name__}): replace or delete "
+            "it; `evalkit check-data` with this run's --task, --set and data options lists "
+            "every bad file"
         ) from exc
 
 

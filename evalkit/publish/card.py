@@ -1,20 +1,27 @@
 """``evalkit card``: a Hugging Face model card whose ``model-index`` metadata holds every result
 row of one backbone, so the Hub shows them on the model's page.
 
-Each row becomes one evaluation result: the task (its Hub task type and evalkit's task name),
-the dataset (name, the evaluated split, the content id of the data the row was computed on as
-its revision, and the data source as its config), the metric (its Hub type, evalkit's metric
-name, the value) and, in the metric's ``args``, the row's standard error, image count, seed,
-run key, weights id and provenance (evalkit's version among it); results are marked
-unverified, as self-reported results are. The card's text repeats the rows as a table.
+Each distinct job's row (a job run again with ``--rerun`` counts once, its newest row) becomes
+one evaluation result: the task (its Hub task type and evalkit's task name), the dataset as the
+row records it (name, the evaluated split, the content id of the data as its revision; evalkit's
+embedded stand-in named as a stand-in, never as the real set), the metric (its Hub type,
+evalkit's metric name, the value) and, in the metric's ``args``, the row's standard error,
+image count, seed, run key, weights id and provenance (evalkit's version among it); results are
+marked unverified, as self-reported results are. The card's text repeats the rows as a table.
+
+A card never holds an absolute local path: a folder data set is named by its folder's name, a
+local checkpoint by its file name, and the finished card is checked for every local path the
+rows hold before it is written. ``--push`` refuses rows on stand-in data, or rows that do not
+record their data, unless asked to publish them (``--allow-stand-in``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from evalkit import __version__
-from evalkit.core.results import Row, load_rows
+from evalkit.core.results import Row, dataset_label, load_rows
 from evalkit.errors import EvalkitError
 from evalkit.writes import replacing
 
@@ -48,7 +55,43 @@ def card_rows(results: Path, backbone: str | None = None) -> list[Row]:
                            " a card is for one model, pick it with --backbone")  # fmt: skip
     if not rows:
         raise EvalkitError(f"no result rows under {results} (expected evalkit run's *.jsonl)")
-    return rows
+    return distinct_jobs(rows)
+
+
+def distinct_jobs(rows: list[Row]) -> list[Row]:
+    """One row per (run key, metric), the newest: ``--rerun`` appends a job's rows again."""
+    newest = {}
+    for index, row in enumerate(rows):  # files hold rows in the order they were written
+        newest[(row.get("run_key") or index, row["metric"])] = row
+    return list(newest.values())
+
+
+def public_dataset(row: Row) -> tuple[str, str]:
+    """(Hub dataset type, name) of the data a row was computed on, with no local path: a folder
+    of one's own by its folder's name, the embedded stand-in as a stand-in."""
+    label = dataset_label(row) or row["task"]
+    stand_in = label.endswith(" (stand-in)")
+    name = label.removesuffix(" (stand-in)")
+    if name.startswith("folder:"):
+        name = "folder:" + Path(name.removeprefix("folder:")).name
+    if stand_in:
+        return f"evalkit-stand-in/{name}", f"{name} stand-in (evalkit's embedded data, not {name})"
+    return name, name
+
+
+def public_source(row: Row) -> str:
+    """Where the weights came from, a local checkpoint by its file name only."""
+    source = row.get("weights_source") or row.get("weights_id", "")
+    if source.startswith("local file "):
+        return "local file " + Path(source.removeprefix("local file ")).name
+    return source
+
+
+def unverifiable(rows: list[Row]) -> list[Row]:
+    """Rows ``--push`` refuses by default: on the embedded stand-in, or not saying their data."""
+    return [
+        r for r in rows if not isinstance(r.get("dataset"), dict) or r["dataset"].get("stand_in")
+    ]
 
 
 def eval_result(row: Row):
@@ -58,14 +101,16 @@ def eval_result(row: Row):
     config = row.get("config", {})
     split = config.get("eval_split", "val")
     provenance = row.get("provenance", {})
+    dataset_type, dataset_name = public_dataset(row)
     return EvalResult(
         task_type=task_type(row["task"]), task_name=row["task"],
-        dataset_type=config.get("dataset", row["task"]), dataset_name=config.get("dataset", row["task"]),
+        dataset_type=dataset_type, dataset_name=dataset_name,
         dataset_split=split, dataset_revision=row.get("data_id", {}).get(split),
         metric_type=METRIC_TYPES.get(row["metric"], row["metric"]), metric_name=row["metric"],
         metric_value=row["value"], verified=False,
         metric_args={"stderr": row.get("stderr"), "n": row.get("n"), "seed": row.get("seed"),
                      "run_key": row.get("run_key"), "weights_id": row.get("weights_id"),
+                     "weights_source": public_source(row),
                      "backbone": row["backbone"],
                      "provenance": {k: provenance[k] for k in PROVENANCE_KEPT if k in provenance}},
     )  # fmt: skip
@@ -84,25 +129,74 @@ def model_card(rows: list[Row], model_id: str):
 
 
 def card_text(rows: list[Row], model_id: str) -> str:
-    lines = [f"# {model_id}", "",
-             f"Evaluation results of `{rows[0]['backbone']}` (weights `{rows[0].get('weights_id')}`) "
-             f"written by evalkit {__version__}. Each row is also in this card's `model-index`, "
-             "with its provenance.", "",
-             "| task | metric | value | n | seed | device | evalkit |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# {model_id}",
+        "",
+        f"Evaluation results of `{rows[0]['backbone']}` (weights `{rows[0].get('weights_id')}`) "
+        f"written by evalkit {__version__}. Each row is also in this card's `model-index`, "
+        "with its provenance. `±` is the standard error over the test items.",
+        "",
+        "| task | dataset | metric | value | n | seed | device | evalkit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         stderr = f" ± {row['stderr']:.2f}" if row.get("stderr") is not None else ""
         prov = row.get("provenance", {})
-        lines.append(f"| {row['task']} | {row['metric']} | {row['value']:.4g}{stderr} | "
-                     f"{row.get('n') or ''} | {row.get('seed')} | {prov.get('device', '')} | "
-                     f"{prov.get('evalkit', '')} |")  # fmt: skip
+        cells = [
+            row["task"],
+            public_dataset(row)[1],
+            row["metric"],
+            f"{row['value']:.4g}{stderr}",
+            row.get("n") or "",
+            row.get("seed"),
+            prov.get("device", ""),
+            prov.get("evalkit", ""),
+        ]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
 
 
+def local_paths(rows: list[Row]) -> set[str]:
+    """Every absolute local path the rows hold, anywhere in them (a card must show none)."""
+    found = set()
+
+    def walk(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str):
+            for word in value.replace("folder:", " ").split():
+                if os.path.isabs(word) and len(Path(word).parts) > 2:
+                    found.add(word)
+
+    walk(list(rows))
+    return found
+
+
 def write_card(results: Path, model_id: str, out: Path, backbone: str | None = None) -> Path:
-    card = model_card(card_rows(results, backbone), model_id)
+    rows = card_rows(results, backbone)
+    text = str(model_card(rows, model_id))
+    leaked = sorted(path for path in local_paths(rows) if path in text)
+    if leaked:
+        raise EvalkitError(f"the card would publish the local path {leaked[0]}: not written")
     with replacing(out) as tmp:
-        tmp.write_text(str(card))
+        tmp.write_text(text)
     return out
+
+
+def check_publishable(results: Path, backbone: str | None, allow_stand_in: bool):
+    """``--push`` refuses stand-in numbers (and rows that do not say their data) unless asked."""
+    refused = unverifiable(card_rows(results, backbone))
+    if refused and not allow_stand_in:
+        raise EvalkitError(
+            f"not pushed: {len(refused)} row(s) are on evalkit's embedded stand-in data or do "
+            f"not record their data (e.g. {refused[0]['task']} {refused[0]['metric']}), so they "
+            "are not the real sets' numbers; rerun on the real data, or pass --allow-stand-in "
+            "to publish them labelled as stand-in"
+        )
 
 
 def push_card(path: Path, model_id: str) -> str:

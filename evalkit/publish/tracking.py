@@ -25,14 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalkit.errors import EvalkitError, warn
+from evalkit.errors import EvalkitError, install_hint, warn
 
 OPTIONS = {
     "wandb": ("project", "entity", "mode", "dir", "group", "tags"),
     "mlflow": ("uri", "experiment"),
     "tensorboard": ("dir",),
 }
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny", "tensorboard": "tensorboard"}
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,8 @@ class Guarded:
 
 def _failure(kind: str, error: Exception) -> str:
     if isinstance(error, ModuleNotFoundError):
-        reason = f"{error.name} is not installed (pip install {PACKAGES[kind]})"
+        hint = install_hint(error.name) or f"pip install 'evalkit[{kind}]'"
+        reason = f"{error.name} is not installed ({hint})"
     else:
         reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     return f"--log {kind}: {reason}; the rows are written as always, {kind} is off for this run"

@@ -165,9 +165,10 @@ def check(plan: Plan):
 def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
     """Rows of every metric of ``job`` are already under the plan's output folder."""
     from evalkit.core.runner import resolve_task
+    from evalkit.core.task import rows_complete
 
-    metrics = {r["metric"] for r in job_rows(plan, job, read)}
-    return metrics >= set(resolve_task(job.task, job.overrides).metrics())
+    expected = resolve_task(job.task, job.overrides).metrics()
+    return rows_complete(expected, job_rows(plan, job, read))
 
 
 def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
