@@ -87,7 +87,9 @@ def test_every_example_names_the_extra_it_needs(doc):
     for before, code in code_examples(path.read_text()):
         for pattern, extra in NEEDS.items():
             for line in code.splitlines():
-                if re.search(pattern, line) and line.lstrip().startswith(("evalkit", "torchrun", "|")):
+                if re.search(pattern, line) and line.lstrip().startswith(
+                    ("evalkit", "torchrun", "|")
+                ):
                     assert f"evalkit[{extra}]" in before + code, f"{doc}: {line.strip()[:120]}"
 
 
