@@ -16,7 +16,7 @@ from benchmarks.common import peak_rss_mb, report
 from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 from evalkit.heads.dense import LinearSegmentation, UperNetSegmentation
-from evalkit.tasks.dense import tap_layers
+from evalkit.protocols.dense import tap_layers
 
 
 def train_steps(head, grids_for, steps: int, batch: int, n: int) -> float:

@@ -34,7 +34,7 @@ import torch
 from benchmarks.common import report
 from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path, threads
-from evalkit.tasks.linear_probe import DEFAULT_L2
+from evalkit.protocols.classification import DEFAULT_L2
 
 
 def synthetic(n: int, d: int, classes: int, seed: int = 0):

@@ -46,7 +46,8 @@ def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
     peak RSS."""
     from evalkit.cache.features import FeatureSet
     from evalkit.heads.linear import fit_logistic, hits
-    from evalkit.tasks.linear_probe import LinearProbe, ProbeData, percent, stratified_holdout
+    from evalkit.protocols.classification import ProbeData, percent, stratified_holdout
+    from evalkit.tasks.linear_probe import LinearProbe
 
     def view(split):
         parts = sorted((folder / split).glob("shard-*.safetensors"))

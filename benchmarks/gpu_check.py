@@ -209,7 +209,7 @@ def extraction(device: str) -> dict:
 def probe(device: str) -> dict:
     """The probe's selection and refit on seeded features, on ``device`` and on the CPU."""
     from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
-    from evalkit.tasks.linear_probe import DEFAULT_L2, choose_l2, stratified_holdout
+    from evalkit.protocols.classification import DEFAULT_L2, choose_l2, stratified_holdout
 
     rows = SIZES[device][2]
     generator = torch.Generator().manual_seed(0)

@@ -38,9 +38,9 @@ from evalkit.metrics import (
     reliability,
     topk_hits,
 )
-
-from .classifier import Scorer
-from .linear_probe import LinearProbe, percent
+from evalkit.protocols.classification import percent
+from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.scorer import Scorer
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
 CORRUPTION_NAMES = Rule("ImageNet-C corruption names",
@@ -49,7 +49,7 @@ SEVERITY_LEVELS = Rule("severities from 1 to 5", lambda v: bool(v) and set(v) <=
 
 
 @dataclass(frozen=True)
-class Calibration(LinearProbe):
+class Calibration(LinearClassifier):
     name: str = "imagenet-ece"
     corrupted: bool = False  # imagenet-c-ece: score ImageNet-C too
     bins: int = setting(ECE_BINS, Rule("at least 2 bins", lambda v: v >= 2))

@@ -30,9 +30,7 @@ from evalkit.data.dense import DEPTH, frame_size
 from evalkit.errors import EvalkitError
 from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr
-from evalkit.training.loop import sampled_batches
-
-from .dense import (
+from evalkit.protocols.dense import (
     DenseSettings,
     colour_depth,
     dense_features,
@@ -41,8 +39,9 @@ from .dense import (
     save_picture_grid,
     tap_layers,
 )
-from .finetuning import end_to_end
-from .linear_probe import image_ids
+from evalkit.protocols.finetuning import end_to_end
+from evalkit.protocols.predictions import image_ids
+from evalkit.training.loop import sampled_batches
 
 # The paper's MSE, of units it does not state: labelled so wherever it is shown.
 PAPER = {

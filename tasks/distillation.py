@@ -2,7 +2,7 @@
 12; docs/protocols.md, "Distillation").
 
 The teacher is the backbone under test with its classifier: the linear probe on frozen
-features, or with ``--set finetune=true`` the fine-tuned backbone (tasks/classifier.py). The
+features, or with ``--set finetune=true`` the fine-tuned backbone (evalkit.protocols.scorer). The
 student is a size of the built-in family (``student``, at ``student_image`` px), trained by the
 backbone trainer with the loss T²·KL(softmax(teacher/T) ‖ softmax(student/T)), plus
 ``label_weight`` × cross-entropy with the labels when asked (0 by default, as big_vision's
@@ -36,16 +36,16 @@ from evalkit.data import open_dataset
 from evalkit.metrics import accuracy_stderr, mean_stderr
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.planner import forward_flops, training_flops
+from evalkit.protocols.classification import percent
+from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.scorer import Scorer
+from evalkit.protocols.small_training import SIZE
 from evalkit.training.loop import Schedule, fit, sampled_batches
 from evalkit.training.pretrain import Classifier
 
-from .classifier import Scorer
-from .linear_probe import LinearProbe, percent
-from .stability import SIZE
-
 
 @dataclass(frozen=True)
-class Distillation(LinearProbe):
+class Distillation(LinearClassifier):
     name: str = "distill-imagenet"
     student: str = setting("ti", SIZE)
     student_image: int = setting(32, POSITIVE)

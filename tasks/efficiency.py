@@ -24,10 +24,9 @@ import torch
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Stage, Task, one_of, setting
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.planner import training_flops
+from evalkit.protocols.small_training import SIZE, load_images
 from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
-
-from .stability import SIZE, load_images
 
 VARIANTS = {
     "biases": {"without": {"qkv_bias": False, "ln_bias": False, "norm": "layer"},

@@ -18,8 +18,7 @@ import torch
 from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_accuracy
-
-from .linear_probe import SCORED_SETS, FrozenClassification
+from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from evalkit.core.task import POSITIVE, Metric, Rule, one_of, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.knn import TEMPERATURE, nearest, vote
 from evalkit.metrics import reported_ks
-
-from .linear_probe import FrozenClassification, percent, save_classifications, scored_hits
+from evalkit.protocols.classification import FrozenClassification, percent
+from evalkit.protocols.predictions import save_classifications, scored_hits
 
 POSITIVE_INTS = Rule("a non-empty list of distinct positive whole numbers",
                      lambda v: bool(v) and all(int(k) == k and k > 0 for k in v)

@@ -33,9 +33,7 @@ from evalkit.data import open_dataset
 from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
 from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
-from evalkit.training.loop import sampled_batches
-
-from .dense import (
+from evalkit.protocols.dense import (
     DenseSettings,
     colour_labels,
     dense_features,
@@ -45,8 +43,9 @@ from .dense import (
     save_picture_grid,
     tap_layers,
 )
-from .finetuning import FinetuneSettings, end_to_end, finetune_extra
-from .linear_probe import image_ids
+from evalkit.protocols.finetuning import FinetuneSettings, end_to_end, finetune_extra
+from evalkit.protocols.predictions import image_ids
+from evalkit.training.loop import sampled_batches
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a
 # later paper tabulates ViT-22B at full data as frozen linear 34.6, frozen UperNet 52.7,
@@ -169,7 +168,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
 
     def fine_tuned(self, backbone, ctx, sets, indices):
         """Backbone and head trained end to end on randomly flipped training images, labels at
-        stride 4 of the input (tasks/finetuning.py)."""
+        stride 4 of the input (evalkit.protocols.finetuning)."""
         log, predict = self.train_end_to_end(backbone, ctx, sets, indices, frozen=False)
         return predict, {**finetune_extra(self, log, self.image_size), "dense_mode": "fine-tuned"}
 

@@ -20,16 +20,15 @@ from pathlib import Path
 import torch
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Stage, Task, setting
-from evalkit.data import open_dataset
 from evalkit.heads.train import seeded_build
 from evalkit.models.vit22b import SIZES, build, config
 from evalkit.parallel.planner import training_flops
+from evalkit.protocols.small_training import SIZE, load_images
 from evalkit.training.loop import Diverged, Schedule, fit
 from evalkit.training.pretrain import Classifier
 from evalkit.training.probes import AttentionStats
 
 VARIANTS = {"qk_norm": True, "no_qk_norm": False}
-SIZE = Rule(f"a size of the built-in family ({', '.join(SIZES)})", lambda v: v in SIZES)
 TRACE_EVERY = 10  # steps between the points of the curves kept in the rows
 
 
@@ -162,18 +161,6 @@ def _curves(run: dict) -> dict:
             "max_logit": [max(e["max_attention_logit"]) for e in log], "final": _final(run),
             "initial": run["initial_loss"], "diverged": run["diverged"],
             "last_entropy": log[-1]["attention_entropy"] if log else None}  # fmt: skip
-
-
-def load_images(task, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every image of ``task.split`` of ``task.dataset`` at ``task.image`` px, in memory (the
-    ablations train small models on small sets)."""
-    from torchvision import transforms as T
-
-    transform = T.Compose([T.Resize((task.image, task.image)), T.ToTensor(),
-                           T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
-    data = open_dataset(task.dataset, task.split, ctx.data, transform=transform)
-    pairs = [data[i] for i in range(len(data))]
-    return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
 
 
 def _tail_mean(log: list[dict], key: str, tail: int = 10) -> float:

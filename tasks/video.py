@@ -42,8 +42,7 @@ from evalkit.heads.linear import Standardizer
 from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
 from evalkit.heads.video import HEADS, HeadConfig, build_head
 from evalkit.metrics import accuracy_stderr, reported_ks
-
-from .linear_probe import save_classifications
+from evalkit.protocols.predictions import save_classifications
 
 PAPER = {"kinetics400": {"top1": {"ViT-22B": 88.0}}}
 CROPS = Rule("1 or 3 spatial crops", lambda v: v in (1, 3))

@@ -71,8 +71,7 @@ from evalkit.heads.zeroshot import (
     templates,
 )
 from evalkit.metrics import accuracy_stderr, reported_ks
-
-from .linear_probe import save_classifications
+from evalkit.protocols.predictions import save_classifications
 
 TEMPLATES = Rule(
     f"auto, one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",

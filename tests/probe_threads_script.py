@@ -10,7 +10,7 @@ import sys
 import torch
 
 from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
-from evalkit.tasks.linear_probe import DEFAULT_L2, choose_l2, stratified_holdout
+from evalkit.protocols.classification import DEFAULT_L2, choose_l2, stratified_holdout
 
 
 def main(path: str, threads: int, nudge: float) -> dict:

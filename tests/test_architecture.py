@@ -101,9 +101,13 @@ def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
 
     torn_down = []
     monkeypatch.setattr(distributed, "teardown", lambda: torn_down.append(True))
-    spec = runner.RunSpec(tasks="imagenet-linear", backbones="fake", data="folder",
-                          data_dir=cli_env / "nowhere", progress=False)  # fmt: skip
-    with pytest.raises(EvalkitError, match="dataset folder not found"):
+
+    def failing(*args, **kwargs):
+        raise EvalkitError("the job failed")
+
+    monkeypatch.setattr(runner, "run_task", failing)
+    spec = runner.RunSpec(tasks="imagenet-knn", backbones="fake", data="embedded", progress=False)
+    with pytest.raises(EvalkitError, match="the job failed"):
         list(runner.run(spec))
     assert torn_down == [True]
 

@@ -96,7 +96,7 @@ def test_which_errors_are_about_memory(error, memory):
 
 def test_prediction_backs_off_and_gives_the_same_logits(fake, ctx, monkeypatch):
     from evalkit.data import open_dataset
-    from evalkit.tasks.linear_probe import predict
+    from evalkit.protocols.classification import predict
 
     data = open_dataset("imagenet", "val", ctx.data, transform=fake.transform())
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(24))

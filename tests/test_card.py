@@ -136,7 +136,7 @@ def test_no_absolute_local_path_reaches_the_card_or_the_hub(tmp_path, data_cache
     monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_test")
     sent = []
     monkeypatch.setattr(ModelCard, "push_to_hub", lambda card, repo, **kw: sent.append(str(card)))
-    card_path = tmp_path / "card.md"
+    card_path = tmp_path / "model-card.txt"
     args = ["card", str(out), "--model-id", "org/x", "--out", str(card_path), "--push"]
     assert main(args) == 0
     for text in (card_path.read_text(), sent[0]):

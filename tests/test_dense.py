@@ -173,7 +173,7 @@ def test_embedded_sets_use_the_real_layouts(tmp_path):
 
 
 def test_hashed_subsets_are_nested_and_seeded():
-    from evalkit.tasks.dense import hashed_subset, tap_layers
+    from evalkit.protocols.dense import hashed_subset, tap_layers
 
     names = [f"img{i}.jpg" for i in range(160)]
     small, large = hashed_subset(names, 1 / 16, 0), hashed_subset(names, 1 / 8, 0)

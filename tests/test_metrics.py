@@ -235,7 +235,7 @@ def test_ece_is_zero_for_a_perfectly_calibrated_sample(repeats):
 
 
 def test_choose_l2_takes_the_strongest_within_one_hold_out_image():
-    from evalkit.tasks.linear_probe import choose_l2
+    from evalkit.protocols.classification import choose_l2
 
     path = [(1.0, "a"), (0.1, "b"), (0.01, "c")]  # strongest first, as the path is fitted
     assert choose_l2(path, {1.0: 10, 0.1: 12, 0.01: 11}) == (0.1, "b")  # two images behind

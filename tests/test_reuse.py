@@ -31,7 +31,7 @@ REUSE_SITES = {
     ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",
     ("evalkit/core/runner.py", "run"): "request_spec (the sweep's skip)",
     ("evalkit/reproduction/sweep.py", "request_key"): "request_spec, as the runner",
-    ("tasks/finetuning.py", "checkpoint_dir"): "job_spec, as the runner",
+    ("evalkit/protocols/finetuning.py", "checkpoint_dir"): "job_spec, as the runner",
     ("tasks/zeroshot.py", "tower_id"): "backbone_spec, or the tower's content + libraries",
     ("evalkit/heads/zeroshot.py", "key"): "tower_id + names + templates",
     ("evalkit/heads/zeroshot.py", "names_id"): "a record of class names, not a reuse key",
@@ -74,7 +74,7 @@ def _context(spec: RunSpec, seed=0):
 def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
     """Fine-tuning checkpoints key on the run key itself; the request key (sweeps) moves with
     every input the run key moves with, library versions included."""
-    from evalkit.tasks.finetuning import checkpoint_dir
+    from evalkit.protocols.finetuning import checkpoint_dir
 
     spec = RunSpec(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
     backbone, task, ctx = _context(spec)

@@ -6,8 +6,8 @@ import torch
 from evalkit import get_task
 from evalkit.core.runner import run_task
 from evalkit.errors import EvalkitError
+from evalkit.protocols.classification import stratified_holdout
 from evalkit.tasks.fewshot import kshot_indices
-from evalkit.tasks.linear_probe import stratified_holdout
 
 
 def test_linear_probe_learns_and_is_deterministic(fake, ctx, tmp_path):

@@ -19,7 +19,7 @@ from evalkit.cli.results import error_tables
 from evalkit.core.runner import resolve_task
 from evalkit.data.shifted import LabelSpace, check_names_file
 from evalkit.errors import EvalkitError
-from evalkit.tasks.linear_probe import save_classifications
+from evalkit.protocols.predictions import save_classifications
 
 WNIDS = ("n01440764", "n01443537", "n01484850")  # tench, goldfish, great white shark
 

@@ -10,6 +10,14 @@ from evalkit.registry import Registry
 
 TASKS = Registry("task", "evalkit.tasks")
 
+
+def resolve_task(name: str, overrides=()):
+    """The task registered as ``name`` (or an alias of it), with ``key=value`` overrides."""
+    entry = TASKS.get(name)
+    task = entry.load()(name=entry.canonical, **entry.params)
+    return task.with_overrides(list(overrides or ()))
+
+
 TASKS.add(
     "imagenet-linear",
     "evalkit.tasks.linear_probe:LinearProbe",

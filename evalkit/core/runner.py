@@ -17,17 +17,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import functools
-import hashlib
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -37,12 +31,13 @@ from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weig
 from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
-from evalkit.core.catalog import TASKS
-from evalkit.core.numerics import numerics, peak_memory_mb, reset_peak_memory, run_numerics
+from evalkit.core.catalog import TASKS, resolve_task
+from evalkit.core.numerics import reset_peak_memory, run_numerics
 from evalkit.core.plan import auto_batch_size, unfit
 from evalkit.core.results import Row, append_rows, load_rows, rows_file
+from evalkit.core.rows import make_row, provenance
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
-from evalkit.data import DataConfig, hub_source
+from evalkit.data import DataConfig
 from evalkit.data.check import find_data
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
@@ -307,21 +302,10 @@ def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:
     return ("none",)
 
 
-def resolve_task(name: str, overrides=()) -> Task:
-    """The task registered as ``name`` (or an alias of it), with ``key=value`` overrides."""
-    entry = TASKS.get(name)
-    task = entry.load()(name=entry.canonical, **entry.params)
-    return task.with_overrides(list(overrides or ()))
-
-
 def alias_note(name: str) -> str | None:
     """A note when ``name`` is an alias, naming the real task."""
     entry = TASKS.get(name)
     return f"{name!r} is an alias of {entry.alias_of!r}" if entry.alias_of else None
-
-
-def hash_json(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_task(
@@ -441,101 +425,3 @@ def _weights_asked(spec: RunSpec, backbone: str, seed: int) -> str:
     if spec.pretrained:
         return "pretrained"  # the hub file's content id is in the job's own key
     return f"random-init:{seed}:{spec.random_init}"
-
-
-def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
-    return {
-        "task": task.name,
-        "task_version": task.version,
-        "backbone": info.name,
-        "weights_id": info.weights_id,
-        "weights_source": info.source,  # hub repository@commit, local file, or random init
-        "backbone_options": info.options,
-        "random_init": info.random_init,
-        "metric": metric.metric,
-        "value": metric.value,
-        "stderr": metric.stderr,
-        "std": metric.std,
-        "higher_is_better": metric.higher_is_better,
-        "n": metric.n,
-        "seeds": metric.seeds,
-        "seed": ctx.seed,
-        "config": task.config(),
-        "config_hash": hash_json(task.config()),
-        "run_key": key,
-        "request_key": ctx.request_key,
-        "data_id": dict(ctx.stats["data"]),
-        "dataset": dataset_record(task, ctx),
-        "paper": paper_numbers(task, metric.metric, ctx),
-        **({"data_source": source} if (source := hub_source(task.config().get("dataset"))) else {}),
-        "extra": metric.extra,
-    }
-
-
-def dataset_record(task: Task, ctx: TaskContext) -> dict:
-    """The data a row was computed on, as views name it: the dataset(s) read, whether they are
-    the task's own (``--set dataset=`` changes them) and whether they are evalkit's embedded
-    stand-in rather than the real set (a number on it is not the real set's number)."""
-    names = task.datasets()
-    return {
-        "name": "+".join(names),
-        "own": names == resolve_task(task.name).datasets(),
-        "stand_in": ctx.data.source == "embedded",
-    }
-
-
-def paper_numbers(task: Task, metric: str, ctx: TaskContext) -> dict:
-    """The paper's numbers this row sits beside (model → value): the task's reference for
-    the metric, none when the row was computed on other data than the task's own."""
-    if not dataset_record(task, ctx)["own"]:
-        return {}
-    return dict(task.reference.get(metric, {}))
-
-
-def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
-    seconds = ctx.stats["seconds"]
-    return {
-        **environment(),
-        **numerics(),
-        "device": ctx.extract.device,
-        "dtype": ctx.extract.dtype,
-        "cache_dtype": ctx.extract.cache_dtype,
-        "batch_size": ctx.extract.limit.used(ctx.extract.batch_size),  # after any back-off
-        "wall_s": round(wall_s, 3),
-        "images_extracted": ctx.stats["images"],  # this job's own forward passes
-        "images_per_s": round(ctx.stats["images"] / seconds, 2) if seconds else None,
-        "peak_mem_mb": peak_memory_mb(ctx.extract.device),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-@functools.cache
-def environment() -> dict:
-    def pkg(name):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    return {
-        "evalkit": pkg("evalkit"),
-        "git_sha": git_sha(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "timm": pkg("timm"),
-        "open_clip": pkg("open_clip_torch"),
-    }
-
-
-def git_sha() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None

@@ -17,7 +17,8 @@ from evalkit.core.task import resolve_pool
 from evalkit.data import open_dataset
 from evalkit.heads.linear import fit_logistic
 
-from .linear_probe import FinetunedClassifier, ProbeData, predict, stratified_holdout
+from .classification import ProbeData, predict, stratified_holdout
+from .linear_classifier import FinetunedClassifier
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Scorer:
     """The classifier under test: logits of any split, and of the held-out training images
     the temperature is fitted on."""
 
-    task: object  # a LinearProbe
+    task: object  # a LinearClassifier
     backbone: object
     ctx: object
     classes: list[str]
@@ -36,7 +37,7 @@ class Scorer:
 
     @classmethod
     def fit(cls, task, backbone, ctx, *, refit_all: bool = False) -> Scorer:
-        """``task`` is a ``LinearProbe`` (its probe and fine-tuning settings)."""
+        """``task`` is a ``LinearClassifier`` (its probe and fine-tuning settings)."""
         fit = cls._finetuned if task.finetune else cls._frozen
         return fit(task, backbone, ctx, refit_all)
 
@@ -48,7 +49,7 @@ class Scorer:
         classes = len(train.classes)
         fit_idx, held_idx = stratified_holdout(feats.labels, task.holdout, seed=ctx.seed)
         data = ProbeData.build(feats, None, task, ctx.extract.device, classes)
-        l2, init, _, _ = task._select_l2(data, fit_idx, held_idx, classes)
+        l2, init, _, _ = task.select_l2(data, fit_idx, held_idx, classes)
         train_idx = None if refit_all else fit_idx
         model = fit_logistic(data.train_rows(train_idx), None, num_classes=classes, l2=l2,
                              init=init, max_iter=task.refit_max_iter)  # fmt: skip
