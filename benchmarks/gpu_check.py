@@ -94,7 +94,7 @@ def families(device: str, work: Path) -> dict:
 def features_agree(device: str) -> dict:
     """The same weights and images on ``device`` and on the CPU, in fp32 with TF32 off."""
     from evalkit import load_backbone
-    from evalkit.core.runner import run_numerics
+    from evalkit.core.numerics import run_numerics
 
     restore = run_numerics()
     try:

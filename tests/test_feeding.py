@@ -9,7 +9,7 @@ import pytest
 import torch
 from fake_cuda import fake_cuda
 
-from evalkit.core.runner import numerics, run_numerics
+from evalkit.core.numerics import numerics, run_numerics
 from evalkit.data import feeding
 from evalkit.reproduction.sweep import Resources
 from evalkit.training.loop import sampled_batches
