@@ -99,8 +99,20 @@ def regression_rows(session, out: str):
     session.run("python", GATE, f"{out}/gate", env=OFFLINE)
     ladder = ".cache/regression-ladder"
     session.run("rm", "-rf", ladder, external=True)
-    session.run("evalkit", "reproduce", "--scale", "tiny", "--rows", EFFECT_ROWS, "--out",
-                f"{out}/paper", "--cache-dir", ladder, "--quiet", env=OFFLINE)  # fmt: skip
+    session.run(
+        "evalkit",
+        "reproduce",
+        "--scale",
+        "tiny",
+        "--rows",
+        EFFECT_ROWS,
+        "--out",
+        f"{out}/paper",
+        "--cache-dir",
+        ladder,
+        "--quiet",
+        env=OFFLINE,
+    )
 
 
 @nox.session
@@ -109,13 +121,26 @@ def regression(session):
     committed baselines: any change beyond the metric's tolerance (results/baselines/
     tolerances.toml, else 1 point), up or down, fails."""
     regression_rows(session, "results/regression")
-    session.run("evalkit", "compare", "results/baselines", "results/regression", "--tolerance",
-                "1.0", env=OFFLINE)  # fmt: skip
+    session.run(
+        "evalkit",
+        "compare",
+        "results/baselines",
+        "results/regression",
+        "--tolerance",
+        "1.0",
+        env=OFFLINE,
+    )
 
 
 @nox.session(name="update-baselines")
 def update_baselines(session):
     """Regenerate results/baselines from a fresh regression run (review the diff)."""
     regression_rows(session, "results/regression")
-    session.run("evalkit", "compare", "results/baselines", "results/regression",
-                "--update-baselines", env=OFFLINE)  # fmt: skip
+    session.run(
+        "evalkit",
+        "compare",
+        "results/baselines",
+        "results/regression",
+        "--update-baselines",
+        env=OFFLINE,
+    )

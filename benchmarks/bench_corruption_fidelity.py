@@ -90,8 +90,11 @@ def original_change(images: np.ndarray, name: str, severity: int, seeds: int) ->
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
         for image in images:
-            out = original_glass_blur(image, c, rng) if name == "glass_blur" else \
-                original_zoom_blur(image, c)  # fmt: skip
+            out = (
+                original_glass_blur(image, c, rng)
+                if name == "glass_blur"
+                else original_zoom_blur(image, c)
+            )
             changes.append(np.abs(out.astype(float) - image).mean())
     return float(np.mean(changes))
 
@@ -121,12 +124,19 @@ def main():
         references[name] = tuple(original_change(images, name, s, seeds) for s in range(1, 6))
     for name, reference in references.items():
         ours = [mean_change(images, name, s, args.seeds) for s in range(1, 6)]
-        record[name] = {"parameters": [str(p) for p in CORRUPTIONS[name][1]],
-                        "original": [round(r, 2) for r in reference],
-                        "ours": [round(v, 2) for v in ours],
-                        "ratio": [round(v / r, 3) for v, r in zip(ours, reference, strict=True)]}  # fmt: skip
-        print(f"{name:18s} ours/original " + "  ".join(f"s{s}: {v:.1f}/{r:.1f}" for s, (v, r) in
-                                                         enumerate(zip(ours, reference, strict=True), 1)))  # fmt: skip
+        record[name] = {
+            "parameters": [str(p) for p in CORRUPTIONS[name][1]],
+            "original": [round(r, 2) for r in reference],
+            "ours": [round(v, 2) for v in ours],
+            "ratio": [round(v / r, 3) for v, r in zip(ours, reference, strict=True)],
+        }
+        print(
+            f"{name:18s} ours/original "
+            + "  ".join(
+                f"s{s}: {v:.1f}/{r:.1f}"
+                for s, (v, r) in enumerate(zip(ours, reference, strict=True), 1)
+            )
+        )
     report("corruption_fidelity", record)
 
 

@@ -33,11 +33,22 @@ def main():
         single = 4 / best_time(
             lambda n=name: [corrupt(batch[i], n, 3) for i in range(4)], repeats=2
         )
-        record[name] = {"batched_img_s": round(batched, 1), "per_image_img_s": round(single, 1),
-                        "ratio": round(batched / single, 2)}  # fmt: skip
+        record[name] = {
+            "batched_img_s": round(batched, 1),
+            "per_image_img_s": round(single, 1),
+            "ratio": round(batched / single, 2),
+        }
     slowest = min(record, key=lambda n: record[n]["batched_img_s"])
-    report("corruptions", {"size": SIZE, "batch": BATCH, "slowest": slowest,
-                           "slowest_img_s": record[slowest]["batched_img_s"], **record})  # fmt: skip
+    report(
+        "corruptions",
+        {
+            "size": SIZE,
+            "batch": BATCH,
+            "slowest": slowest,
+            "slowest_img_s": record[slowest]["batched_img_s"],
+            **record,
+        },
+    )
 
 
 if __name__ == "__main__":

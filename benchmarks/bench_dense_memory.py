@@ -22,9 +22,25 @@ def run_peak(train_images: int, budget: str, tmp: Path) -> float:
     folder = tmp / f"{train_images}-{budget}"
     folder.mkdir()
     os.environ["EVALKIT_EMBEDDED_SCENES"] = f"{train_images},16"
-    command = [sys.executable, str(RSS_SCRIPT), "run", "--task", "ade20k-1/1", "--backbone",
-               "vit22b/s", "--data", "embedded", "--quiet", "--cache-dir", str(folder / "cache"),
-               "--out", str(folder / "rows"), *SETTINGS, "--set", f"cache_budget_gb={budget}"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(RSS_SCRIPT),
+        "run",
+        "--task",
+        "ade20k-1/1",
+        "--backbone",
+        "vit22b/s",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--cache-dir",
+        str(folder / "cache"),
+        "--out",
+        str(folder / "rows"),
+        *SETTINGS,
+        "--set",
+        f"cache_budget_gb={budget}",
+    ]
     return peak_rss(command, folder)
 
 
@@ -34,8 +50,11 @@ def main():
         tmp = Path(tmp)
         for mode, budget in (("in_loop", "0"), ("cached_grids", "8")):
             small, large = run_peak(128, budget, tmp), run_peak(1024, budget, tmp)
-            record[mode] = {"rss_128_mb": round(small), "rss_1024_mb": round(large),
-                            "growth": round(large / small - 1, 3)}  # fmt: skip
+            record[mode] = {
+                "rss_128_mb": round(small),
+                "rss_1024_mb": round(large),
+                "growth": round(large / small - 1, 3),
+            }
     record["target"] = "growth < 0.10 in each mode"
     report("dense_memory", record)
 

@@ -119,8 +119,9 @@ def jpeg_extraction(spec: str, count: int, batch_size: int, tmp: Path):
 
     def from_files():
         settings = ExtractSettings(batch_size=batch_size, shard_size=batch_size, progress=False)
-        extract_features(backbone, dataset, request=FeatureRequest(), settings=settings,
-                         split="jpeg")  # fmt: skip
+        extract_features(
+            backbone, dataset, request=FeatureRequest(), settings=settings, split="jpeg"
+        )
 
     bare_s, files_s = best_time(bare, repeats=1), best_time(from_files, repeats=1)
     report(

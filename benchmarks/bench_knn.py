@@ -77,8 +77,11 @@ def main():
     train, labels, test, test_labels = (t.to(device) for t in data(rows // scale, 10_000 // scale))
     torch.backends.cuda.matmul.allow_tf32 = False
     baseline = faiss_exact if device.type == "cpu" else bare_exact
-    runs = {"faiss" if device.type == "cpu" else "bare": baseline, "evalkit": ours,
-            "evalkit_fp32": lambda *a: ours(*a, search="fp32")}  # fmt: skip
+    runs = {
+        "faiss" if device.type == "cpu" else "bare": baseline,
+        "evalkit": ours,
+        "evalkit_fp32": lambda *a: ours(*a, search="fp32"),
+    }
     timings, predictions = {name: [] for name in runs}, {}
     for _ in range(3):
         for name, fn in runs.items():
@@ -90,17 +93,30 @@ def main():
     best = {name: min(t) for name, t in timings.items()}
     base = next(iter(runs))
     reference = predictions[base]
-    report("knn" if device.type == "cpu" else f"knn_{device.type}", {
-        "train": len(train), "queries": len(test), "dim": DIM, "k": K, "device": str(device),
-        "threads": torch.get_num_threads(), "seconds": timings,
-        "bf16_search": fast_bf16(device), "baseline": base,
-        f"speedup_vs_{base}": round(best[base] / best["evalkit"], 2),
-        f"speedup_fp32_vs_{base}": round(best[base] / best["evalkit_fp32"], 2),
-        "top1": {n: round(100 * (p == test_labels).double().mean().item(), 2)
-                 for n, p in predictions.items()},
-        "same_predictions": {n: bool(torch.equal(p, reference)) for n, p in predictions.items()},
-        "target": f">= 1.0x {base}, identical predictions",
-    })  # fmt: skip
+    report(
+        "knn" if device.type == "cpu" else f"knn_{device.type}",
+        {
+            "train": len(train),
+            "queries": len(test),
+            "dim": DIM,
+            "k": K,
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "seconds": timings,
+            "bf16_search": fast_bf16(device),
+            "baseline": base,
+            f"speedup_vs_{base}": round(best[base] / best["evalkit"], 2),
+            f"speedup_fp32_vs_{base}": round(best[base] / best["evalkit_fp32"], 2),
+            "top1": {
+                n: round(100 * (p == test_labels).double().mean().item(), 2)
+                for n, p in predictions.items()
+            },
+            "same_predictions": {
+                n: bool(torch.equal(p, reference)) for n, p in predictions.items()
+            },
+            "target": f">= 1.0x {base}, identical predictions",
+        },
+    )
 
 
 if __name__ == "__main__":

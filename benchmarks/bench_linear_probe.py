@@ -67,8 +67,13 @@ def resnet_features():
     out = []
     for split in ("train", "val"):
         data = open_dataset("imagenet", split, config, transform=backbone.transform())
-        feats = extract_features(backbone, data, request=FeatureRequest(pool="mean"),
-                                 settings=ExtractSettings(progress=False), split=split)  # fmt: skip
+        feats = extract_features(
+            backbone,
+            data,
+            request=FeatureRequest(pool="mean"),
+            settings=ExtractSettings(progress=False),
+            split=split,
+        )
         out += [feats.pooled.float(), feats.labels]
     return out
 
@@ -102,14 +107,17 @@ def convergence_gaps(x, y, path, sklearn_fits) -> dict:
     reference (our fit continued to a gradient of 1e-7)."""
     ours, theirs = [], []
     for l2, model in path:
-        tight = fit_logistic(x, y, num_classes=model.weight.shape[1], l2=l2, init=model,
-                             max_iter=2000, tol=1e-7)  # fmt: skip
+        tight = fit_logistic(
+            x, y, num_classes=model.weight.shape[1], l2=l2, init=model, max_iter=2000, tol=1e-7
+        )
         best = objective(x, y, tight.weight, tight.bias, l2)
         ours.append(objective(x, y, model.weight, model.bias, l2) / best - 1)
         if l2 in sklearn_fits:
             theirs.append(objective(x, y, *sklearn_fits[l2], l2) / best - 1)
-    return {"ours_max_objective_gap": float(f"{max(ours):.2e}"),
-            "sklearn_std_max_objective_gap": float(f"{max(theirs):.2e}") if theirs else None}  # fmt: skip
+    return {
+        "ours_max_objective_gap": float(f"{max(ours):.2e}"),
+        "sklearn_std_max_objective_gap": float(f"{max(theirs):.2e}") if theirs else None,
+    }
 
 
 def timed_sweep(x, y, xv, yv, classes: int, device: torch.device):
@@ -132,16 +140,25 @@ def device_sweep(args, x, y, xv, yv):
     linear.LOW_PRECISION_PASSES = False
     fp32_s, fp32 = timed_sweep(x, y, xv, yv, args.classes, device)
     linear.LOW_PRECISION_PASSES = True
-    record = {"shape": f"{args.n}x{args.dim}, {args.classes} classes", "device": str(device),
-              "device_s": round(there_s, 2), "device_top1_per_l2": there,
-              "device_fp32_passes_s": round(fp32_s, 2), "device_fp32_passes_top1_per_l2": fp32,
-              "speedup_vs_fp32_passes": round(fp32_s / there_s, 2)}  # fmt: skip
+    record = {
+        "shape": f"{args.n}x{args.dim}, {args.classes} classes",
+        "device": str(device),
+        "device_s": round(there_s, 2),
+        "device_top1_per_l2": there,
+        "device_fp32_passes_s": round(fp32_s, 2),
+        "device_fp32_passes_top1_per_l2": fp32,
+        "speedup_vs_fp32_passes": round(fp32_s / there_s, 2),
+    }
     if not args.no_cpu:
         here_s, here = timed_sweep(x, y, xv, yv, args.classes, torch.device("cpu"))
-        record |= {"cpu_s": round(here_s, 2), "cpu_threads": torch.get_num_threads(),
-                   "speedup_vs_cpu": round(here_s / there_s, 1), "cpu_top1_per_l2": here,
-                   "same_chosen_l2": max(range(len(here)), key=here.__getitem__)
-                   == max(range(len(there)), key=there.__getitem__)}  # fmt: skip
+        record |= {
+            "cpu_s": round(here_s, 2),
+            "cpu_threads": torch.get_num_threads(),
+            "speedup_vs_cpu": round(here_s / there_s, 1),
+            "cpu_top1_per_l2": here,
+            "same_chosen_l2": max(range(len(here)), key=here.__getitem__)
+            == max(range(len(there)), key=there.__getitem__),
+        }
     report(f"linear_probe_sweep_{device.type}_{args.n}x{args.dim}x{args.classes}", record)
 
 

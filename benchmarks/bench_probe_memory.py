@@ -54,14 +54,19 @@ def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
         return FeatureSet(parts, from_cache=True)
 
     train, test = view("train"), view("test")
-    task = LinearProbe(l2_grid=(1e-3, 1e-4), max_iter=max_iter, refit_max_iter=max_iter,
-                       resident_gb=0.0 if mode == "streamed" else 1e9)  # fmt: skip
+    task = LinearProbe(
+        l2_grid=(1e-3, 1e-4),
+        max_iter=max_iter,
+        refit_max_iter=max_iter,
+        resident_gb=0.0 if mode == "streamed" else 1e9,
+    )
     start = time.perf_counter()
     data = ProbeData.build(train, test, task, "cpu", CLASSES)
     fit_idx, held_idx = stratified_holdout(train.labels, task.holdout, seed=0)
     l2, init, _, _ = task._select_l2(data, fit_idx, held_idx, CLASSES)
-    model = fit_logistic(data.train_rows(), None, num_classes=CLASSES, l2=l2, init=init,
-                         max_iter=task.refit_max_iter)  # fmt: skip
+    model = fit_logistic(
+        data.train_rows(), None, num_classes=CLASSES, l2=l2, init=init, max_iter=task.refit_max_iter
+    )
     top1 = percent(hits(model, data.test_rows(), 1))
     peak_mb = peak_rss_mb()
     return {"seconds": time.perf_counter() - start, "peak_mb": peak_mb, "top1": top1}
@@ -71,10 +76,13 @@ def measure(n: int, dim: int, mode: str, storage=torch.float32, max_iter: int = 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "features"
         write_cache(folder, n, dim, seed=n, storage=storage)
-        code = f"from benchmarks.bench_probe_memory import probe; import json, pathlib; " \
-               f"print(json.dumps(probe(pathlib.Path({str(folder)!r}), {mode!r}, {max_iter})))"  # fmt: skip
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True)  # fmt: skip
+        code = (
+            f"from benchmarks.bench_probe_memory import probe; import json, pathlib; "
+            f"print(json.dumps(probe(pathlib.Path({str(folder)!r}), {mode!r}, {max_iter})))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
 
 

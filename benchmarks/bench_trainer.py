@@ -44,8 +44,13 @@ def classifier() -> Classifier:
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
-    return [(torch.randn(BATCH, 3, 64, 64, generator=generator),
-             torch.randint(0, 100, (BATCH,), generator=generator)) for _ in range(STEPS)]  # fmt: skip
+    return [
+        (
+            torch.randn(BATCH, 3, 64, 64, generator=generator),
+            torch.randint(0, 100, (BATCH,), generator=generator),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 def bare_loop(data) -> float:
@@ -69,19 +74,41 @@ def trainer(data) -> float:
 
 def peak_rss(command: list[str], folder: Path) -> float:
     """The largest peak RSS (MB) of the processes that wrote ``rss-*.json`` in ``folder``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "EVALKIT_RSS_DIR": str(folder),
-           "MALLOC_MMAP_THRESHOLD_": str(2**20)}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "EVALKIT_RSS_DIR": str(folder),
+        "MALLOC_MMAP_THRESHOLD_": str(2**20),
+    }
     subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
     peaks = [json.loads(p.read_text())["max_rss_mb"] for p in folder.glob("rss-*.json")]
     return max(peaks)
 
 
 def memory() -> dict:
-    args = ["pretrain", "--steps", "3", "--batch-size", "8", "--checkpoint-every", "100", "--data",
-            "embedded", "--quiet"]  # fmt: skip
+    args = [
+        "pretrain",
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "100",
+        "--data",
+        "embedded",
+        "--quiet",
+    ]
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
-    launch = [torchrun, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-              "localhost:0", str(RSS_SCRIPT)]  # fmt: skip
+    launch = [
+        torchrun,
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        str(RSS_SCRIPT),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for name in ("base", "one", "two"):
@@ -89,32 +116,65 @@ def memory() -> dict:
         single = [sys.executable, str(RSS_SCRIPT), *args]
         base = peak_rss([*single, "--model", "vit22b/test", "--out", str(tmp / "o")], tmp / "base")
         one = peak_rss([*single, "--model", "vit22b/b", "--out", str(tmp / "a")], tmp / "one")
-        two = peak_rss([*launch, *args, "--model", "vit22b/b", "--fsdp", "--out", str(tmp / "b")],
-                       tmp / "two")  # fmt: skip
-    return {"rss_process_mb": round(base), "rss_one_process_mb": round(one),
-            "rss_fsdp_rank_mb": round(two), "fsdp_rss_ratio": round(two / one, 2),
-            "fsdp_ratio_above_process": round((two - base) / (one - base), 2),
-            "target_rss_ratio": "<= 0.6"}  # fmt: skip
+        two = peak_rss(
+            [*launch, *args, "--model", "vit22b/b", "--fsdp", "--out", str(tmp / "b")], tmp / "two"
+        )
+    return {
+        "rss_process_mb": round(base),
+        "rss_one_process_mb": round(one),
+        "rss_fsdp_rank_mb": round(two),
+        "fsdp_rss_ratio": round(two / one, 2),
+        "fsdp_ratio_above_process": round((two - base) / (one - base), 2),
+        "target_rss_ratio": "<= 0.6",
+    }
 
 
 def finetune_memory() -> dict:
     """Per-rank peak RSS of fine-tuning ``vit22b/b`` (3 steps at 64 px) under FSDP2 on 2 ranks
     against one process: the frozen backbone, its trainable copy and AdamW's state."""
-    args = ["run", "--task", "imagenet-linear", "--backbone", "vit22b/b", "--data", "embedded",
-            "--set", "finetune=true", "--set", "finetune_steps=3", "--set",
-            "finetune_batch_size=8", "--set", "finetune_resolution=64", "--quiet", "--no-cache"]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "vit22b/b",
+        "--data",
+        "embedded",
+        "--set",
+        "finetune=true",
+        "--set",
+        "finetune_steps=3",
+        "--set",
+        "finetune_batch_size=8",
+        "--set",
+        "finetune_resolution=64",
+        "--quiet",
+        "--no-cache",
+    ]
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
-    launch = [torchrun, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-              "localhost:0", str(RSS_SCRIPT)]  # fmt: skip
+    launch = [
+        torchrun,
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        str(RSS_SCRIPT),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for name in ("one", "two"):
             (tmp / name).mkdir()
-        one = peak_rss([sys.executable, str(RSS_SCRIPT), *args, "--out", str(tmp / "a")],
-                       tmp / "one")  # fmt: skip
+        one = peak_rss(
+            [sys.executable, str(RSS_SCRIPT), *args, "--out", str(tmp / "a")], tmp / "one"
+        )
         two = peak_rss([*launch, *args, "--fsdp", "--out", str(tmp / "b")], tmp / "two")
-    return {"finetune_rss_one_process_mb": round(one), "finetune_rss_fsdp_rank_mb": round(two),
-            "finetune_fsdp_rss_ratio": round(two / one, 2)}  # fmt: skip
+    return {
+        "finetune_rss_one_process_mb": round(one),
+        "finetune_rss_fsdp_rank_mb": round(two),
+        "finetune_fsdp_rss_ratio": round(two / one, 2),
+    }
 
 
 def main():
@@ -125,9 +185,15 @@ def main():
     bare_loop(data[:2])  # warm-up
     bare = min(bare_loop(data) for _ in range(2))
     ours = min(trainer(data) for _ in range(2))
-    record = {"steps": STEPS, "batch": BATCH, "model": "vit22b/s @ 64 px",
-              "bare_s": round(bare, 2), "fit_s": round(ours, 2),
-              "fit_speed_vs_bare": round(bare / ours, 3), "target_speed": ">= 0.95"}  # fmt: skip
+    record = {
+        "steps": STEPS,
+        "batch": BATCH,
+        "model": "vit22b/s @ 64 px",
+        "bare_s": round(bare, 2),
+        "fit_s": round(ours, 2),
+        "fit_speed_vs_bare": round(bare / ours, 3),
+        "target_speed": ">= 0.95",
+    }
     report("trainer", record | memory() | finetune_memory())
 
 

@@ -25,8 +25,18 @@ def prepare_once(source: Path, dest: Path) -> tuple[float, float]:
     """(peak RSS in MB, wall seconds) of one ``evalkit prepare waymo`` process."""
     rss_dir = dest / "rss"
     rss_dir.mkdir(parents=True)
-    argv = [sys.executable, "-m", "benchmarks.rss", "prepare", "waymo", str(source), str(dest),
-            "--splits", "training", "--quiet"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.rss",
+        "prepare",
+        "waymo",
+        str(source),
+        str(dest),
+        "--splits",
+        "training",
+        "--quiet",
+    ]
     start = time.perf_counter()
     subprocess.run(argv, check=True, env={**os.environ, "EVALKIT_RSS_DIR": str(rss_dir)})
     seconds = time.perf_counter() - start

@@ -54,8 +54,10 @@ def main():
                 for patch in patches:
                     patch.stop()
             moves = {k: round(faulty[k] - clean[k], 2) for k in clean}
-            record[label] = {"moves": moves,
-                             "mean_abs_move": round(sum(map(abs, moves.values())) / len(moves), 2)}  # fmt: skip
+            record[label] = {
+                "moves": moves,
+                "mean_abs_move": round(sum(map(abs, moves.values())) / len(moves), 2),
+            }
     random = [v["mean_abs_move"] for k, v in record.items() if "trained" not in k]
     trained = record["vit22b/test (trained)"]["mean_abs_move"]
     record["trained_vs_random_mean"] = round(trained / (sum(random) / len(random)), 2)

@@ -42,22 +42,36 @@ FAMILIES = {  # one run per family: (task, backbone, settings)
     "linear probe": ("imagenet-linear", "fake", ["l2_grid=0.1,0.01"]),
     "few-shot": ("imagenet-5shot", "fake", []),
     "kNN": ("imagenet-knn", "fake", []),
-    "zero-shot (open_clip)": ("zeroshot-imagenet", "open_clip/Check-Tiny", ["templates=clip_paper"]),
+    "zero-shot (open_clip)": (
+        "zeroshot-imagenet",
+        "open_clip/Check-Tiny",
+        ["templates=clip_paper"],
+    ),
     "LiT": ("lit-imagenet", "fake", ["steps=3", "batch_size=32"]),
     "segmentation": ("ade20k-1/16", "fake", ["steps=2"]),
     "depth": ("waymo-depth-linear", "fake", ["steps=2"]),
     "video": ("kinetics400", "fake", ["steps=2"]),
     "calibration": ("imagenet-ece", "fake", ["l2_grid=0.1"]),
     "distillation": ("distill-imagenet", "vit22b/test", ["steps=2", "student=test", "l2_grid=0.1"]),
-    "fine-tuning": ("imagenet-linear", "vit22b/test", ["finetune=true", "finetune_steps=2", "finetune_batch_size=8"]),
+    "fine-tuning": (
+        "imagenet-linear",
+        "vit22b/test",
+        ["finetune=true", "finetune_steps=2", "finetune_batch_size=8"],
+    ),
     "stability ablation": ("qk-norm-stability", "none", ["steps=2"]),
-    "efficiency ablation": ("bias-efficiency", "none", [*SMALL_TRAINING, "rounds=1", "timed_steps=1"]),
-}  # fmt: skip
+    "efficiency ablation": (
+        "bias-efficiency",
+        "none",
+        [*SMALL_TRAINING, "rounds=1", "timed_steps=1"],
+    ),
+}
 # A small open_clip architecture with random weights: the zero-shot family's text and image
 # towers on the device, without a download.
-CHECK_CLIP = {"embed_dim": 64,
-              "vision_cfg": {"image_size": 64, "layers": 2, "width": 96, "patch_size": 16, "head_width": 32},
-              "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}  # fmt: skip
+CHECK_CLIP = {
+    "embed_dim": 64,
+    "vision_cfg": {"image_size": 64, "layers": 2, "width": 96, "patch_size": 16, "head_width": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+}
 
 
 def register_check_clip():
@@ -79,14 +93,29 @@ def families(device: str, work: Path) -> dict:
     for family, (task, backbone, settings) in FAMILIES.items():
         start = time.perf_counter()
         try:
-            rows = evalkit.run(task, backbone, data="embedded", device=device,
-                               out=work / "rows", cache_dir=work / "cache", progress=False,
-                               overrides=settings, random_init=backbone.startswith("open_clip"))  # fmt: skip
-            entry = {"ok": True, "metric": rows[0]["metric"], "value": rows[0]["value"],
-                     "device": rows[0]["provenance"]["device"]}  # fmt: skip
+            rows = evalkit.run(
+                task,
+                backbone,
+                data="embedded",
+                device=device,
+                out=work / "rows",
+                cache_dir=work / "cache",
+                progress=False,
+                overrides=settings,
+                random_init=backbone.startswith("open_clip"),
+            )
+            entry = {
+                "ok": True,
+                "metric": rows[0]["metric"],
+                "value": rows[0]["value"],
+                "device": rows[0]["provenance"]["device"],
+            }
         except Exception as exc:  # noqa: BLE001 - the check reports every family, whatever fails
-            entry = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                     "where": traceback.format_exc(limit=-3)}  # fmt: skip
+            entry = {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "where": traceback.format_exc(limit=-3),
+            }
         out[family] = {"task": task, **entry, "seconds": round(time.perf_counter() - start, 1)}
     return out
 
@@ -108,8 +137,11 @@ def features_agree(device: str) -> dict:
     finally:
         restore()
     cosine = torch.nn.functional.cosine_similarity(a, b, dim=1).min().item()
-    return {"max_abs_diff": float(f"{(a - b).abs().max().item():.3g}"),
-            "min_cosine": round(cosine, 7), "scale": round(b.abs().max().item(), 3)}  # fmt: skip
+    return {
+        "max_abs_diff": float(f"{(a - b).abs().max().item():.3g}"),
+        "min_cosine": round(cosine, 7),
+        "scale": round(b.abs().max().item(), 3),
+    }
 
 
 def collective(device: str) -> dict:
@@ -137,8 +169,12 @@ def collective(device: str) -> dict:
             diff = (sharded(images) - plain(images)).abs().max().item()
     finally:
         dist.destroy_process_group()
-    return {"backend": backend, "all_reduce_ok": bool((total == 2.0).all()),
-            "sharded_vs_plain_max_diff": float(f"{diff:.3g}"), "ok": diff <= 1e-4}  # fmt: skip
+    return {
+        "backend": backend,
+        "all_reduce_ok": bool((total == 2.0).all()),
+        "sharded_vs_plain_max_diff": float(f"{diff:.3g}"),
+        "ok": diff <= 1e-4,
+    }
 
 
 def feeding(device: str, work: Path) -> dict:
@@ -153,8 +189,9 @@ def feeding(device: str, work: Path) -> dict:
     ctx = TaskContext(data=DataConfig(source="embedded", cache=work / "cache"))
     dataset = open_dataset("imagenet", "train", ctx.data, transform=backbone.transform())
     workers = decode_workers(device)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=False,
-                                         **loader_options(device, workers))  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=64, shuffle=False, **loader_options(device, workers)
+    )
     start, seen = time.perf_counter(), 0
     for images, _ in loader:
         images.to(device, non_blocking=True)
@@ -165,9 +202,13 @@ def feeding(device: str, work: Path) -> dict:
     with torch.inference_mode(), autocast:
         seconds = timed(lambda: backbone.model.forward_features(batch), device)
     forward_rate = len(batch) / seconds
-    return {"workers": workers, "images": seen, "loader_img_s": round(loader_rate, 1),
-            "forward_img_s": round(forward_rate, 1),
-            "loader_vs_forward": round(loader_rate / forward_rate, 3)}  # fmt: skip
+    return {
+        "workers": workers,
+        "images": seen,
+        "loader_img_s": round(loader_rate, 1),
+        "forward_img_s": round(forward_rate, 1),
+        "loader_vs_forward": round(loader_rate / forward_rate, 3),
+    }
 
 
 def timed(fn, device: str, repeats: int = 3) -> float:
@@ -202,8 +243,12 @@ def extraction(device: str) -> dict:
             backbone.model.forward_features(images)
 
     ratio = timed(bare, device) / timed(ours, device)
-    return {"backbone": name, "images": count, "throughput_vs_bare": round(ratio, 3),
-            "target": "≥ 0.95"}  # fmt: skip
+    return {
+        "backbone": name,
+        "images": count,
+        "throughput_vs_bare": round(ratio, 3),
+        "target": "≥ 0.95",
+    }
 
 
 def probe(device: str) -> dict:
@@ -231,8 +276,13 @@ def probe(device: str) -> dict:
         return l2, int(hits(model, Rows.of(xts, yts), 1).sum())
 
     here, cpu = run(device), run("cpu")
-    return {"l2": here[0], "top1_hits": here[1], "cpu_l2": cpu[0], "cpu_top1_hits": cpu[1],
-            "same": here == cpu}  # fmt: skip
+    return {
+        "l2": here[0],
+        "top1_hits": here[1],
+        "cpu_l2": cpu[0],
+        "cpu_top1_hits": cpu[1],
+        "same": here == cpu,
+    }
 
 
 def finetune_step(device: str) -> dict:
@@ -251,8 +301,11 @@ def finetune_step(device: str) -> dict:
         loss = torch.nn.functional.cross_entropy(model(images), labels)
     loss.backward()
     optimizer.step()
-    return {"loss": round(loss.item(), 4), "finite": bool(torch.isfinite(loss)),
-            "seconds": round(time.perf_counter() - start, 3)}  # fmt: skip
+    return {
+        "loss": round(loss.item(), 4),
+        "finite": bool(torch.isfinite(loss)),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
 
 
 def vit22b_forward(device: str) -> dict:
@@ -281,8 +334,11 @@ def vit22b_forward(device: str) -> dict:
     if device == "cuda":
         measured = torch.cuda.max_memory_allocated()
         expected = predicted.bytes_per_rank + batch * predicted.activation_bytes_per_image
-        out |= {"peak_gb": round(measured / 1e9, 2), "plan_gb": round(expected / 1e9, 2),
-                "within_15pct": abs(measured / expected - 1) <= 0.15}  # fmt: skip
+        out |= {
+            "peak_gb": round(measured / 1e9, 2),
+            "plan_gb": round(expected / 1e9, 2),
+            "within_15pct": abs(measured / expected - 1) <= 0.15,
+        }
     return out
 
 
@@ -301,11 +357,16 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     with tempfile.TemporaryDirectory(prefix="evalkit-gpu-check-") as folder:
         work = Path(folder)
-        checks = {"families": lambda: families(device, work),
-                  "features_agree": lambda: features_agree(device), "probe": lambda: probe(device),
-                  "collective": lambda: collective(device), "feeding": lambda: feeding(device, work),
-                  "extraction": lambda: extraction(device), "finetune_step": lambda: finetune_step(device),
-                  "vit22b_forward": lambda: vit22b_forward(device)}  # fmt: skip
+        checks = {
+            "families": lambda: families(device, work),
+            "features_agree": lambda: features_agree(device),
+            "probe": lambda: probe(device),
+            "collective": lambda: collective(device),
+            "feeding": lambda: feeding(device, work),
+            "extraction": lambda: extraction(device),
+            "finetune_step": lambda: finetune_step(device),
+            "vit22b_forward": lambda: vit22b_forward(device),
+        }
         skipped = set(filter(None, args.skip.split(",")))
         for name, check in [(n, c) for n, c in checks.items() if n not in skipped]:
             start = time.perf_counter()

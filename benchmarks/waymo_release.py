@@ -21,13 +21,35 @@ import numpy as np
 FAR, NEAR, CONE_DEG = 15.0, 6.0, 40.0
 SEGMENT = "seg-official"
 # The FRONT camera of the dataset's own camera-model test.
-FRONT_INTRINSIC = {"f_u": 2055.55614936, "f_v": 2055.55614936, "c_u": 939.657469886,
-                   "c_v": 641.072182194, "k1": 0.032316008498, "k2": -0.321412482553,
-                   "p1": 0.000793258395371, "p2": -0.000625749354133, "k3": 0.0}  # fmt: skip
-FRONT_EXTRINSIC = [0.999892684989, -0.00599320840002, 0.0133678704017, 1.53891424471,
-                   0.00604223652133, 0.999975156055, -0.0036302411765, -0.0236339408393,
-                   -0.0133457814992, 0.00371062343188, 0.999904056092, 2.11527057298,
-                   0.0, 0.0, 0.0, 1.0]  # fmt: skip
+FRONT_INTRINSIC = {
+    "f_u": 2055.55614936,
+    "f_v": 2055.55614936,
+    "c_u": 939.657469886,
+    "c_v": 641.072182194,
+    "k1": 0.032316008498,
+    "k2": -0.321412482553,
+    "p1": 0.000793258395371,
+    "p2": -0.000625749354133,
+    "k3": 0.0,
+}
+FRONT_EXTRINSIC = [
+    0.999892684989,
+    -0.00599320840002,
+    0.0133678704017,
+    1.53891424471,
+    0.00604223652133,
+    0.999975156055,
+    -0.0036302411765,
+    -0.0236339408393,
+    -0.0133457814992,
+    0.00371062343188,
+    0.999904056092,
+    2.11527057298,
+    0.0,
+    0.0,
+    0.0,
+    1.0,
+]
 TOP_AT, FRONT_LIDAR_AT = (1.43, 0.0, 2.184), (4.07, 0.0, 0.689)
 TOP_SHAPE, FRONT_LIDAR_SHAPE = (64, 2650), (200, 600)
 # Uneven, as the TOP LiDAR's are: denser near the horizon (stored lowest beam first).
@@ -46,8 +68,11 @@ def schemas():
     floats = pa.list_(pa.float64())
     lidar = "[LiDARComponent]"
     lidar_cal, camera_cal = "[LiDARCalibrationComponent]", "[CameraCalibrationComponent]"
-    returns = [pa.field(f"{lidar}.range_image_return{r}.{part}", kind) for r in (1, 2)
-               for part, kind in (("values", pa.list_(pa.float32())), ("shape", pa.list_(pa.int32())))]  # fmt: skip
+    returns = [
+        pa.field(f"{lidar}.range_image_return{r}.{part}", kind)
+        for r in (1, 2)
+        for part, kind in (("values", pa.list_(pa.float32())), ("shape", pa.list_(pa.int32())))
+    ]
     return {
         "lidar": pa.schema([segment, time, laser, *returns]),
         "lidar_calibration": pa.schema(
@@ -59,7 +84,7 @@ def schemas():
                 pa.field(f"{lidar_cal}.beam_inclination.max", pa.float64()),
                 pa.field(f"{lidar_cal}.beam_inclination.values", floats),
             ]
-        ),  # fmt: skip
+        ),
         "camera_calibration": pa.schema(
             [
                 segment,
@@ -70,7 +95,7 @@ def schemas():
                 pa.field(f"{camera_cal}.height", pa.int32()),
                 pa.field(f"{camera_cal}.rolling_shutter_direction", pa.int8()),
             ]
-        ),  # fmt: skip
+        ),
         "camera_image": pa.schema(
             [
                 segment,
@@ -79,7 +104,7 @@ def schemas():
                 pa.field("[CameraImageComponent].image", pa.binary()),
                 pa.field("[CameraImageComponent].pose.transform", floats),
             ]
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -137,8 +162,10 @@ def lidar_rows(frames: int, top_yaw: float = 0.02) -> list[dict]:
     low, high = FRONT_LIDAR_MIN_MAX
     height = FRONT_LIDAR_SHAPE[0]
     front_rows = (low + (np.arange(height) + 0.5) / height * (high - low))[::-1]
-    images = {1: (range_image(TOP_AT, top_yaw, top_rows, TOP_SHAPE[1]), TOP_SHAPE),
-              2: (range_image(FRONT_LIDAR_AT, 0.0, front_rows, FRONT_LIDAR_SHAPE[1]), FRONT_LIDAR_SHAPE)}  # fmt: skip
+    images = {
+        1: (range_image(TOP_AT, top_yaw, top_rows, TOP_SHAPE[1]), TOP_SHAPE),
+        2: (range_image(FRONT_LIDAR_AT, 0.0, front_rows, FRONT_LIDAR_SHAPE[1]), FRONT_LIDAR_SHAPE),
+    }
     rows, rng = [], np.random.default_rng(0)
     for frame in range(frames):
         for laser, (ranges, (h, w)) in images.items():
@@ -147,29 +174,50 @@ def lidar_rows(frames: int, top_yaw: float = 0.02) -> list[dict]:
             values = rng.uniform(0, 1, (h, w, 4)).astype(np.float32)
             jitter = rng.uniform(-5e-4, 5e-4, (h, w)).astype(np.float32)
             values[..., 0] = np.where(ranges > 0, ranges + jitter, -1.0)
-            rows.append({KEY[0]: SEGMENT, KEY[1]: 100 * (frame + 1), "key.laser_name": laser,
-                         **{f"[LiDARComponent].range_image_return{r}.{part}": value
-                            for r in (1, 2) for part, value in (("values", values.ravel()), ("shape", [h, w, 4]))}})  # fmt: skip
+            rows.append(
+                {
+                    KEY[0]: SEGMENT,
+                    KEY[1]: 100 * (frame + 1),
+                    "key.laser_name": laser,
+                    **{
+                        f"[LiDARComponent].range_image_return{r}.{part}": value
+                        for r in (1, 2)
+                        for part, value in (("values", values.ravel()), ("shape", [h, w, 4]))
+                    },
+                }
+            )
     return rows
 
 
 def calibration_rows() -> dict[str, list[dict]]:
     lidar_cal, camera_cal = "[LiDARCalibrationComponent]", "[CameraCalibrationComponent]"
-    lasers = [{KEY[0]: SEGMENT, "key.laser_name": 1,
-               f"{lidar_cal}.extrinsic.transform": transform(0.02, TOP_AT),
-               f"{lidar_cal}.beam_inclination.min": float(TOP_INCLINATIONS[0]),
-               f"{lidar_cal}.beam_inclination.max": float(TOP_INCLINATIONS[-1]),
-               f"{lidar_cal}.beam_inclination.values": TOP_INCLINATIONS.tolist()},
-              {KEY[0]: SEGMENT, "key.laser_name": 2,
-               f"{lidar_cal}.extrinsic.transform": transform(0.0, FRONT_LIDAR_AT),
-               f"{lidar_cal}.beam_inclination.min": FRONT_LIDAR_MIN_MAX[0],
-               f"{lidar_cal}.beam_inclination.max": FRONT_LIDAR_MIN_MAX[1],
-               f"{lidar_cal}.beam_inclination.values": None}]  # fmt: skip
-    camera = {KEY[0]: SEGMENT, "key.camera_name": 1,
-              **{f"{camera_cal}.intrinsic.{k}": v for k, v in FRONT_INTRINSIC.items()},
-              f"{camera_cal}.extrinsic.transform": FRONT_EXTRINSIC,
-              f"{camera_cal}.width": 1920, f"{camera_cal}.height": 1280,
-              f"{camera_cal}.rolling_shutter_direction": 2}  # fmt: skip
+    lasers = [
+        {
+            KEY[0]: SEGMENT,
+            "key.laser_name": 1,
+            f"{lidar_cal}.extrinsic.transform": transform(0.02, TOP_AT),
+            f"{lidar_cal}.beam_inclination.min": float(TOP_INCLINATIONS[0]),
+            f"{lidar_cal}.beam_inclination.max": float(TOP_INCLINATIONS[-1]),
+            f"{lidar_cal}.beam_inclination.values": TOP_INCLINATIONS.tolist(),
+        },
+        {
+            KEY[0]: SEGMENT,
+            "key.laser_name": 2,
+            f"{lidar_cal}.extrinsic.transform": transform(0.0, FRONT_LIDAR_AT),
+            f"{lidar_cal}.beam_inclination.min": FRONT_LIDAR_MIN_MAX[0],
+            f"{lidar_cal}.beam_inclination.max": FRONT_LIDAR_MIN_MAX[1],
+            f"{lidar_cal}.beam_inclination.values": None,
+        },
+    ]
+    camera = {
+        KEY[0]: SEGMENT,
+        "key.camera_name": 1,
+        **{f"{camera_cal}.intrinsic.{k}": v for k, v in FRONT_INTRINSIC.items()},
+        f"{camera_cal}.extrinsic.transform": FRONT_EXTRINSIC,
+        f"{camera_cal}.width": 1920,
+        f"{camera_cal}.height": 1280,
+        f"{camera_cal}.rolling_shutter_direction": 2,
+    }
     return {"lidar_calibration": lasers, "camera_calibration": [camera]}
 
 
@@ -179,11 +227,20 @@ def write_release(root: Path, frames: int = 1, split: str = "training") -> Path:
     import pyarrow.parquet as pq
 
     image = jpeg(1920, 1280)
-    rows = {**calibration_rows(), "lidar": lidar_rows(frames),
-            "camera_image": [{KEY[0]: SEGMENT, KEY[1]: 100 * (f + 1), "key.camera_name": 1,
-                              "[CameraImageComponent].image": image,
-                              "[CameraImageComponent].pose.transform": transform(0, (0, 0, 0))}
-                             for f in range(frames)]}  # fmt: skip
+    rows = {
+        **calibration_rows(),
+        "lidar": lidar_rows(frames),
+        "camera_image": [
+            {
+                KEY[0]: SEGMENT,
+                KEY[1]: 100 * (f + 1),
+                "key.camera_name": 1,
+                "[CameraImageComponent].image": image,
+                "[CameraImageComponent].pose.transform": transform(0, (0, 0, 0)),
+            }
+            for f in range(frames)
+        ],
+    }
     for component, schema in schemas().items():
         folder = root / split / component
         folder.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,9 @@ def did_you_mean(name: str, choices, listing: str | None = "evalkit ls tasks") -
     is no ``listing``: the command that lists them)."""
     choices = list(choices)
     starting = [c for c in sorted(choices) if name and c.startswith(name)]
-    close = list(dict.fromkeys(starting + difflib.get_close_matches(name, choices, n=3,
-                                                                    cutoff=0.5)))[:3]  # fmt: skip
+    close = list(
+        dict.fromkeys(starting + difflib.get_close_matches(name, choices, n=3, cutoff=0.5))
+    )[:3]
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
     if len(choices) <= 12 or listing is None:

@@ -68,8 +68,16 @@ def segmentation_scores(confusion: np.ndarray) -> dict[str, float]:
 
 
 DEPTH_METRICS = (
-    "mse", "mse_log", "rmse", "abs_rel", "log10", "delta1.1", "delta1", "delta2", "delta3"
-)  # fmt: skip
+    "mse",
+    "mse_log",
+    "rmse",
+    "abs_rel",
+    "log10",
+    "delta1.1",
+    "delta1",
+    "delta2",
+    "delta3",
+)
 
 
 def depth_errors(pred: np.ndarray, gt: np.ndarray, valid: np.ndarray) -> dict[str, float] | None:
@@ -100,11 +108,15 @@ def eval_crop(shape: tuple[int, int], crop: str | None) -> np.ndarray:
     if crop is None:
         mask[:] = True
     elif crop == "garg":
-        mask[int(0.40810811 * height) : int(0.99189189 * height),
-             int(0.03594771 * width) : int(0.96405229 * width)] = True  # fmt: skip
+        mask[
+            int(0.40810811 * height) : int(0.99189189 * height),
+            int(0.03594771 * width) : int(0.96405229 * width),
+        ] = True
     elif crop == "nyu":
-        mask[round(45 / 480 * height) : round(471 / 480 * height),
-             round(41 / 640 * width) : round(601 / 640 * width)] = True  # fmt: skip
+        mask[
+            round(45 / 480 * height) : round(471 / 480 * height),
+            round(41 / 640 * width) : round(601 / 640 * width),
+        ] = True
     else:
         raise ValueError(f"unknown evaluation crop {crop!r}")
     return mask
@@ -128,8 +140,11 @@ class Reliability:
     @property
     def ece(self) -> float:
         total = sum(self.counts)
-        return sum(n / total * abs(a - c) for n, a, c in
-                   zip(self.counts, self.accuracy, self.confidence, strict=True) if n)  # fmt: skip
+        return sum(
+            n / total * abs(a - c)
+            for n, a, c in zip(self.counts, self.accuracy, self.confidence, strict=True)
+            if n
+        )
 
 
 def pooled(parts: list[Reliability]) -> Reliability:
@@ -140,12 +155,17 @@ def pooled(parts: list[Reliability]) -> Reliability:
         total = sum(p.counts[b] * getattr(p, field)[b] for p in parts if p.counts[b])
         return total / counts[b] if counts[b] else math.nan
 
-    return Reliability(parts[0].edges, counts, [mean("confidence", b) for b in range(len(counts))],
-                       [mean("accuracy", b) for b in range(len(counts))])  # fmt: skip
+    return Reliability(
+        parts[0].edges,
+        counts,
+        [mean("confidence", b) for b in range(len(counts))],
+        [mean("accuracy", b) for b in range(len(counts))],
+    )
 
 
-def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS,
-                scheme: str = "width") -> Reliability:  # fmt: skip
+def reliability(
+    probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, scheme: str = "width"
+) -> Reliability:
     """Bin the top-1 confidences: ``width`` — ``bins`` equal-width bins over [0, 1], each
     (lower, upper] with the first closed at 0 (a confidence of exactly 1.0 is in the last);
     ``mass`` — ``bins`` bins of (as near as possible) equal counts, sorted by confidence."""
@@ -160,8 +180,10 @@ def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS,
         order = confidence.argsort()
         index = torch.empty_like(order)
         index[order] = torch.arange(len(order)) * bins // max(1, len(order))
-        edges = [confidence[index == b].max().item() if (index == b).any() else math.nan
-                 for b in range(bins)]  # fmt: skip
+        edges = [
+            confidence[index == b].max().item() if (index == b).any() else math.nan
+            for b in range(bins)
+        ]
     else:
         raise ValueError(f"unknown binning {scheme!r}: width or mass")
     counts = torch.bincount(index, minlength=bins)
@@ -173,8 +195,9 @@ def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS,
     return Reliability(edges, counts.tolist(), mean(confidence), mean(correct))
 
 
-def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS,
-                               scheme: str = "width") -> float:  # fmt: skip
+def expected_calibration_error(
+    probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, scheme: str = "width"
+) -> float:
     """Σ_bins (n_b / N) · |accuracy_b − confidence_b| over the top-1 confidences."""
     return reliability(probs, labels, bins, scheme).ece
 
@@ -245,8 +268,9 @@ def miou_bootstrap_stderr(intersections: np.ndarray, unions: np.ndarray, *, seed
     return bootstrap_stderr(miou, len(intersections), seed=seed)
 
 
-def ece_bootstrap_stderr(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, *,
-                         seed: int = 0) -> float:  # fmt: skip
+def ece_bootstrap_stderr(
+    probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, *, seed: int = 0
+) -> float:
     """ECE's standard error over the images (equal-width bins)."""
     confidence, predicted = probs.double().max(dim=1)
     correct = (predicted == labels).double().numpy()

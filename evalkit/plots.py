@@ -47,8 +47,11 @@ def stability_plot(runs: dict[str, dict[float, dict]], path: Path) -> Path:
         )
     logit_ax.set_yscale("log")
     lr_ax.set_xscale("log")
-    for ax, title, x in ((loss_ax, "training loss", "step"), (logit_ax, "max attention logit", "step"),
-                         (lr_ax, "final loss vs learning rate", "learning rate")):  # fmt: skip
+    for ax, title, x in (
+        (loss_ax, "training loss", "step"),
+        (logit_ax, "max attention logit", "step"),
+        (lr_ax, "final loss vs learning rate", "learning rate"),
+    ):
         ax.set_title(title)
         ax.set_xlabel(x)
         ax.grid(alpha=0.3)
@@ -90,11 +93,20 @@ def lr_scaling_plot(
     sizes = sorted(finals, key=widths.get)
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for policy, style in (("kept", "o-"), ("lowered", "s--")):
-        ax.plot([widths[s] for s in sizes], [finals[s][policy] for s in sizes], style,
-                label=f"LR {policy}")  # fmt: skip
+        ax.plot(
+            [widths[s] for s in sizes],
+            [finals[s][policy] for s in sizes],
+            style,
+            label=f"LR {policy}",
+        )
     for size in sizes:
-        ax.annotate(size, (widths[size], finals[size]["kept"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)  # fmt: skip
+        ax.annotate(
+            size,
+            (widths[size], finals[size]["kept"]),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=8,
+        )
     ax.set_xscale("log")
     ax.set_xlabel("width")
     ax.set_ylabel("final training loss")
@@ -124,7 +136,12 @@ def reliability_plot(diagrams: dict, path: Path) -> Path:
         for x, h, n in zip(centres, heights, bins.counts, strict=True):
             if n:
                 ax.text(x, h + 0.01, str(n), ha="center", fontsize=6, rotation=90)
-        ax.set(xlim=(0, 1), ylim=(0, 1.15), xlabel="confidence", ylabel="accuracy",
-               title=f"{label}: ECE {bins.ece:.3f}")  # fmt: skip
+        ax.set(
+            xlim=(0, 1),
+            ylim=(0, 1.15),
+            xlabel="confidence",
+            ylabel="accuracy",
+            title=f"{label}: ECE {bins.ece:.3f}",
+        )
         ax.legend(fontsize=8, loc="upper left")
     return save_figure(fig, path)

@@ -43,8 +43,9 @@ from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
-CORRUPTION_NAMES = Rule("ImageNet-C corruption names",
-                        lambda v: bool(v) and all(c in NAMES for c in v))  # fmt: skip
+CORRUPTION_NAMES = Rule(
+    "ImageNet-C corruption names", lambda v: bool(v) and all(c in NAMES for c in v)
+)
 SEVERITY_LEVELS = Rule("severities from 1 to 5", lambda v: bool(v) and set(v) <= set(SEVERITIES))
 
 
@@ -70,7 +71,12 @@ class Calibration(LinearClassifier):
             return clean
         per_severity = [f"{m}/s{s}" for s in self.severities for m in ("ece", "ece_ts", "top1")]
         return [f"{m}/clean" for m in clean] + [
-            "ece/mean", "ece_ts/mean", "top1/mean", "nll/mean", *per_severity]  # fmt: skip
+            "ece/mean",
+            "ece_ts/mean",
+            "top1/mean",
+            "nll/mean",
+            *per_severity,
+        ]
 
     def datasets(self) -> tuple[str, ...]:
         return (self.dataset, "imagenet-c") if self.corrupted else (self.dataset,)
@@ -87,8 +93,11 @@ class Calibration(LinearClassifier):
     def plan(self, inputs) -> list[Stage]:
         """The classifier's stages, and every corrupted set scored by it."""
         stages = super().plan(inputs)
-        corrupted = sum(n for split, n in inputs.sizes.items()
-                        if split not in (self.train_split, self.eval_split))  # fmt: skip
+        corrupted = sum(
+            n
+            for split, n in inputs.sizes.items()
+            if split not in (self.train_split, self.eval_split)
+        )
         if self.finetune:
             stages[-1].forward_passes += corrupted
             return stages
@@ -139,8 +148,15 @@ class Calibration(LinearClassifier):
 
     def metric(self, name: str, value: float, n: int, ctx, extra: dict, stderr=None) -> Metric:
         lower = not name.startswith("top1")
-        return Metric(name, value, higher_is_better=not lower, stderr=stderr, n=n,
-                      seeds=[ctx.seed], extra=extra)  # fmt: skip
+        return Metric(
+            name,
+            value,
+            higher_is_better=not lower,
+            stderr=stderr,
+            n=n,
+            seeds=[ctx.seed],
+            extra=extra,
+        )
 
     def plot(self, diagrams: dict, backbone, ctx) -> str | None:
         if ctx.artifacts is None:
@@ -183,8 +199,10 @@ def corrupted_summary(by_set: dict, severities, clean: dict) -> dict:
     """Per severity the mean over corruptions; then the mean over severities."""
     out = {f"{m}/clean": v for m, v in clean.items()}
     for metric in ("ece", "ece_ts", "top1", "nll"):
-        per = {s: statistics.mean(v[metric] for (_, sev), v in by_set.items() if sev == s)
-               for s in severities}  # fmt: skip
+        per = {
+            s: statistics.mean(v[metric] for (_, sev), v in by_set.items() if sev == s)
+            for s in severities
+        }
         if metric != "nll":
             out |= {f"{metric}/s{s}": value for s, value in per.items()}
         out[f"{metric}/mean"] = statistics.mean(per.values())

@@ -84,7 +84,7 @@ class Depth(DenseSettings):
         train_set, val_set = (
             open_dataset(
                 self.dataset, s, ctx.data, size=self.image_size, preprocess=backbone.info.preprocess
-            )  # fmt: skip
+            )
             for s in ("train", "val")
         )
         convention = self.check_convention(train_set)
@@ -99,8 +99,12 @@ class Depth(DenseSettings):
             predict, mode = self.trained_in_loop(backbone, ctx, train_set, val_set)
         scored, pictures = self.evaluate(predict, val_set)
         per_image = [errors for _, errors in scored]
-        ctx.save_predictions({"image": [image_ids(val_set)[i] for i, _ in scored],
-                              **{m: [e[m] for e in per_image] for m in DEPTH_METRICS}})  # fmt: skip
+        ctx.save_predictions(
+            {
+                "image": [image_ids(val_set)[i] for i, _ in scored],
+                **{m: [e[m] for e in per_image] for m in DEPTH_METRICS},
+            }
+        )
         extra = {
             "head": self.head,
             "train_images": len(train_set),
@@ -122,9 +126,14 @@ class Depth(DenseSettings):
         for metric in DEPTH_METRICS:
             values = [errors[metric] for errors in per_image]
             yield Metric(
-                metric, float(np.mean(values)), higher_is_better=metric not in LOWER_IS_BETTER,
-                stderr=mean_stderr(values), n=len(per_image), seeds=[ctx.seed], extra=extra,
-            )  # fmt: skip
+                metric,
+                float(np.mean(values)),
+                higher_is_better=metric not in LOWER_IS_BETTER,
+                stderr=mean_stderr(values),
+                n=len(per_image),
+                seeds=[ctx.seed],
+                extra=extra,
+            )
 
     def check_convention(self, dataset) -> str:
         """The convention scored, refusing data prepared with another one: a range map
@@ -170,14 +179,23 @@ class Depth(DenseSettings):
     def trained_in_loop(self, backbone, ctx, train_set, val_set):
         """Over the cache budget: the head trained with the frozen backbone in the loop, one
         batch of grids and sparse depth targets at a time."""
-        run = end_to_end(self, backbone, ctx, self.build_head, dense=True, pool="mean",
-                         layers=tap_layers(backbone.info.depth), frozen=True)  # fmt: skip
+        run = end_to_end(
+            self,
+            backbone,
+            ctx,
+            self.build_head,
+            dense=True,
+            pool="mean",
+            layers=tap_layers(backbone.info.depth),
+            frozen=True,
+        )
         height, width = (train_set.size,) * 2 if isinstance(train_set.size, int) else train_set.size
         side = (4 * (height // backbone.info.patch_size), 4 * (width // backbone.info.patch_size))
 
         def collate(items):
-            targets = [torch.stack(sparse_resize(*train_set.target(i), side)).float()
-                       for _, i in items]  # fmt: skip
+            targets = [
+                torch.stack(sparse_resize(*train_set.target(i), side)).float() for _, i in items
+            ]
             return torch.stack([x for x, _ in items]), torch.stack(targets)
 
         def loss(pred, targets):

@@ -60,12 +60,20 @@ class Distillation(LinearClassifier):
     warmup: int = setting(30, NON_NEGATIVE)
 
     version = 1
-    reference = {"top1/distilled": {"ViT-B/16 student of ViT-22B (384 px)": 88.6},
-                 "top1/label_only": {"ViT-B/16 (384 px)": 86.7}}  # fmt: skip
+    reference = {
+        "top1/distilled": {"ViT-B/16 student of ViT-22B (384 px)": 88.6},
+        "top1/label_only": {"ViT-B/16 (384 px)": 86.7},
+    }
 
     def metrics(self) -> list[str]:
-        return ["top1/teacher", "top1/distilled", "top1/label_only", "gain",
-                "agreement/distilled", "agreement/label_only"]  # fmt: skip
+        return [
+            "top1/teacher",
+            "top1/distilled",
+            "top1/label_only",
+            "gain",
+            "agreement/distilled",
+            "agreement/label_only",
+        ]
 
     def plan(self, inputs) -> list[Stage]:
         """The teacher's classifier, its logits for every student step (consistent) or once per
@@ -73,12 +81,19 @@ class Distillation(LinearClassifier):
         images = self.steps * self.batch_size
         passes = images if self.mode == "consistent" else inputs.sizes[self.train_split]
         student = config(self.student, image=self.student_image, patch=self.student_patch)
-        students = 2 * (training_flops(student, images)
-                        + inputs.sizes[self.eval_split] * forward_flops(student))  # fmt: skip
-        return [*super().plan(inputs),
-                Stage("teacher logits", self.mode, forward_passes=passes,
-                      image=self.finetune_resolution if self.finetune else 0),
-                Stage("train students", "distilled and label-only", flops=students)]  # fmt: skip
+        students = 2 * (
+            training_flops(student, images) + inputs.sizes[self.eval_split] * forward_flops(student)
+        )
+        return [
+            *super().plan(inputs),
+            Stage(
+                "teacher logits",
+                self.mode,
+                forward_passes=passes,
+                image=self.finetune_resolution if self.finetune else 0,
+            ),
+            Stage("train students", "distilled and label-only", flops=students),
+        ]
 
     def run(self, backbone, ctx):
         teacher = Scorer.fit(self, backbone, ctx, refit_all=True)
@@ -86,8 +101,13 @@ class Distillation(LinearClassifier):
         train = IndexedViews(self.training_set(self._augment(backbone, teacher), ctx))
         teacher_logits, labels = teacher.score(self.dataset, self.eval_split)
         cached = teacher.score(self.dataset, self.train_split)[0] if self.mode == "cached" else None
-        test = open_dataset(self.dataset, self.eval_split, ctx.data, transform=teacher.transform,
-                            classes=teacher.classes)  # fmt: skip
+        test = open_dataset(
+            self.dataset,
+            self.eval_split,
+            ctx.data,
+            transform=teacher.transform,
+            classes=teacher.classes,
+        )
         right = {"teacher": teacher_logits.argmax(1) == labels}
         agreement = {}
         for kind in ("distilled", "label_only"):
@@ -96,17 +116,35 @@ class Distillation(LinearClassifier):
             right[kind] = logits.argmax(1) == labels
             agreement[kind] = percent(logits.argmax(1) == teacher_logits.argmax(1))
         top1 = {kind: percent(hits) for kind, hits in right.items()}
-        extra = {**teacher.extra, "mode": self.mode, "temperature": self.temperature,
-                 "mixup": self.mixup and self.mode == "consistent", "student": self.student,
-                 "student_image": self.student_image, "student_steps": self.steps,
-                 "label_weight": self.label_weight}  # fmt: skip
+        extra = {
+            **teacher.extra,
+            "mode": self.mode,
+            "temperature": self.temperature,
+            "mixup": self.mixup and self.mode == "consistent",
+            "student": self.student,
+            "student_image": self.student_image,
+            "student_steps": self.steps,
+            "label_weight": self.label_weight,
+        }
         n = len(labels)
         for kind, value in top1.items():
-            yield Metric(f"top1/{kind}", value, stderr=accuracy_stderr(right[kind]), n=n,
-                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+            yield Metric(
+                f"top1/{kind}",
+                value,
+                stderr=accuracy_stderr(right[kind]),
+                n=n,
+                seeds=[ctx.seed],
+                extra=extra,
+            )
         paired = 100.0 * (right["distilled"].double() - right["label_only"].double())  # same images
-        yield Metric("gain", top1["distilled"] - top1["label_only"], stderr=mean_stderr(paired.numpy()),
-                     n=n, seeds=[ctx.seed], extra=extra)  # fmt: skip
+        yield Metric(
+            "gain",
+            top1["distilled"] - top1["label_only"],
+            stderr=mean_stderr(paired.numpy()),
+            n=n,
+            seeds=[ctx.seed],
+            extra=extra,
+        )
         for kind, value in agreement.items():
             yield Metric(f"agreement/{kind}", value, n=n, seeds=[ctx.seed], extra=extra)
 
@@ -133,8 +171,14 @@ class Student:
         cfg = config(task.student, image=task.student_image, patch=task.student_patch)
         torch.manual_seed(ctx.seed)
         model = Classifier(build(cfg, seed=ctx.seed), len(self.teacher.classes))
-        schedule = Schedule(steps=task.steps, batch_size=task.batch_size, lr=task.lr,
-                            warmup=task.warmup, seed=ctx.seed, checkpoint_every=10**9)  # fmt: skip
+        schedule = Schedule(
+            steps=task.steps,
+            batch_size=task.batch_size,
+            lr=task.lr,
+            warmup=task.warmup,
+            seed=ctx.seed,
+            checkpoint_every=10**9,
+        )
         # Mixing rolls the whole batch by one: each rank also loads the item before its share,
         # so its first image meets the partner one process would give it.
         lead = int(task.mixup and task.mode == "consistent")
@@ -145,8 +189,14 @@ class Student:
             mixed, lam = self.mix(images, (ctx.seed, step, micro))
             return self.to_student(mixed)[lead:], self.targets(mixed, pairs, lam)[lead:]
 
-        fit(model.to(ctx.extract.device), batch, self.loss, schedule, device=ctx.extract.device,
-            progress=ctx.extract.progress)  # fmt: skip
+        fit(
+            model.to(ctx.extract.device),
+            batch,
+            self.loss,
+            schedule,
+            device=ctx.extract.device,
+            progress=ctx.extract.progress,
+        )
         return model
 
     def mix(self, images: torch.Tensor, key: tuple) -> tuple[torch.Tensor, float]:
@@ -182,16 +232,18 @@ class Student:
         """The teacher's view at the student's size and normalisation (the same crop)."""
         mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in self.normalisation)
         size = (self.task.student_image,) * 2
-        small = F.interpolate(images * std + mean, size=size, mode="bilinear", antialias=True,
-                              align_corners=False)  # fmt: skip
+        small = F.interpolate(
+            images * std + mean, size=size, mode="bilinear", antialias=True, align_corners=False
+        )
         return (small - 0.5) / 0.5  # the family's normalisation
 
     @torch.no_grad()
     def evaluate(self, model, test, ctx) -> torch.Tensor:
         loader = torch.utils.data.DataLoader(test, batch_size=ctx.extract.batch_size)
         model.eval()
-        return torch.cat([model(self.to_student(x).to(ctx.extract.device)).float().cpu()
-                          for x, _ in loader])  # fmt: skip
+        return torch.cat(
+            [model(self.to_student(x).to(ctx.extract.device)).float().cpu() for x, _ in loader]
+        )
 
 
 class IndexedViews(torch.utils.data.Dataset):

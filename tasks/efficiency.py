@@ -29,13 +29,22 @@ from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
 
 VARIANTS = {
-    "biases": {"without": {"qkv_bias": False, "ln_bias": False, "norm": "layer"},
-               "with": {"qkv_bias": True, "ln_bias": True, "norm": "layer"}},
+    "biases": {
+        "without": {"qkv_bias": False, "ln_bias": False, "norm": "layer"},
+        "with": {"qkv_bias": True, "ln_bias": True, "norm": "layer"},
+    },
     "parallel": {"parallel": {"parallel": True}, "sequential": {"parallel": False}},
-}  # fmt: skip
+}
 # Dense bf16 peak TFLOP/s by device name, for model FLOPs utilisation (vendors' data sheets).
-PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0,
-               "L4": 121.0, "A10": 125.0}  # fmt: skip
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10": 125.0,
+}
 PAPER = {
     "biases": "~+3% utilisation without biases",
     "parallel": "~15% faster with parallel blocks",
@@ -80,8 +89,13 @@ class EfficiencyAblation(Task):
         """``backbone`` is not used: the task trains its own models."""
         x, y = load_images(self, ctx)
         classes = int(y.max()) + 1
-        schedule = Schedule(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=self.warmup,
-                            seed=ctx.seed)  # fmt: skip
+        schedule = Schedule(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            warmup=self.warmup,
+            seed=ctx.seed,
+        )
 
         def batch(step: int, micro: int):
             pick = torch.randint(
@@ -93,13 +107,23 @@ class EfficiencyAblation(Task):
         rates = self.throughput(names, classes, schedule, batch, ctx)
         losses = {name: self.quality(name, classes, schedule, batch, ctx) for name in names}
         first, second = names
-        extra = {"rounds": self.rounds, "timed_steps": self.timed_steps, "device": ctx.extract.device,
-                 "paper": PAPER[self.switch], "size": self.size, "image": self.image,
-                 "picture": self.plot(rates, losses, ctx)}  # fmt: skip
+        extra = {
+            "rounds": self.rounds,
+            "timed_steps": self.timed_steps,
+            "device": ctx.extract.device,
+            "paper": PAPER[self.switch],
+            "size": self.size,
+            "image": self.image,
+            "picture": self.plot(rates, losses, ctx),
+        }
         for name in names:
             rate = statistics.median(rates[name])
-            yield Metric(f"images_per_s/{name}", rate, seeds=[ctx.seed],
-                         extra={**extra, "per_round": rates[name], **self.utilisation(name, rate, ctx)})  # fmt: skip
+            yield Metric(
+                f"images_per_s/{name}",
+                rate,
+                seeds=[ctx.seed],
+                extra={**extra, "per_round": rates[name], **self.utilisation(name, rate, ctx)},
+            )
             yield Metric(
                 f"final_loss/{name}",
                 losses[name],
@@ -110,10 +134,15 @@ class EfficiencyAblation(Task):
         # Rounds alternate the variants, so each round's ratio cancels the machine's drift
         ratios = [a / b for a, b in zip(rates[first], rates[second], strict=True)]
         spread = statistics.stdev(ratios) if len(ratios) > 1 else None
-        yield Metric("speedup", statistics.median(ratios), std=spread,
-                     stderr=spread / math.sqrt(len(ratios)) if spread is not None else None,
-                     seeds=[ctx.seed], n=len(ratios),
-                     extra={**extra, "ratio": f"{first} / {second}", "per_round": ratios})  # fmt: skip
+        yield Metric(
+            "speedup",
+            statistics.median(ratios),
+            std=spread,
+            stderr=spread / math.sqrt(len(ratios)) if spread is not None else None,
+            seeds=[ctx.seed],
+            n=len(ratios),
+            extra={**extra, "ratio": f"{first} / {second}", "per_round": ratios},
+        )
 
     def plot(self, rates: dict, losses: dict, ctx) -> str | None:
         if ctx.artifacts is None:
@@ -174,8 +203,14 @@ class EfficiencyAblation(Task):
 
     def quality(self, name: str, classes: int, schedule: Schedule, batch, ctx) -> float:
         model = self.model(name, classes, ctx.seed).to(ctx.extract.device)
-        log = fit(model, batch, torch.nn.functional.cross_entropy, schedule, device=ctx.extract.device,
-                  progress=ctx.extract.progress)  # fmt: skip
+        log = fit(
+            model,
+            batch,
+            torch.nn.functional.cross_entropy,
+            schedule,
+            device=ctx.extract.device,
+            progress=ctx.extract.progress,
+        )
         return sum(e["loss"] for e in log[-10:]) / len(log[-10:])
 
 

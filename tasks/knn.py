@@ -22,9 +22,10 @@ from evalkit.metrics import reported_ks
 from evalkit.protocols.classification import FrozenClassification, percent
 from evalkit.protocols.predictions import save_classifications, scored_hits
 
-POSITIVE_INTS = Rule("a non-empty list of distinct positive whole numbers",
-                     lambda v: bool(v) and all(int(k) == k and k > 0 for k in v)
-                     and len(set(v)) == len(v))  # fmt: skip
+POSITIVE_INTS = Rule(
+    "a non-empty list of distinct positive whole numbers",
+    lambda v: bool(v) and all(int(k) == k and k > 0 for k in v) and len(set(v)) == len(v),
+)
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,21 @@ class KNN(FrozenClassification):
             for k in self.ks:
                 votes = vote(sims, labels, k, classes, self.weighting, self.temperature)
                 scores[k].append(votes.cpu())
-        extra = {"n_train": len(train), "weighting": self.weighting,
-                 "temperature": self.temperature, "num_classes": classes}  # fmt: skip
+        extra = {
+            "n_train": len(train),
+            "weighting": self.weighting,
+            "temperature": self.temperature,
+            "num_classes": classes,
+        }
         for k in self.ks:
             logits = torch.cat(scores[k])
             if k == self.ks[0]:
                 save_classifications(ctx, logits, test.labels, test_set, space, kind="votes")
             for t in reported_ks(classes):
                 hits = scored_hits(logits, test.labels, space, t)
-                yield Metric(f"top{t}/k={k}", percent(hits), n=len(test), seeds=[ctx.seed],
-                             extra=extra)  # fmt: skip
+                yield Metric(
+                    f"top{t}/k={k}", percent(hits), n=len(test), seeds=[ctx.seed], extra=extra
+                )
 
     def train_chunks(self, train):
         """(features, labels) of at most ``chunk`` training rows at a time."""

@@ -87,8 +87,14 @@ class LinearProbe(LinearClassifier):
         }
         for k in reported_ks(num_classes):
             row_hits = test_hits(model, data.test_rows(), space, k)
-            yield Metric(f"top{k}", percent(row_hits), stderr=accuracy_stderr(row_hits),
-                         n=len(test.labels), seeds=[ctx.seed], extra=extra)  # fmt: skip
+            yield Metric(
+                f"top{k}",
+                percent(row_hits),
+                stderr=accuracy_stderr(row_hits),
+                n=len(test.labels),
+                seeds=[ctx.seed],
+                extra=extra,
+            )
 
 
 def finetuned_classification(task: LinearProbe, backbone, ctx):
@@ -100,5 +106,11 @@ def finetuned_classification(task: LinearProbe, backbone, ctx):
     save_classifications(ctx, logits, labels, test, space)
     for k in reported_ks(logits.shape[1]):
         row_hits = scored_hits(logits, labels, space, k)
-        yield Metric(f"top{k}", percent(row_hits), stderr=accuracy_stderr(row_hits), n=len(labels),
-                     seeds=[ctx.seed], extra=tuned.extra)  # fmt: skip
+        yield Metric(
+            f"top{k}",
+            percent(row_hits),
+            stderr=accuracy_stderr(row_hits),
+            n=len(labels),
+            seeds=[ctx.seed],
+            extra=tuned.extra,
+        )

@@ -128,14 +128,22 @@ class Segmentation(FinetuneSettings, DenseSettings):
             "augment": "none (cached features)" if extra.get("features_cached") else self.augment,
         }
         if self.eval_mode == "slide":
-            extra |= {"eval_crop": self.image_size,
-                      "eval_stride": self.eval_stride or self.image_size * 2 // 3}  # fmt: skip
+            extra |= {
+                "eval_crop": self.image_size,
+                "eval_stride": self.eval_stride or self.image_size * 2 // 3,
+            }
         if path := picture_path(ctx, self.name, backbone.info.name, self.head):
             extra["picture"] = str(save_picture_grid(pictures, path))
         stderr = {"miou": miou_bootstrap_stderr(*overlaps, seed=ctx.seed)}
         for metric in self.metrics():
-            yield Metric(metric, scores[metric], stderr=stderr.get(metric), n=len(val_set),
-                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+            yield Metric(
+                metric,
+                scores[metric],
+                stderr=stderr.get(metric),
+                n=len(val_set),
+                seeds=[ctx.seed],
+                extra=extra,
+            )
 
     def frozen(self, backbone, ctx, train_set, val_set, subset):
         """A head on the frozen backbone: trained on cached grids when they fit
@@ -180,16 +188,27 @@ class Segmentation(FinetuneSettings, DenseSettings):
 
     def train_end_to_end(self, backbone, ctx, sets, indices, *, frozen: bool):
         train_set, val_set = sets
-        run = end_to_end(self, backbone, ctx, self.build_head, dense=True, pool="mean",
-                         layers=tap_layers(backbone.info.depth), frozen=frozen)  # fmt: skip
+        run = end_to_end(
+            self,
+            backbone,
+            ctx,
+            self.build_head,
+            dense=True,
+            pool="mean",
+            layers=tap_layers(backbone.info.depth),
+            frozen=frozen,
+        )
         side = 4 * (self.image_size // backbone.info.patch_size)
 
         def collate(items):  # label maps read and resized per batch, never held for the split
             if self.augment == "mmseg":
-                views = [scale_crop_flip(train_set, i, self.image_size, train_set.target(i))
-                         for _, i in items]  # fmt: skip
+                views = [
+                    scale_crop_flip(train_set, i, self.image_size, train_set.target(i))
+                    for _, i in items
+                ]
                 return torch.stack([x for x, _ in views]), torch.stack(
-                    [resize_labels(y, (side, side)) for _, y in views])  # fmt: skip
+                    [resize_labels(y, (side, side)) for _, y in views]
+                )
             flips = torch.rand(len(items)) < 0.5
             images = torch.stack(
                 [x.flip(-1) if f else x for (x, _), f in zip(items, flips, strict=True)]
@@ -200,8 +219,9 @@ class Segmentation(FinetuneSettings, DenseSettings):
             )
 
         def loss(logits, labels):
-            return F.cross_entropy(resize_to(logits, labels.shape[-2:]), labels,
-                                   ignore_index=IGNORE)  # fmt: skip
+            return F.cross_entropy(
+                resize_to(logits, labels.shape[-2:]), labels, ignore_index=IGNORE
+            )
 
         batch = self.batch_size if frozen else self.finetune_batch_size
         subset = torch.utils.data.Subset(train_set, indices)

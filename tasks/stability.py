@@ -57,8 +57,10 @@ class SmallTraining(Task):
     def plan(self, inputs) -> list[Stage]:
         """The task's own models trained from scratch; the backbone is not used."""
         runs = self.runs()
-        flops = sum(training_flops(self.model_config(size, qk_norm), self.steps * self.batch_size)
-                    for size, qk_norm in runs)  # fmt: skip
+        flops = sum(
+            training_flops(self.model_config(size, qk_norm), self.steps * self.batch_size)
+            for size, qk_norm in runs
+        )
         return [Stage("train ablation models", f"{len(runs)} runs from scratch", flops=flops)]
 
     def runs(self) -> list[tuple[str, bool]]:
@@ -76,8 +78,12 @@ class QKNormStability(SmallTraining):
     lrs: tuple[float, ...] = setting((1e-3, 1e-2, 1e-1, 3e-1), POSITIVES)
 
     def metrics(self) -> list[str]:
-        per_run = [f"{m}/{v}/lr={lr:g}" for v in VARIANTS for lr in self.lrs
-                   for m in ("final_loss", "max_attention_logit")]  # fmt: skip
+        per_run = [
+            f"{m}/{v}/lr={lr:g}"
+            for v in VARIANTS
+            for lr in self.lrs
+            for m in ("final_loss", "max_attention_logit")
+        ]
         return per_run + [f"lr_sensitivity/{v}" for v in VARIANTS]
 
     def runs(self) -> list[tuple[str, bool]]:
@@ -113,17 +119,40 @@ class QKNormStability(SmallTraining):
         finals = {lr: min(run["final"], run["initial"]) for lr, run in runs.items()}
         for lr, run in runs.items():
             logits = run["max_logit"] or [math.inf]
-            extra = {"diverged": run["diverged"], "lr": lr, "qk_norm": variant == "qk_norm",
-                     "max_logit_curve": logits[::TRACE_EVERY], "loss_curve": run["loss"][::TRACE_EVERY],
-                     "first_max_logit": logits[0], "last_entropy": run["last_entropy"],
-                     "note": "a diverged run's loss is the initial loss, ln(classes)" if run["diverged"] else None}  # fmt: skip
-            yield Metric(f"final_loss/{variant}/lr={lr:g}", run["final"], higher_is_better=False,
-                         seeds=[ctx.seed], extra=extra)  # fmt: skip
-            yield Metric(f"max_attention_logit/{variant}/lr={lr:g}", logits[-1], higher_is_better=False,
-                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+            extra = {
+                "diverged": run["diverged"],
+                "lr": lr,
+                "qk_norm": variant == "qk_norm",
+                "max_logit_curve": logits[::TRACE_EVERY],
+                "loss_curve": run["loss"][::TRACE_EVERY],
+                "first_max_logit": logits[0],
+                "last_entropy": run["last_entropy"],
+                "note": "a diverged run's loss is the initial loss, ln(classes)"
+                if run["diverged"]
+                else None,
+            }
+            yield Metric(
+                f"final_loss/{variant}/lr={lr:g}",
+                run["final"],
+                higher_is_better=False,
+                seeds=[ctx.seed],
+                extra=extra,
+            )
+            yield Metric(
+                f"max_attention_logit/{variant}/lr={lr:g}",
+                logits[-1],
+                higher_is_better=False,
+                seeds=[ctx.seed],
+                extra=extra,
+            )
         sensitivity = sum(finals.values()) / len(finals) - min(finals.values())
-        yield Metric(f"lr_sensitivity/{variant}", sensitivity, higher_is_better=False, seeds=[ctx.seed],
-                     extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}})  # fmt: skip
+        yield Metric(
+            f"lr_sensitivity/{variant}",
+            sensitivity,
+            higher_is_better=False,
+            seeds=[ctx.seed],
+            extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}},
+        )
 
 
 def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> dict:
@@ -134,8 +163,15 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
     vit = build(cfg, seed=ctx.seed)
     model = seeded_build(lambda: Classifier(vit, classes), ctx.seed)
     stats = AttentionStats(model.vit)
-    schedule = Schedule(steps=task.steps, batch_size=task.batch_size, lr=lr, warmup=task.warmup,
-                        weight_decay=task.weight_decay, z_loss=task.z_loss, seed=ctx.seed)  # fmt: skip
+    schedule = Schedule(
+        steps=task.steps,
+        batch_size=task.batch_size,
+        lr=lr,
+        warmup=task.warmup,
+        weight_decay=task.weight_decay,
+        z_loss=task.z_loss,
+        seed=ctx.seed,
+    )
 
     def batch(step: int, micro: int):
         generator = torch.Generator().manual_seed(ctx.seed * 1_000_003 + step)
@@ -144,8 +180,15 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
 
     log, diverged = [], None
     try:
-        log = fit(model, batch, torch.nn.functional.cross_entropy, schedule, observe=stats.read,
-                  device=ctx.extract.device, progress=ctx.extract.progress)  # fmt: skip
+        log = fit(
+            model,
+            batch,
+            torch.nn.functional.cross_entropy,
+            schedule,
+            observe=stats.read,
+            device=ctx.extract.device,
+            progress=ctx.extract.progress,
+        )
     except Diverged as exc:
         log, diverged = exc.log, str(exc)
     finally:
@@ -157,10 +200,15 @@ def _curves(run: dict) -> dict:
     """A run's loss and max-logit curves over steps, its final loss (``_final``), its initial
     loss, whether it diverged and its last attention entropy: what rows and plot need."""
     log = run["log"]
-    return {"steps": [e["step"] for e in log], "loss": [e["loss"] for e in log],
-            "max_logit": [max(e["max_attention_logit"]) for e in log], "final": _final(run),
-            "initial": run["initial_loss"], "diverged": run["diverged"],
-            "last_entropy": log[-1]["attention_entropy"] if log else None}  # fmt: skip
+    return {
+        "steps": [e["step"] for e in log],
+        "loss": [e["loss"] for e in log],
+        "max_logit": [max(e["max_attention_logit"]) for e in log],
+        "final": _final(run),
+        "initial": run["initial_loss"],
+        "diverged": run["diverged"],
+        "last_entropy": log[-1]["attention_entropy"] if log else None,
+    }
 
 
 def _tail_mean(log: list[dict], key: str, tail: int = 10) -> float:
@@ -212,10 +260,23 @@ class QKNormLR(SmallTraining):
                     "diverged": run["diverged"],
                     "note": note,
                 }
-                rows.append(Metric(f"final_loss/{variant}/{size}", finals[size][variant],
-                                   higher_is_better=False, seeds=[ctx.seed], extra=extra))  # fmt: skip
-            rows.append(Metric(f"gain/{size}", finals[size]["lowered"] - finals[size]["kept"],
-                               seeds=[ctx.seed], extra={"lrs": lrs, "note": note}))  # fmt: skip
+                rows.append(
+                    Metric(
+                        f"final_loss/{variant}/{size}",
+                        finals[size][variant],
+                        higher_is_better=False,
+                        seeds=[ctx.seed],
+                        extra=extra,
+                    )
+                )
+            rows.append(
+                Metric(
+                    f"gain/{size}",
+                    finals[size]["lowered"] - finals[size]["kept"],
+                    seeds=[ctx.seed],
+                    extra={"lrs": lrs, "note": note},
+                )
+            )
         picture = self.plot(finals, ctx)
         for row in rows:
             row.extra["picture"] = picture

@@ -95,11 +95,20 @@ class VideoClassification(Task):
         extract = extraction_stage(inputs, frames, layers=len(self.layers))
         batch = 4 * self.batch_size * clip  # the batch, its activations and their gradients
         if n_train * clip <= self.resident_gb * 2**30:
-            return [extract, Stage("video head", "resident", host_bytes=n_train * clip,
-                                   device_bytes=batch)]  # fmt: skip
+            return [
+                extract,
+                Stage("video head", "resident", host_bytes=n_train * clip, device_bytes=batch),
+            ]
         window = max(2 * inputs.shard_size, 2 * self.batch_size)
-        return [extract, Stage("video head", "streamed", host_bytes=2 * window * clip + n_train * 8,
-                               device_bytes=batch)]  # fmt: skip
+        return [
+            extract,
+            Stage(
+                "video head",
+                "streamed",
+                host_bytes=2 * window * clip + n_train * 8,
+                device_bytes=batch,
+            ),
+        ]
 
     def run(self, backbone, ctx):
         request = FeatureRequest(
@@ -130,23 +139,42 @@ class VideoClassification(Task):
         probabilities, clip_labels, test_status = self.view_average(
             model, test_feats, test_set, ctx
         )
-        extra = {**self.recorded(), "first_loss": losses[0], "final_loss": sum(losses[-10:]) / len(losses[-10:]),
-                 "clips": {"train": len(train_set.samples), "eval": len(test_set.samples)},
-                 "padded": {"train": int(padded.sum()), "eval": test_status["padded"]},
-                 "unreadable": {"train": _listed(train_set, unreadable, 1), "eval": test_status["unreadable"]},
-                 "skipped": {"train": train_set.skipped, "eval": test_set.skipped}}  # fmt: skip
+        extra = {
+            **self.recorded(),
+            "first_loss": losses[0],
+            "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "clips": {"train": len(train_set.samples), "eval": len(test_set.samples)},
+            "padded": {"train": int(padded.sum()), "eval": test_status["padded"]},
+            "unreadable": {
+                "train": _listed(train_set, unreadable, 1),
+                "eval": test_status["unreadable"],
+            },
+            "skipped": {"train": train_set.skipped, "eval": test_set.skipped},
+        }
         save_classifications(ctx, probabilities, clip_labels, test_set, None, kind="probabilities")
         extra["num_classes"] = probabilities.shape[1]
         for k in reported_ks(probabilities.shape[1]):
             top = probabilities.topk(k, dim=1).indices
             right = (top == clip_labels[:, None]).any(dim=1)
-            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
-                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+            yield Metric(
+                f"top{k}",
+                100.0 * right.double().mean().item(),
+                n=len(right),
+                stderr=accuracy_stderr(right),
+                seeds=[ctx.seed],
+                extra=extra,
+            )
 
     def open(self, split: str, backbone, ctx, *, views: tuple[int, int], classes=None):
         sampling = Sampling(self.frames, self.stride, self.sampling, *views)
-        return open_dataset(self.dataset, split, ctx.data, transform=backbone.transform(),
-                            classes=classes, sampling=sampling)  # fmt: skip
+        return open_dataset(
+            self.dataset,
+            split,
+            ctx.data,
+            transform=backbone.transform(),
+            classes=classes,
+            sampling=sampling,
+        )
 
     def fit(self, feats, labels: torch.Tensor, readable: torch.Tensor, scale, classes: int, ctx):
         """The head trained on the readable clips' standardised features, in batches shuffled
@@ -164,10 +192,24 @@ class VideoClassification(Task):
             logits = model(scale(clips.take(batch)).to(device))
             return torch.nn.functional.cross_entropy(logits.float(), labels[batch].to(device))
 
-        settings = TrainConfig(steps=self.steps, batch_size=order.batch_size, lr=self.lr,
-                               weight_decay=self.weight_decay, warmup=self.warmup, clip=1.0, seed=ctx.seed)  # fmt: skip
-        losses = train(model, step_loss, order.rows, settings, device=device,
-                       progress=ctx.extract.progress, order=order.batch)  # fmt: skip
+        settings = TrainConfig(
+            steps=self.steps,
+            batch_size=order.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            warmup=self.warmup,
+            clip=1.0,
+            seed=ctx.seed,
+        )
+        losses = train(
+            model,
+            step_loss,
+            order.rows,
+            settings,
+            device=device,
+            progress=ctx.extract.progress,
+            order=order.batch,
+        )
         return model, losses
 
     @torch.no_grad()
@@ -198,9 +240,17 @@ class VideoClassification(Task):
 
     def recorded(self) -> dict:
         """The protocol choices every row carries (the paper does not state its own)."""
-        return {"head": self.head, "frames": self.frames, "stride": self.stride, "sampling": self.sampling,
-                "views": f"{self.segments} segments x {self.crops} crops", "width": self.width,
-                "depth": self.depth, "steps": self.steps, "batch_size": self.batch_size}  # fmt: skip
+        return {
+            "head": self.head,
+            "frames": self.frames,
+            "stride": self.stride,
+            "sampling": self.sampling,
+            "views": f"{self.segments} segments x {self.crops} crops",
+            "width": self.width,
+            "depth": self.depth,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+        }
 
 
 class _Scaled(torch.nn.Module):

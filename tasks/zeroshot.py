@@ -77,8 +77,13 @@ TEMPLATES = Rule(
     f"auto, one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",
     lambda v: v == "auto" or v in TEMPLATE_SETS or is_template_file(v),
 )
-PAPER_LIT_22B = {"imagenet": 85.9, "imagenet-v2": 80.9, "imagenet-r": 96.0, "imagenet-a": 90.1,
-                 "objectnet": 87.6}  # fmt: skip
+PAPER_LIT_22B = {
+    "imagenet": 85.9,
+    "imagenet-v2": 80.9,
+    "imagenet-r": 96.0,
+    "imagenet-a": 90.1,
+    "objectnet": 87.6,
+}
 PAPER_LIT_E = {"objectnet": 84.9}
 
 
@@ -151,16 +156,28 @@ class ZeroShot(Task):
             save_classifications(
                 ctx, torch.cat(kept), feats.labels, test, space, kind="similarities"
             )
-        extra = {**extra, "templates": self.chosen_templates(text), "prompts": prompting.style,
-                 "classes": len(space.names), "class_names_id": names_id(space.names),
-                 "pool": request.pool, "candidates": len(space.candidates or space.names),
-                 "label_space": self.describe_space(space)}  # fmt: skip
+        extra = {
+            **extra,
+            "templates": self.chosen_templates(text),
+            "prompts": prompting.style,
+            "classes": len(space.names),
+            "class_names_id": names_id(space.names),
+            "pool": request.pool,
+            "candidates": len(space.candidates or space.names),
+            "label_space": self.describe_space(space),
+        }
         extra["num_classes"] = extra["candidates"]
         for k in reported_ks(extra["num_classes"]):
             found = hits[k]
             right = torch.cat(found)
-            yield Metric(f"top{k}", 100.0 * right.double().mean().item(), n=len(right), stderr=accuracy_stderr(right),
-                         seeds=[ctx.seed], extra=extra)  # fmt: skip
+            yield Metric(
+                f"top{k}",
+                100.0 * right.double().mean().item(),
+                n=len(right),
+                stderr=accuracy_stderr(right),
+                seeds=[ctx.seed],
+                extra=extra,
+            )
 
     def chosen_templates(self, text) -> str:
         return (
@@ -259,8 +276,10 @@ class Lit(ZeroShot):
         return (self.dataset, self.captions)
 
     def reads(self) -> dict[str, dict[str, str]]:
-        return {self.captions: {"captions": self.caption_split},
-                self.dataset: {self.eval_split: self.eval_split}}  # fmt: skip
+        return {
+            self.captions: {"captions": self.caption_split},
+            self.dataset: {self.eval_split: self.eval_split},
+        }
 
     def plan(self, inputs) -> list[Stage]:
         """The caption set's and the test set's embeddings extracted once; while the tower
@@ -272,8 +291,10 @@ class Lit(ZeroShot):
         batch = self.batch_size * (dim * 4 + self.context * (8 + 16 * self.width * 4))
         extract = extraction_stage(inputs, sum(inputs.sizes.values()), layers=len(self.layers))
         if pairs * dim * 4 <= self.resident_gb * 2**30:
-            return [extract, Stage("LiT text tower", "resident", host_bytes=pairs * dim * 4,
-                                   device_bytes=batch)]  # fmt: skip
+            return [
+                extract,
+                Stage("LiT text tower", "resident", host_bytes=pairs * dim * 4, device_bytes=batch),
+            ]
         window = max(2 * inputs.shard_size, 2 * self.batch_size)
         held = 2 * window * dim * 4 + pairs * 8  # two windows of shards, the order's indices
         return [extract, Stage("LiT text tower", "streamed", host_bytes=held, device_bytes=batch)]
@@ -320,18 +341,36 @@ class Lit(ZeroShot):
             device = ctx.extract.device
             return model.loss(images.take(mine).to(device), words(texts).to(device))
 
-        settings = TrainConfig(steps=self.steps, batch_size=order.batch_size, lr=self.lr,
-                               weight_decay=self.weight_decay, warmup=self.warmup, clip=self.clip,
-                               seed=ctx.seed)  # fmt: skip
-        losses = train(model, step_loss, order.rows, settings, device=ctx.extract.device,
-                       progress=ctx.extract.progress, after_backward=mesh.average_gradients,
-                       order=order.batch)  # fmt: skip
+        settings = TrainConfig(
+            steps=self.steps,
+            batch_size=order.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            warmup=self.warmup,
+            clip=self.clip,
+            seed=ctx.seed,
+        )
+        losses = train(
+            model,
+            step_loss,
+            order.rows,
+            settings,
+            device=ctx.extract.device,
+            progress=ctx.extract.progress,
+            after_backward=mesh.average_gradients,
+            order=order.batch,
+        )
         rows = readable.nonzero().squeeze(1).tolist()
-        fit = {"lit_first_loss": losses[0], "lit_final_loss": sum(losses[-10:]) / len(losses[-10:]),
-               "lit_pairs": order.rows, "lit_captions": sum(len(pairs.captions[i]) for i in rows),
-               "lit_unreadable": int(len(feats) - order.rows), "lit_skipped": pairs.skipped,
-               "lit_mode": "resident" if resident else "streamed",
-               "lit_temperature": model.log_temperature.detach().exp().item()}  # fmt: skip
+        fit = {
+            "lit_first_loss": losses[0],
+            "lit_final_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "lit_pairs": order.rows,
+            "lit_captions": sum(len(pairs.captions[i]) for i in rows),
+            "lit_unreadable": int(len(feats) - order.rows),
+            "lit_skipped": pairs.skipped,
+            "lit_mode": "resident" if resident else "streamed",
+            "lit_temperature": model.log_temperature.detach().exp().item(),
+        }
         return model, fit
 
     @staticmethod
@@ -339,15 +378,29 @@ class Lit(ZeroShot):
         """One caption per image of the batch, drawn from (seed, step) alone."""
         generator = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
         draws = torch.rand(len(batch), generator=generator).tolist()
-        return [captions[i][int(u * len(captions[i]))] for i, u in zip(batch.tolist(), draws,
-                                                                        strict=True)]  # fmt: skip
+        return [
+            captions[i][int(u * len(captions[i]))]
+            for i, u in zip(batch.tolist(), draws, strict=True)
+        ]
 
     def tower_config(self, backbone, request: FeatureRequest, dim: int) -> TowerConfig:
-        image = {"backbone": backbone.info.name, "weights_id": backbone.info.weights_id,
-                 "pool": request.pool, "layers": list(request.layers)}  # fmt: skip
-        return TowerConfig(width=self.width, layers=self.text_layers, heads=self.heads,
-                           context=self.context, embed_dim=dim, image_head=self.image_head,
-                           loss=self.loss, temperature=self.temperature, image_tower=image)  # fmt: skip
+        image = {
+            "backbone": backbone.info.name,
+            "weights_id": backbone.info.weights_id,
+            "pool": request.pool,
+            "layers": list(request.layers),
+        }
+        return TowerConfig(
+            width=self.width,
+            layers=self.text_layers,
+            heads=self.heads,
+            context=self.context,
+            embed_dim=dim,
+            image_head=self.image_head,
+            loss=self.loss,
+            temperature=self.temperature,
+            image_tower=image,
+        )
 
     def save(self, model: LitModel, backbone, ctx) -> str | None:
         if ctx.artifacts is None or not mesh.current().main:

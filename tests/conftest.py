@@ -64,9 +64,11 @@ def randomised_timm_xp():
     return _randomised_timm_xp
 
 
-TINY_CLIP = {"embed_dim": 32,
-             "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
-             "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}  # fmt: skip
+TINY_CLIP = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
 
 
 @pytest.fixture()
@@ -77,6 +79,12 @@ def tiny_clip_registered(monkeypatch):
     import open_clip.pretrained
 
     monkeypatch.setitem(open_clip.factory._MODEL_CONFIGS, "Tiny-Test", TINY_CLIP)
-    tags = {"hubtag": {"hf_hub": "someorg/tiny-clip/", "mean": (0.3, 0.3, 0.3), "std": (0.1, 0.1, 0.1),
-                       "interpolation": "bilinear"}}  # fmt: skip
+    tags = {
+        "hubtag": {
+            "hf_hub": "someorg/tiny-clip/",
+            "mean": (0.3, 0.3, 0.3),
+            "std": (0.1, 0.1, 0.1),
+            "interpolation": "bilinear",
+        }
+    }
     monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "Tiny-Test", tags)

@@ -22,8 +22,24 @@ from torch.overrides import TorchFunctionMode
 MARK = "_on_fake_cuda"
 DEVICE = torch.device("cuda", 0)
 # Operations that take tensors on two devices by design.
-CROSSING = {"copy_", "to", "cuda", "cpu", "pin_memory", "__set__", "__get__", "_has_compatible_shallow_copy_type",
-            "set_", "is_pinned", "_parse_to", "is_floating_point", "dim", "size", "numel", "__len__"}  # fmt: skip
+CROSSING = {
+    "copy_",
+    "to",
+    "cuda",
+    "cpu",
+    "pin_memory",
+    "__set__",
+    "__get__",
+    "_has_compatible_shallow_copy_type",
+    "set_",
+    "is_pinned",
+    "_parse_to",
+    "is_floating_point",
+    "dim",
+    "size",
+    "numel",
+    "__len__",
+}
 
 
 def on_cuda(value) -> bool:
@@ -214,16 +230,26 @@ def fake_cuda(monkeypatch):
         total_memory=80 * 2**30, name="fake", major=9, minor=0, multi_processor_count=132
     )
     answers = {
-        "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
-        "set_device": lambda device: None, "synchronize": lambda device=None: None,
-        "max_memory_allocated": lambda device=None: 0, "memory_allocated": lambda device=None: 0,
-        "memory_reserved": lambda device=None: 0, "reset_peak_memory_stats": lambda device=None: None,
-        "mem_get_info": lambda device=None: (60 * 2**30, 80 * 2**30), "empty_cache": lambda: None,
-        "get_device_name": lambda device=None: "stand-in GPU", "is_bf16_supported": lambda *a, **k: True,
-        "get_device_properties": lambda device=None: memory, "manual_seed_all": lambda seed: None,
-        "manual_seed": lambda seed: None, "get_rng_state": lambda device=None: torch.zeros(8, dtype=torch.uint8),
-        "set_rng_state": lambda state, device=None: None, "seed_all": lambda: None,
-    }  # fmt: skip
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "set_device": lambda device: None,
+        "synchronize": lambda device=None: None,
+        "max_memory_allocated": lambda device=None: 0,
+        "memory_allocated": lambda device=None: 0,
+        "memory_reserved": lambda device=None: 0,
+        "reset_peak_memory_stats": lambda device=None: None,
+        "mem_get_info": lambda device=None: (60 * 2**30, 80 * 2**30),
+        "empty_cache": lambda: None,
+        "get_device_name": lambda device=None: "stand-in GPU",
+        "is_bf16_supported": lambda *a, **k: True,
+        "get_device_properties": lambda device=None: memory,
+        "manual_seed_all": lambda seed: None,
+        "manual_seed": lambda seed: None,
+        "get_rng_state": lambda device=None: torch.zeros(8, dtype=torch.uint8),
+        "set_rng_state": lambda state, device=None: None,
+        "seed_all": lambda: None,
+    }
     for name, answer in answers.items():
         monkeypatch.setattr(torch.cuda, name, answer)
     # no stream to capture: the optimisers' graph-capture check asks the accelerator for one

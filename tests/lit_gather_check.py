@@ -30,11 +30,15 @@ def main():
     average_gradients(model)
     shared = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    joined = contrastive_loss(model.embed_images(features), model.embed_text(tokens),
-                              model.log_temperature, model.bias)  # fmt: skip
+    joined = contrastive_loss(
+        model.embed_images(features), model.embed_text(tokens), model.log_temperature, model.bias
+    )
     joined.backward()
-    diff = max((shared[n] - p.grad).abs().max().item() for n, p in model.named_parameters()
-               if p.grad is not None)  # fmt: skip
+    diff = max(
+        (shared[n] - p.grad).abs().max().item()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    )
     scale = max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
     assert set(shared) == {n for n, p in model.named_parameters() if p.grad is not None}
     if layout.main:

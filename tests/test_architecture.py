@@ -89,9 +89,14 @@ def test_each_job_counts_only_its_own_images(cli_env):
 
 def test_seeds_make_one_job_each(cli_env):
     rows = evalkit.run(
-        "imagenet-1shot", "fake", data="embedded", progress=False, seeds=[0, 1], out="s",
+        "imagenet-1shot",
+        "fake",
+        data="embedded",
+        progress=False,
+        seeds=[0, 1],
+        out="s",
         overrides=["seeds=1"],
-    )  # fmt: skip
+    )
     assert [r["seed"] for r in rows] == [0, 1] and rows[0]["value"] != rows[1]["value"]
 
 
@@ -201,15 +206,30 @@ def test_a_task_a_backbone_and_a_dataset_are_one_module_each(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(ENTRY_POINTS)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "EVALKIT_CACHE": str(tmp_path / "c")}
-    cmd = [sys.executable, "-m", "evalkit", "run", "--task", "toy-gap", "--backbone", "toy",
-           "--data", "folder", "--data-dir", str(tmp_path), "--out", str(tmp_path / "rows")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "evalkit",
+        "run",
+        "--task",
+        "toy-gap",
+        "--backbone",
+        "toy",
+        "--data",
+        "folder",
+        "--data-dir",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "rows"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     [row] = load_rows([tmp_path / "rows"])
     assert row["task"] == "toy-gap" and row["backbone"] == "toy"
     assert row["value"] == pytest.approx(0.5) and row["n"] == 20
-    listing = subprocess.run([sys.executable, "-m", "evalkit", "ls", "tasks"], env=env,
-                             capture_output=True, text=True)  # fmt: skip
+    listing = subprocess.run(
+        [sys.executable, "-m", "evalkit", "ls", "tasks"], env=env, capture_output=True, text=True
+    )
     assert "toy-gap" in listing.stdout
 
 
@@ -245,11 +265,17 @@ def test_clips_go_through_the_image_path_and_cache_per_clip(fake, tmp_path):
     assert again.from_cache and torch.equal(again.pooled, feats.pooled)
     assert len(list(tmp_path.glob("features/*/shard-*.safetensors"))) == 3  # 4 + 4 + 2 clips
     with pytest.raises(EvalkitError, match="clips of 4 frames, the task asked for clips of 8"):
-        extract_features(fake, clips, request=FeatureRequest(pool="mean", frames=8),
-                         settings=settings, split="val")  # fmt: skip
+        extract_features(
+            fake,
+            clips,
+            request=FeatureRequest(pool="mean", frames=8),
+            settings=settings,
+            split="val",
+        )
     with pytest.raises(EvalkitError, match="yields clips of 4 frames, the task asked for images"):
-        extract_features(fake, clips, request=FeatureRequest(pool="mean"), settings=settings,
-                         split="val")  # fmt: skip
+        extract_features(
+            fake, clips, request=FeatureRequest(pool="mean"), settings=settings, split="val"
+        )
 
 
 class TrainedTower:
@@ -339,17 +365,43 @@ def test_docstrings_and_docs_cite_only_files_in_the_repository():
 # --- the house: what a newcomer sees --------------------------------------------------------
 
 HOUSE_ROOT_MODULES = 12
-HOUSE_FILE_LINES = 500
+HOUSE_LONG_MODULE = 600  # formatted lines: above it a module is flagged (a warning) for a look
+HOUSE_FORMATTER_ESCAPES = 20  # formatter escapes (skip, off) in the repository: data tables
 HOUSE_README_LINES = 250
 
 
-def test_the_package_root_holds_few_modules_and_no_file_is_long():
+HOUSE_FOLDERS = ("evalkit", "tasks", "tests", "benchmarks")
+
+
+def test_the_package_root_holds_few_modules():
     root_modules = sorted(p.name for p in (ROOT / "evalkit").glob("*.py"))
     assert len(root_modules) <= HOUSE_ROOT_MODULES, root_modules
-    long = [str(p.relative_to(ROOT)) for folder in ("evalkit", "tasks", "tests", "benchmarks")
-            for p in (ROOT / folder).rglob("*.py") if len(p.read_text().splitlines()) > HOUSE_FILE_LINES]  # fmt: skip
-    assert not long, long
     assert len((ROOT / "README.md").read_text().splitlines()) <= HOUSE_README_LINES
+
+
+def test_the_formatter_owns_the_code():
+    """Code is laid out by ``ruff format``, not packed by hand: escapes only for data tables."""
+    marker = "fmt: " + "skip", "fmt: " + "off"  # spelled apart, so this file does not count
+    escapes = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in python_files(*HOUSE_FOLDERS)
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if any(m in line for m in marker)
+    ]
+    assert len(escapes) < HOUSE_FORMATTER_ESCAPES, escapes
+
+
+def test_long_modules_are_flagged_not_failed():
+    """A long module is a prompt to look for a second responsibility, not an error: packing
+    lines to stay under a cap would only hide it."""
+    import warnings
+
+    for path in python_files(*HOUSE_FOLDERS):
+        lines = len(path.read_text().splitlines())
+        if lines > HOUSE_LONG_MODULE:
+            warnings.warn(
+                f"{path.relative_to(ROOT)} has {lines} lines: one responsibility?", stacklevel=1
+            )
 
 
 def test_every_relative_link_in_the_readme_and_docs_resolves():

@@ -83,13 +83,25 @@ def test_out_of_memory_at_the_floor_is_one_line():
 
 @pytest.mark.parametrize(
     ("error", "memory"),
-    [(torch.OutOfMemoryError("x"), True),
-     (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
-     (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"), True),
-     (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"), True),
-     (RuntimeError("expected scalar type Float but found Half"), False),
-     (ValueError("out of memory"), False)],
-)  # fmt: skip
+    [
+        (torch.OutOfMemoryError("x"), True),
+        (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
+        (
+            RuntimeError(
+                "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"
+            ),
+            True,
+        ),
+        (
+            RuntimeError(
+                "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"
+            ),
+            True,
+        ),
+        (RuntimeError("expected scalar type Float but found Half"), False),
+        (ValueError("out of memory"), False),
+    ],
+)
 def test_which_errors_are_about_memory(error, memory):
     assert is_out_of_memory(error) is memory
 
@@ -127,8 +139,15 @@ def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, m
     monkeypatch.setattr(
         "evalkit.backbones.vit22b.available_bytes", lambda device: 2 * 100 * per_image
     )
-    rows = evalkit.run("imagenet-knn", "fake", out=tmp_path, batch_size="auto", force=True,
-                       cache_dir=tmp_path / "c", **KNN)  # fmt: skip
+    rows = evalkit.run(
+        "imagenet-knn",
+        "fake",
+        out=tmp_path,
+        batch_size="auto",
+        force=True,
+        cache_dir=tmp_path / "c",
+        **KNN,
+    )
     assert {r["provenance"]["batch_size"] for r in rows} == {64}  # half of 200 images' worth
     with pytest.raises(EvalkitError, match="--batch-size must be auto or at least 1"):
         runner.RunSpec(tasks="imagenet-knn", backbones="fake", batch_size="big")

@@ -18,8 +18,12 @@ from evalkit.errors import EvalkitError
 
 
 def _extract(backbone, data_cache, cache, pool="cls"):
-    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
-                           transform=backbone.transform())  # fmt: skip
+    dataset = open_dataset(
+        "imagenet",
+        "val",
+        DataConfig(source="embedded", cache=data_cache),
+        transform=backbone.transform(),
+    )
     settings = ExtractSettings(cache_dir=cache, shard_size=128, progress=False)
     return extract_features(
         backbone, dataset, request=FeatureRequest(pool=pool), settings=settings, split="val"
@@ -59,8 +63,9 @@ def test_a_shard_moved_to_another_index_is_recomputed(fake, data_cache, tmp_path
     assert "written for" in capsys.readouterr().err
 
 
-def test_a_consistent_shard_the_manifest_does_not_list_is_recomputed(fake, data_cache, tmp_path,
-                                                                      capsys):  # fmt: skip
+def test_a_consistent_shard_the_manifest_does_not_list_is_recomputed(
+    fake, data_cache, tmp_path, capsys
+):
     clean = _extract(fake, data_cache, tmp_path).pooled
     folder = _entry(tmp_path, "cls")
     place = shards.places(folder.name, len(clean), 128)[2]
@@ -100,8 +105,20 @@ def test_cache_verify_finds_damage_that_kept_its_stamp(fake, data_cache, tmp_pat
 
 def test_run_verify_cache_finds_damage_that_kept_its_stamp(cli_env, tmp_path, capsys):
     def run(out, *extra):
-        argv = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded",
-                "--quiet", "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / out)]  # fmt: skip
+        argv = [
+            "run",
+            "--task",
+            "imagenet-linear",
+            "--backbone",
+            "fake",
+            "--data",
+            "embedded",
+            "--quiet",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--out",
+            str(tmp_path / out),
+        ]
         assert main([*argv, *extra]) == 0
         rows = [json.loads(line) for line in (tmp_path / out / "imagenet-linear.jsonl").open()]
         return {r["metric"]: r["value"] for r in rows}
@@ -151,8 +168,9 @@ def test_a_full_disk_while_writing_a_shard_is_one_line(fake, data_cache, tmp_pat
     ]  # the finished shard is kept, no partial file left
 
 
-def test_a_shard_swapped_in_under_its_stamp_is_caught_on_the_warm_path(fake, data_cache, tmp_path,
-                                                                       capsys):  # fmt: skip
+def test_a_shard_swapped_in_under_its_stamp_is_caught_on_the_warm_path(
+    fake, data_cache, tmp_path, capsys
+):
     """Another entry's shard written over this one in place, size, inode and modification
     time kept (``cat other > mine; touch -r``): the header says whose it is."""
     clean = _extract(fake, data_cache, tmp_path).pooled

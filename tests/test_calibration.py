@@ -75,8 +75,10 @@ def test_finetuned_calibration_sets_the_paper_number_beside_it(ctx):
     from evalkit import load_backbone
     from evalkit.core.runner import resolve_task
 
-    task = resolve_task("imagenet-ece", ["finetune=true", "finetune_steps=2",
-                                         "finetune_batch_size=8", "finetune_resolution=32"])  # fmt: skip
+    task = resolve_task(
+        "imagenet-ece",
+        ["finetune=true", "finetune_steps=2", "finetune_batch_size=8", "finetune_resolution=32"],
+    )
     rows = {m.metric: m for m in task.run(load_backbone("vit22b/test"), ctx)}
     assert rows["ece"].extra["finetuned"] is True
     assert rows["ece"].extra["classifier"].startswith("fine-tuned")

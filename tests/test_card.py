@@ -15,8 +15,16 @@ from evalkit.cli import main
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, data_cache):
     out = tmp_path_factory.mktemp("card") / "rows"
-    rows = evalkit.run("imagenet-knn", "fake", data="embedded", seeds=(0, 1), out=out,
-                       cache_dir=data_cache, progress=False, overrides=["ks=1,20"])  # fmt: skip
+    rows = evalkit.run(
+        "imagenet-knn",
+        "fake",
+        data="embedded",
+        seeds=(0, 1),
+        out=out,
+        cache_dir=data_cache,
+        progress=False,
+        overrides=["ks=1,20"],
+    )
     return out, rows
 
 
@@ -59,8 +67,21 @@ def test_a_card_is_for_one_backbone(results, tmp_path, capsys):
         == 2
     )
     assert "2 backbones (fake, other)" in capsys.readouterr().err
-    assert main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "other-card.txt"),
-                 "--backbone", "other"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "card",
+                str(mixed),
+                "--model-id",
+                "org/x",
+                "--out",
+                str(tmp_path / "other-card.txt"),
+                "--backbone",
+                "other",
+            ]
+        )
+        == 0
+    )
 
 
 def test_push_needs_a_token_and_uploads_the_card_when_there_is_one(
@@ -102,9 +123,17 @@ def test_a_rerun_job_is_one_entry(results, tmp_path, data_cache):
 
     shutil.copytree(out, again)
     for _ in range(2):  # --rerun appends the job's rows again each time
-        evalkit.run("imagenet-knn", "fake", data="embedded", seeds=(0,), out=again,
-                    cache_dir=data_cache, progress=False, overrides=["ks=1,20"],
-                    rerun=True)  # fmt: skip
+        evalkit.run(
+            "imagenet-knn",
+            "fake",
+            data="embedded",
+            seeds=(0,),
+            out=again,
+            cache_dir=data_cache,
+            progress=False,
+            overrides=["ks=1,20"],
+            rerun=True,
+        )
     card_path = tmp_path / "README.md"
     assert main(["card", str(again), "--model-id", "org/x", "--out", str(card_path)]) == 0
     assert len(ModelCard.load(card_path).data.eval_results) == len(rows) == 8
@@ -125,8 +154,14 @@ def test_no_absolute_local_path_reaches_the_card_or_the_hub(tmp_path, data_cache
                 pixel = (200 * (index == 0), 40 * i, 200 * (index == 1))
                 Image.new("RGB", (16, 16), pixel).save(flowers / split / colour / f"{i}.png")
     out = tmp_path / "rows"
-    evalkit.run("imagenet-knn", "fake", out=out, cache_dir=data_cache, progress=False,
-                overrides=[f"dataset=folder:{flowers}", "ks=1"])  # fmt: skip
+    evalkit.run(
+        "imagenet-knn",
+        "fake",
+        out=out,
+        cache_dir=data_cache,
+        progress=False,
+        overrides=[f"dataset=folder:{flowers}", "ks=1"],
+    )
     (rows_file,) = out.glob("*.jsonl")
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     checkpoint = tmp_path / "private" / "ckpt.safetensors"

@@ -106,8 +106,12 @@ def test_table_and_compare(cli_env, capsys):
     spec = cli_env / "tol.toml"
     spec.write_text('"imagenet-linear:top1" = "10%"\n"imagenet-linear:top5" = 1\n')
     top1_only = cli_env / "top1.jsonl"
-    top1_only.write_text("".join(json.dumps({**r, "value": r["value"] * (1.05 if r["metric"] ==
-                                             "top1" else 1)}) + "\n" for r in rows))  # fmt: skip
+    top1_only.write_text(
+        "".join(
+            json.dumps({**r, "value": r["value"] * (1.05 if r["metric"] == "top1" else 1)}) + "\n"
+            for r in rows
+        )
+    )
     assert main(["compare", "results/runs", str(top1_only), "--tolerance", "0"]) == 1
     assert main(["compare", "results/runs", str(top1_only), "--tolerances", str(spec)]) == 0
     assert main(["compare", "results/runs", str(worse), "--tolerances", str(spec)]) == 1  # top-5
@@ -218,20 +222,33 @@ def test_predictions_are_saved_and_errors_reads_them(cli_env, capsys):
 def test_compare_writes_junit_and_github_annotations(tmp_path, capsys):
     from xml.etree import ElementTree as ET
 
-    row = {"task": "imagenet-linear", "backbone": "fake", "higher_is_better": True, "n": 10,
-           "seeds": [0], "weights_id": "w"}  # fmt: skip
+    row = {
+        "task": "imagenet-linear",
+        "backbone": "fake",
+        "higher_is_better": True,
+        "n": 10,
+        "seeds": [0],
+        "weights_id": "w",
+    }
     base, new = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
-    base.write_text("".join(json.dumps({**row, "metric": m, "value": 50.0}) + "\n"
-                            for m in ("top1", "top5")))  # fmt: skip
-    new.write_text("".join(json.dumps({**row, "metric": m, "value": v}) + "\n"
-                           for m, v in (("top1", 48.0), ("top5", 50.2))))  # fmt: skip
+    base.write_text(
+        "".join(json.dumps({**row, "metric": m, "value": 50.0}) + "\n" for m in ("top1", "top5"))
+    )
+    new.write_text(
+        "".join(
+            json.dumps({**row, "metric": m, "value": v}) + "\n"
+            for m, v in (("top1", 48.0), ("top5", 50.2))
+        )
+    )
     report = tmp_path / "out" / "gate.xml"
     args = ["compare", str(base), str(new), "--tolerance", "0.5", "--junit", str(report)]
     assert main([*args, "--format", "github"]) == 1
     out = capsys.readouterr().out
     assert out.count("::error ") == 1
-    assert ("::error title=imagenet-linear fake top1::regression: baseline 50, new 48, "
-            "delta -2, tolerance ±0.5") in out  # fmt: skip
+    assert (
+        "::error title=imagenet-linear fake top1::regression: baseline 50, new 48, "
+        "delta -2, tolerance ±0.5"
+    ) in out
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite.get("name") == "imagenet-linear"
     assert (suite.get("tests"), suite.get("failures")) == ("2", "1")

@@ -51,8 +51,12 @@ def test_timm_variants_give_timms_own_features(variant, randomised_timm_xp):
 def test_timm_xp_config_reads_the_switches(randomised_timm_xp):
     cfg = convert.from_timm_xp(randomised_timm_xp().state_dict()).config
     assert (cfg.norm, cfg.pool, cfg.patch, cfg.pre_norm, cfg.patch_bias) == (
-        "rms", "cls", 16, True, False
-    )  # fmt: skip
+        "rms",
+        "cls",
+        16,
+        True,
+        False,
+    )
     state = randomised_timm_xp(global_pool="map").state_dict()
     cfg = convert.from_timm_xp(state, pool_include_prefix=False).config
     assert (cfg.pool, cfg.class_token, cfg.pool_prefix) == ("map", True, False)

@@ -60,11 +60,19 @@ ORIGINAL_PARAMETERS = {
     "fog": ((1.5, 2), (2, 2), (2.5, 1.7), (2.5, 1.5), (3, 1.4)),
     "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),
     "contrast": (0.4, 0.3, 0.2, 0.1, 0.05),
-    "elastic_transform": tuple(tuple(244 * v for v in c) for c in ((2, 0.7, 0.1), (2, 0.08, 0.2), (0.05, 0.01, 0.02),
-                                                                  (0.07, 0.01, 0.02), (0.12, 0.01, 0.02))),
+    "elastic_transform": tuple(
+        tuple(244 * v for v in c)
+        for c in (
+            (2, 0.7, 0.1),
+            (2, 0.08, 0.2),
+            (0.05, 0.01, 0.02),
+            (0.07, 0.01, 0.02),
+            (0.12, 0.01, 0.02),
+        )
+    ),
     "pixelate": (0.6, 0.5, 0.4, 0.3, 0.25),
     "jpeg_compression": (25, 18, 15, 10, 7),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(ORIGINAL_PARAMETERS))

@@ -263,8 +263,17 @@ def test_segmentation_over_the_cache_budget_trains_with_the_backbone_in_the_loop
 def test_depth_over_the_cache_budget_and_its_per_image_predictions(cli_env, small_scenes):
     import pandas as pd
 
-    args = ("--task", "waymo-depth-linear", "--set", "steps=4", "--set", "image_size=64",
-            "--set", "cache_budget_gb=0", "--save-predictions")  # fmt: skip
+    args = (
+        "--task",
+        "waymo-depth-linear",
+        "--set",
+        "steps=4",
+        "--set",
+        "image_size=64",
+        "--set",
+        "cache_budget_gb=0",
+        "--save-predictions",
+    )
     assert run_cli(*args) == 0
     rows = [json.loads(line) for line in (cli_env / "results/runs/waymo-depth-linear.jsonl").open()]
     assert rows[0]["extra"]["dense_mode"] == "backbone in the loop"
@@ -287,8 +296,16 @@ def test_sliding_windows_keep_the_aspect_and_stitch_by_averaging(tmp_path):
     from evalkit.tasks.segmentation import windowed
 
     Image.new("RGB", (150, 100), (200, 10, 10)).save(tmp_path / "wide.png")
-    dataset = type("Images", (), {"images": [tmp_path / "wide.png"], "mean": (0.5,) * 3,
-                                  "std": (0.5,) * 3, "identity": lambda self: "x"})()  # fmt: skip
+    dataset = type(
+        "Images",
+        (),
+        {
+            "images": [tmp_path / "wide.png"],
+            "mean": (0.5,) * 3,
+            "std": (0.5,) * 3,
+            "identity": lambda self: "x",
+        },
+    )()
     windows = SlidingWindows(dataset, crop=64, stride=40)
     assert windows.shapes == [(64, 96)] and [w[1:] for w in windows.of_image(0)] == [
         (0, 0),
@@ -303,15 +320,26 @@ def test_sliding_windows_keep_the_aspect_and_stitch_by_averaging(tmp_path):
 
 
 def test_sliding_window_evaluation_in_every_mode(cli_env, small_scenes):
-    common = ("--task", "ade20k-1/4", "--set", "steps=2", "--set", "image_size=64",
-              "--set", "eval_mode=slide")  # fmt: skip
+    common = (
+        "--task",
+        "ade20k-1/4",
+        "--set",
+        "steps=2",
+        "--set",
+        "image_size=64",
+        "--set",
+        "eval_mode=slide",
+    )
     assert run_cli(*common) == 0
     assert run_cli(*common, "--set", "cache_budget_gb=0") == 0
     assert run_cli(*common, "--set", "finetune=true", "--set", "finetune_steps=2") == 0
     rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_4.jsonl").open()]
     miou = [r for r in rows if r["metric"] == "miou"]
-    assert {r["extra"]["dense_mode"] for r in miou} == {"cached grids", "backbone in the loop",
-                                                        "fine-tuned"}  # fmt: skip
+    assert {r["extra"]["dense_mode"] for r in miou} == {
+        "cached grids",
+        "backbone in the loop",
+        "fine-tuned",
+    }
     assert all(r["extra"]["eval_mode"] == "slide" and r["extra"]["eval_stride"] == 42 for r in miou)
 
 
@@ -319,8 +347,9 @@ def test_mmseg_training_views_are_seeded_crops_with_labels_alike(tmp_path):
     from evalkit.data.dense import scale_crop_flip
 
     Image.new("RGB", (90, 60), (120, 130, 140)).save(tmp_path / "a.png")
-    dataset = type("Images", (), {"images": [tmp_path / "a.png"], "mean": (0.5,) * 3,
-                                  "std": (0.5,) * 3})()  # fmt: skip
+    dataset = type(
+        "Images", (), {"images": [tmp_path / "a.png"], "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    )()
     labels = np.zeros((60, 90), np.uint8)
     labels[:, 45:] = 7
     views = []
@@ -339,8 +368,18 @@ def test_mmseg_training_views_are_seeded_crops_with_labels_alike(tmp_path):
 
 
 def test_mmseg_augmentation_in_the_loop_is_recorded(cli_env, small_scenes):
-    args = ("--task", "ade20k-1/4", "--set", "steps=2", "--set", "image_size=64",
-            "--set", "cache_budget_gb=0", "--set", "augment=mmseg")  # fmt: skip
+    args = (
+        "--task",
+        "ade20k-1/4",
+        "--set",
+        "steps=2",
+        "--set",
+        "image_size=64",
+        "--set",
+        "cache_budget_gb=0",
+        "--set",
+        "augment=mmseg",
+    )
     assert run_cli(*args) == 0
     rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_4.jsonl").open()]
     assert rows[0]["extra"]["augment"] == "mmseg"

@@ -31,8 +31,16 @@ def test_every_task_family_keeps_its_tensors_on_one_side(
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))  # stand-in data written once a session
     monkeypatch.setenv("EVALKIT_EMBEDDED_SCENES", "16,8")
     with fake_cuda(monkeypatch):
-        rows = evalkit.run(task, backbone, data="embedded", device="cuda", out=tmp_path / "rows",
-                           cache_dir=tmp_path / "cache", progress=False, overrides=settings)  # fmt: skip
+        rows = evalkit.run(
+            task,
+            backbone,
+            data="embedded",
+            device="cuda",
+            out=tmp_path / "rows",
+            cache_dir=tmp_path / "cache",
+            progress=False,
+            overrides=settings,
+        )
     assert rows and all(row["provenance"]["device"] == "cuda" for row in rows)
     assert all(row["provenance"]["tf32"] is False for row in rows)  # full fp32, and said so
 

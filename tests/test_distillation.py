@@ -49,9 +49,18 @@ def test_mixup_keeps_the_larger_share_and_mixes_labels_alike():
 def test_distillation_runs_both_students_against_one_teacher(fake, ctx, mode):
     from evalkit.core.runner import resolve_task
 
-    task = resolve_task("distill-imagenet", [f"mode={mode}", "steps=4", "batch_size=8",
-                                             "student=test", "warmup=1", "l2_grid=1e-2,1e-3",
-                                             "max_iter=20"])  # fmt: skip
+    task = resolve_task(
+        "distill-imagenet",
+        [
+            f"mode={mode}",
+            "steps=4",
+            "batch_size=8",
+            "student=test",
+            "warmup=1",
+            "l2_grid=1e-2,1e-3",
+            "max_iter=20",
+        ],
+    )
     rows = {m.metric: m for m in task.run(fake, ctx)}
     assert set(rows) == set(task.metrics())
     assert rows["gain"].value == pytest.approx(

@@ -23,10 +23,33 @@ import pytest
 
 from evalkit.cli import main
 
-PROBE = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded",
-         "--quiet", "--set", "l2_grid=0.1,0.01", "--save-predictions"]  # fmt: skip
-LIT = ["run", "--task", "lit-imagenet", "--backbone", "fake", "--data", "embedded", "--quiet",
-       "--set", "steps=6", "--set", "batch_size=32"]  # fmt: skip
+PROBE = [
+    "run",
+    "--task",
+    "imagenet-linear",
+    "--backbone",
+    "fake",
+    "--data",
+    "embedded",
+    "--quiet",
+    "--set",
+    "l2_grid=0.1,0.01",
+    "--save-predictions",
+]
+LIT = [
+    "run",
+    "--task",
+    "lit-imagenet",
+    "--backbone",
+    "fake",
+    "--data",
+    "embedded",
+    "--quiet",
+    "--set",
+    "steps=6",
+    "--set",
+    "batch_size=32",
+]
 SWEEP_TASKS = ["imagenet-linear", "imagenet-5shot", "imagenet-knn"]
 
 
@@ -49,9 +72,14 @@ def leftovers(*folders: Path) -> list[str]:
 
 def cli(args, cache: Path, out: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    return subprocess.Popen([sys.executable, "-m", "evalkit", *args, "--cache-dir", str(cache),
-                             "--out", str(out)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "evalkit", *args, "--cache-dir", str(cache), "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def clean_run(args, tmp_path: Path) -> tuple[dict, float]:
@@ -93,8 +121,18 @@ def test_killed_at_random_moments_then_rerun(cli_env, tmp_path, args, signum, se
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_a_killed_sweep_then_rerun(cli_env, tmp_path, seed):
-    sweep = ["run", "--backbone", "fake", "--data", "embedded", "--quiet", "--seed", "0",
-             "--seed", "1"] + [a for t in SWEEP_TASKS for a in ("--task", t)]  # fmt: skip
+    sweep = [
+        "run",
+        "--backbone",
+        "fake",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--seed",
+        "0",
+        "--seed",
+        "1",
+    ] + [a for t in SWEEP_TASKS for a in ("--task", t)]
     interrupted_then_rerun(sweep, tmp_path, signal.SIGKILL, seed)
 
 

@@ -171,9 +171,13 @@ def test_cached_features_are_a_view_read_shard_by_shard(fake, data_cache, tmp_pa
     settings = ExtractSettings(cache_dir=tmp_path, batch_size=32, shard_size=100, progress=False)
     feats = extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="v")
     assert all(isinstance(p, Path) for p in feats.parts)  # nothing held after extraction
-    memory = extract_features(fake, dataset, request=FeatureRequest(),
-                              settings=ExtractSettings(batch_size=32, shard_size=100,
-                                                       progress=False), split="v")  # fmt: skip
+    memory = extract_features(
+        fake,
+        dataset,
+        request=FeatureRequest(),
+        settings=ExtractSettings(batch_size=32, shard_size=100, progress=False),
+        split="v",
+    )
     whole = memory.pooled
     assert torch.equal(feats.pooled, whole) and torch.equal(feats.labels, memory.labels)
     picks = torch.tensor([350, 3, 99, 100, 201, 3])  # across shards, unsorted, repeated
@@ -201,8 +205,9 @@ def test_streamed_probe_matches_resident(fake, ctx, tmp_path):
     resident, _ = run_task(get_task("imagenet-linear"), fake, ctx, out_dir=tmp_path)
     task = get_task("imagenet-linear", ["resident_gb=0"])
     small_shards = dataclasses.replace(ctx.extract, shard_size=100)  # 10 shards to stream
-    streamed, _ = run_task(task, fake, dataclasses.replace(ctx, extract=small_shards),
-                           out_dir=tmp_path)  # fmt: skip
+    streamed, _ = run_task(
+        task, fake, dataclasses.replace(ctx, extract=small_shards), out_dir=tmp_path
+    )
     assert streamed[0]["extra"]["probe_mode"] == "streamed"
     assert resident[0]["extra"]["probe_mode"] == "resident"
     assert streamed[0]["extra"]["l2"] == resident[0]["extra"]["l2"]
@@ -226,8 +231,12 @@ def test_cache_stores_the_chosen_dtype_and_probes_agree(fake, ctx, tmp_path):
     rows = {}
     for storage in ("fp32", "fp16"):
         extract = dataclasses.replace(ctx.extract, cache_dtype=storage)
-        [top1, _], _ = run_task(get_task("imagenet-linear"), fake,
-                                dataclasses.replace(ctx, extract=extract), out_dir=tmp_path)  # fmt: skip
+        [top1, _], _ = run_task(
+            get_task("imagenet-linear"),
+            fake,
+            dataclasses.replace(ctx, extract=extract),
+            out_dir=tmp_path,
+        )
         rows[storage] = top1
     assert rows["fp16"]["provenance"]["cache_dtype"] == "fp16"
     assert abs(rows["fp16"]["value"] - rows["fp32"]["value"]) <= 100 / rows["fp32"]["n"] + 1e-9

@@ -90,8 +90,22 @@ def test_run_numerics_are_set_recorded_and_restored():
 def test_plan_states_decode_rate_beside_forward_rate(capsys):
     from evalkit.cli import main
 
-    assert main(["plan", "--task", "imagenet-linear", "--backbone", "timm/vit_base_patch16_224",
-                 "--data", "embedded", "--target", "8xH100-80GB"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--task",
+                "imagenet-linear",
+                "--backbone",
+                "timm/vit_base_patch16_224",
+                "--data",
+                "embedded",
+                "--target",
+                "8xH100-80GB",
+            ]
+        )
+        == 0
+    )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("feeding:"))
     assert "11 decoding workers per rank" in line and "the forward takes about" in line
     assert "the device waits" in line  # PIL on 11 cores cannot feed a ViT-B on an H100

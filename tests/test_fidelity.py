@@ -26,8 +26,23 @@ def write_split(root, split: str, classes, per_class: int = 6):
 
 
 def run(root, *args):
-    return main(["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "folder",
-                 "--data-dir", str(root), "--quiet", "--out", str(root / "rows"), *args])  # fmt: skip
+    return main(
+        [
+            "run",
+            "--task",
+            "imagenet-linear",
+            "--backbone",
+            "fake",
+            "--data",
+            "folder",
+            "--data-dir",
+            str(root),
+            "--quiet",
+            "--out",
+            str(root / "rows"),
+            *args,
+        ]
+    )
 
 
 def test_eval_labels_follow_training_classes_by_name(tmp_path):
@@ -59,8 +74,9 @@ def test_a_single_training_class_is_an_error(tmp_path, capsys):
 
 def test_hf_labels_follow_training_class_names(tmp_path):
     datasets = pytest.importorskip("datasets")
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(
-        names=["fox", "cat"])})  # fmt: skip
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["fox", "cat"])}
+    )
     image = Image.new("RGB", (8, 8))
     ds = datasets.Dataset.from_dict({"image": [image, image], "label": [0, 1]}, features=features)
     from evalkit.data.folder import HFImages
@@ -145,8 +161,9 @@ def test_square_resize_is_an_option_and_its_own_cache_entry(fake, ctx, tmp_path)
     from evalkit.core.runner import run_task
 
     [shorter, _], _ = run_task(get_task("imagenet-linear"), fake, ctx, out_dir=tmp_path)
-    [square, _], _ = run_task(get_task("imagenet-linear", ["resize=square"]), fake, ctx,
-                              out_dir=tmp_path)  # fmt: skip
+    [square, _], _ = run_task(
+        get_task("imagenet-linear", ["resize=square"]), fake, ctx, out_dir=tmp_path
+    )
     assert square["data_id"] != shorter["data_id"]  # another transform, other features
     assert square["provenance"]["images_extracted"] > 0
 
@@ -210,8 +227,22 @@ def test_plan_prints_the_paper_scale_figures_without_running(capsys, monkeypatch
     )
     out = " ".join(capsys.readouterr().out.split())
     assert "3,264" in out and "grids read per batch" in out  # ⌈20,210 / 16⌉ + 2,000, cached
-    assert main(["plan", "--task", "imagenet-linear", "--backbone", "vit22b", "--device", "cpu",
-                 "--dtype", "bf16"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--task",
+                "imagenet-linear",
+                "--backbone",
+                "vit22b",
+                "--device",
+                "cpu",
+                "--dtype",
+                "bf16",
+            ]
+        )
+        == 0
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert "1,331,167" in out and "streamed" in out and "15.2 GiB" in out  # bf16 cache
     assert "does not fit this machine" in out  # 41 GiB of bf16 weights in a CPU's RAM
@@ -240,19 +271,34 @@ def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monke
     monkeypatch.setenv("COLUMNS", "200")
     write_split(tmp_path, "train", ["cat", "dog"])
     write_split(tmp_path, "val", ["cat", "dog"], per_class=2)
-    code = main(["plan", "--task", "imagenet-linear", "--backbone", "fake", "--data-dir",
-                 str(tmp_path), "--device", "cpu"])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            "--task",
+            "imagenet-linear",
+            "--backbone",
+            "fake",
+            "--data-dir",
+            str(tmp_path),
+            "--device",
+            "cpu",
+        ]
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "imagenet: train 12, val 4 (data on disk)" in out and "resident" in out
 
 
 @pytest.mark.parametrize(
     ("target", "mode"),
-    [("gpus=0,host_gb=1024", "streamed"), ("gpus=1,gpu_gb=40,host_gb=1024", "streamed"),
-     ("gpus=1,gpu_gb=141,host_gb=1024", "resident")],
-)  # fmt: skip
-def test_the_probe_is_planned_resident_where_half_the_gpu_holds_it(target, mode, capsys,
-                                                                    monkeypatch):  # fmt: skip
+    [
+        ("gpus=0,host_gb=1024", "streamed"),
+        ("gpus=1,gpu_gb=40,host_gb=1024", "streamed"),
+        ("gpus=1,gpu_gb=141,host_gb=1024", "resident"),
+    ],
+)
+def test_the_probe_is_planned_resident_where_half_the_gpu_holds_it(
+    target, mode, capsys, monkeypatch
+):
     """ImageNet-1k's training features and their kept logits (~41 GiB) stay on a GPU whose
     half holds them; on a CPU (4 GiB) or a 40 GB GPU they stream."""
     monkeypatch.setenv("COLUMNS", "200")
@@ -266,8 +312,16 @@ def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monke
 
     tiny = plan.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
     monkeypatch.setattr(plan.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny))
-    args = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded",
-            "--quiet"]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "fake",
+        "--data",
+        "embedded",
+        "--quiet",
+    ]
     assert main(args) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "imagenet-linear on fake does not fit this machine" in err and "--force" in err

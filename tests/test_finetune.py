@@ -48,8 +48,10 @@ def test_finetuned_classification_row_and_untouched_backbone(ctx):
 
     backbone = load_backbone("vit22b/test")
     before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
-    task = resolve_task("imagenet-linear", ["finetune=true", "finetune_steps=4",
-                                            "finetune_batch_size=8", "finetune_resolution=32"])  # fmt: skip
+    task = resolve_task(
+        "imagenet-linear",
+        ["finetune=true", "finetune_steps=4", "finetune_batch_size=8", "finetune_resolution=32"],
+    )
     metrics = {m.metric: m for m in task.run(backbone, ctx)}
     extra = metrics["top1"].extra
     assert extra["finetuned"] is True and extra["resolution"] == 32
@@ -68,8 +70,10 @@ def test_finetuned_classification_resumes_to_the_same_numbers(ctx):
     from evalkit.core.runner import resolve_task
 
     backbone = load_backbone("vit22b/test")
-    task = resolve_task("imagenet-linear", ["finetune=true", "finetune_steps=4",
-                                            "finetune_batch_size=8", "finetune_resolution=32"])  # fmt: skip
+    task = resolve_task(
+        "imagenet-linear",
+        ["finetune=true", "finetune_steps=4", "finetune_batch_size=8", "finetune_resolution=32"],
+    )
     first = [m.value for m in task.run(backbone, ctx)]
     again = [m.value for m in task.run(backbone, ctx)]  # restored from the finished state
     assert first == again
@@ -83,10 +87,32 @@ def small_scenes(monkeypatch):
 def test_finetuned_ade20k_end_to_end_and_table(cli_env, small_scenes, capsys):
     from evalkit.cli import main
 
-    common = ["--backbone", "vit22b/test", "--data", "embedded", "--quiet",
-              "--set", "image_size=64"]  # fmt: skip
-    assert main(["run", "--task", "ade20k-1/16", *common, "--set", "finetune=true",
-                 "--set", "finetune_steps=3", "--set", "finetune_batch_size=2"]) == 0  # fmt: skip
+    common = [
+        "--backbone",
+        "vit22b/test",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--set",
+        "image_size=64",
+    ]
+    assert (
+        main(
+            [
+                "run",
+                "--task",
+                "ade20k-1/16",
+                *common,
+                "--set",
+                "finetune=true",
+                "--set",
+                "finetune_steps=3",
+                "--set",
+                "finetune_batch_size=2",
+            ]
+        )
+        == 0
+    )
     assert main(["run", "--task", "ade20k-1/16", *common, "--set", "steps=3"]) == 0
     rows = [json.loads(line) for line in (cli_env / "results/runs/ade20k-1_16.jsonl").open()]
     tuned = [r for r in rows if r["config"]["finetune"]]

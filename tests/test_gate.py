@@ -21,8 +21,15 @@ def test_the_gate_rows_match_the_committed_baselines(tmp_path, data_cache, monke
 
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))
     run_rows(tmp_path / "rows", tmp_path / "cache")
-    args = ["compare", str(BASELINES), str(tmp_path / "rows"), "--tolerances", str(TOLERANCES),
-            "--junit", str(REPORT)]  # fmt: skip
+    args = [
+        "compare",
+        str(BASELINES),
+        str(tmp_path / "rows"),
+        "--tolerances",
+        str(TOLERANCES),
+        "--junit",
+        str(REPORT),
+    ]
     code = main(args)
     with capsys.disabled():
         if code:

@@ -18,9 +18,24 @@ ROOT = Path(__file__).parents[1]
 def test_the_gpu_check_runs_its_cpu_branch(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "check.json"
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu",
-                    "--out", str(out), "--skip", "families"], cwd=ROOT,
-                   env=env, check=True, capture_output=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_check",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--skip",
+            "families",
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     record = json.loads(out.read_text())
     assert record["device"] == "cpu" and record["all_families_ok"] == "not run"
     assert record["features_agree"]["max_abs_diff"] == 0.0  # the CPU against itself

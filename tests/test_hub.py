@@ -59,10 +59,15 @@ def timm_checkpoint(tmp_path):
 
 def test_a_cached_timm_checkpoint_loads_offline_with_its_own_config(tmp_path, hub_cache):
     model, path = timm_checkpoint(tmp_path)
-    config = {"architecture": "vit_tiny_patch16_224",
-              "pretrained_cfg": {"crop_pct": 0.95, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2]}}  # fmt: skip
-    place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}",
-                   {"model.safetensors": path.read_bytes(), "config.json": json.dumps(config).encode()})  # fmt: skip
+    config = {
+        "architecture": "vit_tiny_patch16_224",
+        "pretrained_cfg": {"crop_pct": 0.95, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2]},
+    }
+    place_in_cache(
+        hub_cache,
+        f"timm/{TIMM_TAGGED}",
+        {"model.safetensors": path.read_bytes(), "config.json": json.dumps(config).encode()},
+    )
     backbone = load_backbone(f"timm/{TIMM_TAGGED}", BackboneOptions(pretrained=True))
     assert backbone.info.weights_id == checkpoints.weights_id(path)
     assert not backbone.info.random_init
@@ -77,8 +82,19 @@ def test_a_cached_timm_checkpoint_loads_offline_with_its_own_config(tmp_path, hu
 def test_a_run_on_a_cached_checkpoint_records_the_files_content_id(tmp_path, hub_cache, cli_env):
     _, path = timm_checkpoint(tmp_path)
     place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}", {"model.safetensors": path.read_bytes()})
-    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}", "--pretrained",
-            "--data", "embedded", "--quiet", "--out", str(tmp_path / "rows")]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        f"timm/{TIMM_TAGGED}",
+        "--pretrained",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--out",
+        str(tmp_path / "rows"),
+    ]
     assert main(argv) == 0
     rows = [json.loads(line) for f in (tmp_path / "rows").rglob("*.jsonl") for line in f.open()]
     assert rows and {r["weights_id"] for r in rows} == {checkpoints.weights_id(path)}
@@ -86,8 +102,16 @@ def test_a_run_on_a_cached_checkpoint_records_the_files_content_id(tmp_path, hub
 
 
 def test_a_missing_hub_file_names_the_repository_file_and_remedy(hub_cache, capsys):
-    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}", "--pretrained",
-            "--data", "embedded"]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        f"timm/{TIMM_TAGGED}",
+        "--pretrained",
+        "--data",
+        "embedded",
+    ]
     assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"timm/{TIMM_TAGGED}" in err and "model.safetensors" in err
@@ -108,8 +132,16 @@ def test_without_a_network_the_cache_is_asked_at_once_in_one_line(hub_cache, mon
         raise OSError(101, "Network is unreachable")
 
     monkeypatch.setattr(socket, "create_connection", unreachable)
-    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}", "--pretrained",
-            "--data", "embedded"]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        f"timm/{TIMM_TAGGED}",
+        "--pretrained",
+        "--data",
+        "embedded",
+    ]
     assert main(argv) == 2  # socket.socket.connect still fails the test if anything retries
     err = capsys.readouterr().err.strip()
     assert len(probes) == 1 and len(err.splitlines()) == 1 and "hf download" in err
@@ -173,9 +205,25 @@ def test_a_pinned_revision_is_loaded_recorded_and_keeps_its_own_cache_entry(
     found = {}
     for revision in ("main", other):
         spec = f"timm/{TIMM_TAGGED}@{revision}"
-        argv = ["run", "--task", "imagenet-knn", "--backbone", spec, "--pretrained", "--data",
-                "embedded", "--quiet", "--out", str(tmp_path / "rows"), "--set", "ks=1",
-                "--model-arg", "img_size=32", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+        argv = [
+            "run",
+            "--task",
+            "imagenet-knn",
+            "--backbone",
+            spec,
+            "--pretrained",
+            "--data",
+            "embedded",
+            "--quiet",
+            "--out",
+            str(tmp_path / "rows"),
+            "--set",
+            "ks=1",
+            "--model-arg",
+            "img_size=32",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
         assert main(argv) == 0
         rows = [json.loads(line) for f in (tmp_path / "rows").rglob("*.jsonl") for line in f.open()]
         found[revision] = [r for r in rows if r["backbone"] == spec]
@@ -195,8 +243,10 @@ def test_a_pinned_revision_is_loaded_recorded_and_keeps_its_own_cache_entry(
 
 
 def test_a_revision_needs_pretrained_and_a_hub_family(hub_cache, capsys):
-    for backbone, says in ((f"timm/{TIMM_TAGGED}@main", "add --pretrained"),
-                           ("vit22b/test@main", "@REVISION pins the hub weights")):  # fmt: skip
+    for backbone, says in (
+        (f"timm/{TIMM_TAGGED}@main", "add --pretrained"),
+        ("vit22b/test@main", "@REVISION pins the hub weights"),
+    ):
         argv = ["run", "--task", "imagenet-knn", "--backbone", backbone, "--data", "embedded"]
         assert main(argv) == 2
         assert says in " ".join(capsys.readouterr().err.split())
@@ -205,8 +255,16 @@ def test_a_revision_needs_pretrained_and_a_hub_family(hub_cache, capsys):
 def test_a_revision_the_cache_lacks_is_one_line(tmp_path, hub_cache, capsys):
     _, path = timm_checkpoint(tmp_path)
     place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}", {"model.safetensors": path.read_bytes()})
-    argv = ["run", "--task", "imagenet-knn", "--backbone", f"timm/{TIMM_TAGGED}@v9", "--pretrained",
-            "--data", "embedded"]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        f"timm/{TIMM_TAGGED}@v9",
+        "--pretrained",
+        "--data",
+        "embedded",
+    ]
     assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "at revision v9" in err and "hf download" in err
@@ -228,8 +286,9 @@ def hub_dataset(cache, repo: str, commit: str, colours: dict[str, tuple]) -> Non
     )
     for split, count in (("train", 24), ("val", 8)):
         images = [Image.new("RGB", (32, 32), colours[names[i % 2]]) for i in range(count)]
-        table = datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(count)]},
-                                           features=features)  # fmt: skip
+        table = datasets.Dataset.from_dict(
+            {"image": images, "label": [i % 2 for i in range(count)]}, features=features
+        )
         target = folder / "snapshots" / commit / "data" / f"{split}-00000-of-00001.parquet"
         target.parent.mkdir(parents=True, exist_ok=True)
         table.to_parquet(str(target))
@@ -241,8 +300,20 @@ def test_a_hub_dataset_revision_is_read_from_the_cache_and_named_by_its_commit(h
     hub_dataset(hub_cache, "org/dots", second, {"red": (250, 10, 0), "blue": (0, 10, 250)})
     rows = {}
     for revision in ("main", second):
-        argv = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--quiet", "--out", "rows",
-                "--set", f"dataset=hf:org/dots@{revision}", "--set", "ks=1"]  # fmt: skip
+        argv = [
+            "run",
+            "--task",
+            "imagenet-knn",
+            "--backbone",
+            "fake",
+            "--quiet",
+            "--out",
+            "rows",
+            "--set",
+            f"dataset=hf:org/dots@{revision}",
+            "--set",
+            "ks=1",
+        ]
         assert main(argv) == 0
     for line in (cli_env / "rows").rglob("*.jsonl"):
         for row in map(json.loads, line.read_text().splitlines()):

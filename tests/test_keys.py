@@ -120,8 +120,14 @@ def test_the_run_key_covers_task_backbone_data_and_seed(cli_env):
     ctx = RunSpec(**BASE).context(0)
     spec = job_spec(Nothing(), load_backbone("fake").info, ctx)
     assert set(spec) == {"task", "version", "config", "backbone", "cache_dtype", "data", "seed"}
-    assert set(spec["backbone"]) == {"name", "weights", "options", "preprocess", "dtype",
-                                     "libraries"}  # fmt: skip
+    assert set(spec["backbone"]) == {
+        "name",
+        "weights",
+        "options",
+        "preprocess",
+        "dtype",
+        "libraries",
+    }
 
 
 def test_model_options_reach_the_feature_key_and_the_run(cli_env):
@@ -216,8 +222,12 @@ def shard_files(cache):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "header"])
 def test_damaged_shards_are_recomputed_with_a_warning(fake, data_cache, tmp_path, damage, capsys):
-    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
-                           transform=fake.transform())  # fmt: skip
+    dataset = open_dataset(
+        "imagenet",
+        "val",
+        DataConfig(source="embedded", cache=data_cache),
+        transform=fake.transform(),
+    )
     settings = ExtractSettings(cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False)
     request = FeatureRequest()
     clean = extract_features(fake, dataset, request=request, settings=settings, split="val")
@@ -240,8 +250,15 @@ def test_damaged_shards_are_recomputed_with_a_warning(fake, data_cache, tmp_path
 
 def test_table_keeps_two_weights_files_of_one_backbone_apart():
     def row(weights, value):
-        return {"task": "t", "backbone": "timm/x", "weights_id": weights, "metric": "top1",
-                "value": value, "config_hash": "c", "seed": 0}  # fmt: skip
+        return {
+            "task": "t",
+            "backbone": "timm/x",
+            "weights_id": weights,
+            "metric": "top1",
+            "value": value,
+            "config_hash": "c",
+            "seed": 0,
+        }
 
     frame = pivot_table([row("sha256:aaaa", 50.0), row("sha256:bbbb", 60.0)])
     assert list(frame.index) == ["timm/x [sha256:aaaa]", "timm/x [sha256:bbbb]"]
@@ -253,8 +270,12 @@ def test_table_keeps_two_weights_files_of_one_backbone_apart():
 def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
     from evalkit.cache import shards
 
-    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
-                           transform=fake.transform())  # fmt: skip
+    dataset = open_dataset(
+        "imagenet",
+        "val",
+        DataConfig(source="embedded", cache=data_cache),
+        transform=fake.transform(),
+    )
     settings = ExtractSettings(cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False)
     extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
     for shard in shard_files(tmp_path):  # old enough to be vouched for

@@ -44,8 +44,12 @@ def test_chunking_does_not_change_the_neighbours():
     whole = nearest([(train, labels)], test, k=10)
     pieces = nearest([(train[i : i + 7], labels[i : i + 7]) for i in range(0, 300, 7)], test, k=10)
     assert torch.allclose(whole[0], pieces[0]) and torch.equal(whole[1], pieces[1])
-    rough = nearest([(train[i : i + 64], labels[i : i + 64]) for i in range(0, 300, 64)], test,
-                    k=10, search="bf16")  # fmt: skip
+    rough = nearest(
+        [(train[i : i + 64], labels[i : i + 64]) for i in range(0, 300, 64)],
+        test,
+        k=10,
+        search="bf16",
+    )
     assert torch.allclose(whole[0], rough[0]) and torch.equal(whole[1], rough[1])
     assert (whole[0][:, :-1] >= whole[0][:, 1:]).all()  # most similar first
 

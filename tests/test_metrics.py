@@ -198,8 +198,11 @@ def reference_ece(confidences: list[float], correct: list[bool], bins: int) -> f
     return total
 
 
-@given(st.lists(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3), min_size=1, max_size=60),
-       st.lists(st.integers(0, 2), min_size=60, max_size=60), st.sampled_from([2, 5, 15]))  # fmt: skip
+@given(
+    st.lists(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3), min_size=1, max_size=60),
+    st.lists(st.integers(0, 2), min_size=60, max_size=60),
+    st.sampled_from([2, 5, 15]),
+)
 def test_ece_equals_its_definition_item_by_item(rows, labels, bins):
     from evalkit.metrics import expected_calibration_error
 
@@ -351,8 +354,9 @@ def test_a_path_reaches_the_same_optima_on_one_and_two_threads(keep_logits):
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
-            path = logistic_path(x, y, num_classes=10, l2_values=(1e-1, 1e-2, 1e-3, 1e-4),
-                                 keep_logits=keep_logits)  # fmt: skip
+            path = logistic_path(
+                x, y, num_classes=10, l2_values=(1e-1, 1e-2, 1e-3, 1e-4), keep_logits=keep_logits
+            )
             runs.append(path)
     finally:
         torch.set_num_threads(threads)

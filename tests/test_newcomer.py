@@ -14,27 +14,48 @@ from evalkit.cli import main
 
 
 def _run(cache, *args):
-    return main(["run", "--backbone", "fake", "--data", "embedded", "--quiet", "--cache-dir",
-                 str(cache), *args])  # fmt: skip
+    return main(
+        [
+            "run",
+            "--backbone",
+            "fake",
+            "--data",
+            "embedded",
+            "--quiet",
+            "--cache-dir",
+            str(cache),
+            *args,
+        ]
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--task", "imagenet-5shot", "--set", "shots=41"],
-         "class 'circle-blue-solid' has 40 training images, fewer than shots=41"),
-        (["--task", "imagenet-knn", "--set", "ks=100000"],
-         "the training split has 960 images, so k can be at most 960"),
+        (
+            ["--task", "imagenet-5shot", "--set", "shots=41"],
+            "class 'circle-blue-solid' has 40 training images, fewer than shots=41",
+        ),
+        (
+            ["--task", "imagenet-knn", "--set", "ks=100000"],
+            "the training split has 960 images, so k can be at most 960",
+        ),
         (["--task", "imagenet-knn", "--set", "ks=5,5"], "distinct positive whole numbers"),
         (["--task", "imagenet-linear", "--set", "l2_grid=inf"], "expected a finite number"),
-        (["--task", "imagenet-linear", "--set", "holdout=0.99"],
-         "would hold out all 40 training images of class 'circle-blue-solid'"),
-        (["--task", "imagenet-linear", "--seed", "99999999999999999999"],
-         "expected a whole number in 0"),
-        (["--task", "imagenet-linear", "--set", "zz=1"],
-         "run `evalkit ls settings imagenet-linear`"),
+        (
+            ["--task", "imagenet-linear", "--set", "holdout=0.99"],
+            "would hold out all 40 training images of class 'circle-blue-solid'",
+        ),
+        (
+            ["--task", "imagenet-linear", "--seed", "99999999999999999999"],
+            "expected a whole number in 0",
+        ),
+        (
+            ["--task", "imagenet-linear", "--set", "zz=1"],
+            "run `evalkit ls settings imagenet-linear`",
+        ),
     ],
-)  # fmt: skip
+)
 def test_settings_the_data_cannot_serve_are_refused_before_work(cli_env, capsys, args, message):
     cache = cli_env / "cache"
     assert _run(cache, *args) == 2
@@ -87,9 +108,17 @@ def test_own_data_is_named_and_never_beside_the_papers_number(cli_env, capsys):
     with (cli_env / "rows" / "imagenet-linear.jsonl").open("w") as f:
         for dataset, value in (("imagenet", 50.0), ("folder:/data/flowers", 70.0)):
             config = resolve_task("imagenet-linear", (f"dataset={dataset}",)).config()
-            row = {"task": "imagenet-linear", "backbone": "timm/x", "weights_id": "sha256:a",
-                   "metric": "top1", "value": value, "config": config, "config_hash": dataset,
-                   "seed": 0, "higher_is_better": True}  # fmt: skip
+            row = {
+                "task": "imagenet-linear",
+                "backbone": "timm/x",
+                "weights_id": "sha256:a",
+                "metric": "top1",
+                "value": value,
+                "config": config,
+                "config_hash": dataset,
+                "seed": 0,
+                "higher_is_better": True,
+            }
             f.write(json.dumps(row) + "\n")
     assert main(["table", str(cli_env / "rows")]) == 0
     out = capsys.readouterr().out

@@ -32,9 +32,27 @@ def _dataset(root, train=("cat", "dog"), val=("cat", "dog")):
 
 
 def _run(root, tmp_path, *extra):
-    return main(["run", "--task", "imagenet-linear", "--backbone", "fake", "--data", "folder",
-                 "--data-dir", str(root), "--out", str(tmp_path / "rows"), "--cache-dir",
-                 str(tmp_path / "cache"), "--quiet", "--set", "l2_grid=0.1", *extra])  # fmt: skip
+    return main(
+        [
+            "run",
+            "--task",
+            "imagenet-linear",
+            "--backbone",
+            "fake",
+            "--data",
+            "folder",
+            "--data-dir",
+            str(root),
+            "--out",
+            str(tmp_path / "rows"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--quiet",
+            "--set",
+            "l2_grid=0.1",
+            *extra,
+        ]
+    )
 
 
 def _one_line_error(capsys) -> str:
@@ -76,9 +94,24 @@ def test_a_name_the_training_split_lacks_shows_its_code_points(tmp_path, capsys)
 
 
 def test_a_constructor_rejecting_a_value_is_one_line_naming_the_option(tmp_path, capsys):
-    code = main(["run", "--task", "imagenet-linear", "--backbone", "timm/vit_tiny_patch16_224",
-                 "--model-arg", "act_layer=/tmp/x.pt", "--data", "embedded", "--out",
-                 str(tmp_path / "rows"), "--cache-dir", str(tmp_path / "cache"), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--task",
+            "imagenet-linear",
+            "--backbone",
+            "timm/vit_tiny_patch16_224",
+            "--model-arg",
+            "act_layer=/tmp/x.pt",
+            "--data",
+            "embedded",
+            "--out",
+            str(tmp_path / "rows"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--quiet",
+        ]
+    )
     assert code == 2
     assert "rejected --model-arg act_layer='/tmp/x.pt'" in _one_line_error(capsys)
 
@@ -114,7 +147,20 @@ def test_check_data_notes_evaluation_images_copied_from_training(tmp_path, capsy
     root = _dataset(tmp_path / "data")
     val = root / "imagenet" / "val"
     shutil.copy(root / "imagenet" / "train" / "dog" / "1.png", val / "cat" / "copy.png")
-    assert main(["check-data", "--task", "imagenet-linear", "--data", "folder",
-                 "--data-dir", str(root), "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "check-data",
+                "--task",
+                "imagenet-linear",
+                "--data",
+                "folder",
+                "--data-dir",
+                str(root),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert "val: 1 images are exact copies of train images" in out and "copy.png" in out

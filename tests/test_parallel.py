@@ -94,9 +94,19 @@ def test_torchrun_cli_matches_single_process(cli_env, data_cache):
     )
     assert single.returncode == 0, single.stderr
     torchrun(
-        "-m", "evalkit", "run", *args, "--tp", "2", "--out", "two", "--cache-dir", "c2",
-        cwd=cli_env, env_extra=env,
-    )  # fmt: skip
+        "-m",
+        "evalkit",
+        "run",
+        *args,
+        "--tp",
+        "2",
+        "--out",
+        "two",
+        "--cache-dir",
+        "c2",
+        cwd=cli_env,
+        env_extra=env,
+    )
     from evalkit.core.results import load_rows
 
     one = {r["metric"]: r for r in load_rows([cli_env / "one"])}
@@ -168,8 +178,9 @@ def test_trainer_on_two_ranks_equals_one_process(tmp_path):
     script = str(Path(__file__).with_name("train_parallel_check.py"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     single = tmp_path / "single.json"
-    subprocess.run([sys.executable, script, str(single), "1", "dp"], check=True, env=env,
-                   timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, script, str(single), "1", "dp"], check=True, env=env, timeout=600
+    )
     torchrun(script, str(tmp_path / "dp.json"), "1", "dp", "fsdp")
     torchrun(script, str(tmp_path / "tp.json"), "2", "tp")
     reference = json.loads(single.read_text())["dp"]
@@ -185,9 +196,21 @@ def test_trainer_on_two_ranks_equals_one_process(tmp_path):
     assert reference[-1]["loss"] < reference[0]["loss"]  # it trains
 
 
-FINETUNE = ["--task", "imagenet-linear", "--backbone", "vit22b/test", "--data", "embedded",
-            "--set", "finetune=true", "--set", "finetune_steps=5", "--set",
-            "finetune_batch_size=8", "--quiet"]  # fmt: skip
+FINETUNE = [
+    "--task",
+    "imagenet-linear",
+    "--backbone",
+    "vit22b/test",
+    "--data",
+    "embedded",
+    "--set",
+    "finetune=true",
+    "--set",
+    "finetune_steps=5",
+    "--set",
+    "finetune_batch_size=8",
+    "--quiet",
+]
 
 
 def finetuned(cwd: Path, name: str) -> tuple[dict, list[dict]]:
@@ -207,22 +230,53 @@ def test_fine_tuning_on_two_ranks_equals_one_process(cli_env, data_cache):
     norm of every step and the final metrics of one process (1e-4 relative); a rerun resumes
     from the sharded checkpoint, trains nothing, and scores the same."""
     env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "evalkit", "run", *FINETUNE, "--out", "one",
-                    "--cache-dir", "cache-one"], cwd=cli_env, env={**os.environ, **env},
-                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalkit",
+            "run",
+            *FINETUNE,
+            "--out",
+            "one",
+            "--cache-dir",
+            "cache-one",
+        ],
+        cwd=cli_env,
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     one, log = finetuned(cli_env, "one")
     assert len(log) == 5
     for name, flags in (("dp", []), ("fsdp", ["--fsdp"]), ("tp", ["--tp", "2"])):
-        args = ["-m", "evalkit", "run", *FINETUNE, *flags, "--out", name, "--cache-dir",
-                f"cache-{name}"]  # fmt: skip
+        args = [
+            "-m",
+            "evalkit",
+            "run",
+            *FINETUNE,
+            *flags,
+            "--out",
+            name,
+            "--cache-dir",
+            f"cache-{name}",
+        ]
         torchrun(*args, cwd=cli_env, env_extra=env)
         rows, ranks_log = finetuned(cli_env, name)
         assert rows == one, name
         for mine, theirs in zip(ranks_log, log, strict=True):
             assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4), name
             assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4), name
-        torchrun(*args[:-4], "--out", f"{name}-again", "--cache-dir", f"cache-{name}",
-                 cwd=cli_env, env_extra=env)  # fmt: skip
+        torchrun(
+            *args[:-4],
+            "--out",
+            f"{name}-again",
+            "--cache-dir",
+            f"cache-{name}",
+            cwd=cli_env,
+            env_extra=env,
+        )
         again = {r["metric"]: r["value"] for r in load_rows_of(cli_env / f"{name}-again")}
         assert again == one, f"{name} resumed"
 
@@ -239,19 +293,57 @@ def test_fsdp_extraction_on_two_ranks_equals_one_process(cli_env, data_cache):
     from evalkit.core.results import load_rows
 
     env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    args = ["run", "--task", "imagenet-5shot", "--backbone", "vit22b/test", "--data", "embedded",
-            "--quiet"]  # fmt: skip
-    subprocess.run([sys.executable, "-m", "evalkit", *args, "--out", "one", "--cache-dir", "c1"],
-                   cwd=cli_env, env={**os.environ, **env}, check=True, timeout=600)  # fmt: skip
-    torchrun("-m", "evalkit", *args, "--fsdp", "--out", "two", "--cache-dir", "c2", cwd=cli_env,
-             env_extra=env)  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-5shot",
+        "--backbone",
+        "vit22b/test",
+        "--data",
+        "embedded",
+        "--quiet",
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "evalkit", *args, "--out", "one", "--cache-dir", "c1"],
+        cwd=cli_env,
+        env={**os.environ, **env},
+        check=True,
+        timeout=600,
+    )
+    torchrun(
+        "-m",
+        "evalkit",
+        *args,
+        "--fsdp",
+        "--out",
+        "two",
+        "--cache-dir",
+        "c2",
+        cwd=cli_env,
+        env_extra=env,
+    )
     one, two = ({r["metric"]: r["value"] for r in load_rows([cli_env / d])} for d in ("one", "two"))
     assert one.keys() == {"top1"} and two == pytest.approx(one, abs=1e-9)
 
 
-DISTILL = ["run", "--task", "distill-imagenet", "--backbone", "vit22b/test", "--data", "embedded",
-           "--set", "student=test", "--set", "steps=4", "--set", "batch_size=8", "--set",
-           "warmup=1", "--quiet"]  # fmt: skip
+DISTILL = [
+    "run",
+    "--task",
+    "distill-imagenet",
+    "--backbone",
+    "vit22b/test",
+    "--data",
+    "embedded",
+    "--set",
+    "student=test",
+    "--set",
+    "steps=4",
+    "--set",
+    "batch_size=8",
+    "--set",
+    "warmup=1",
+    "--quiet",
+]
 
 
 @pytest.mark.slow  # ~90 s each: in `nox -s slow`; the one-rank paths run by default
@@ -262,12 +354,27 @@ def test_distillation_on_two_ranks_equals_one_process(cli_env, data_cache):
     from evalkit.core.results import load_rows
 
     env = {"EVALKIT_CACHE": str(data_cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "evalkit", *DISTILL, "--out", "one", "--cache-dir",
-                    "c1"], cwd=cli_env, env={**os.environ, **env}, check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "evalkit", *DISTILL, "--out", "one", "--cache-dir", "c1"],
+        cwd=cli_env,
+        env={**os.environ, **env},
+        check=True,
+        timeout=600,
+    )
     one = {r["metric"]: r["value"] for r in load_rows([cli_env / "one"])}
     for name, flags in (("fsdp", ["--fsdp"]), ("tp", ["--tp", "2"])):
-        torchrun("-m", "evalkit", *DISTILL, *flags, "--out", name, "--cache-dir", f"c-{name}",
-                 cwd=cli_env, env_extra=env)  # fmt: skip
+        torchrun(
+            "-m",
+            "evalkit",
+            *DISTILL,
+            *flags,
+            "--out",
+            name,
+            "--cache-dir",
+            f"c-{name}",
+            cwd=cli_env,
+            env_extra=env,
+        )
         rows = {r["metric"]: r["value"] for r in load_rows([cli_env / name])}
         assert rows == pytest.approx(one, rel=1e-4), name
 

@@ -27,12 +27,17 @@ def test_predicted_feature_bytes_match_what_extraction_writes(
     backbone = load_backbone(spec, BackboneOptions(random_init=True))
     shape = measured_shape(backbone, dtype="fp32")
     predicted = extraction_stage(PlanInputs(shape, {"train": ROWS}, 2), ROWS).cache_bytes
-    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
-                           transform=backbone.transform())  # fmt: skip
+    dataset = open_dataset(
+        "imagenet",
+        "val",
+        DataConfig(source="embedded", cache=data_cache),
+        transform=backbone.transform(),
+    )
     settings = ExtractSettings(cache_dir=tmp_path, batch_size=16, shard_size=32, progress=False)
     request = FeatureRequest(pool=backbone.info.pools[0])
-    feats = extract_features(backbone, dataset, request=request, settings=settings,
-                             split="val", subset=range(ROWS))  # fmt: skip
+    feats = extract_features(
+        backbone, dataset, request=request, settings=settings, split="val", subset=range(ROWS)
+    )
     written = sum(chunk.nbytes for chunk in feats.chunks("pooled"))
     assert abs(predicted - written) <= 0.1 * written, (predicted, written)
 

@@ -60,20 +60,47 @@ def jpeg(width=96, height=64) -> bytes:
 def waymo_scene(root):
     key = {"key.segment_context_name": "seg1"}
     values = np.concatenate([wall_ranges()[..., None], np.zeros((H, W, 3))], -1)
-    write_component(root, "lidar", [
-        {**key, "key.frame_timestamp_micros": t, "key.laser_name": 1,
-         "[LiDARComponent].range_image_return1.values": values.ravel().tolist(),
-         "[LiDARComponent].range_image_return1.shape": [H, W, 4]} for t in (100, 200)])  # fmt: skip
-    write_component(root, "lidar_calibration", [
-        {**key, "key.laser_name": 1, "[LiDARCalibrationComponent].extrinsic.transform": transform(LIDAR_YAW, LIDAR_AT),
-         "[LiDARCalibrationComponent].beam_inclination.values": INCLINATIONS.tolist(),
-         "[LiDARCalibrationComponent].beam_inclination.min": -0.3,
-         "[LiDARCalibrationComponent].beam_inclination.max": 0.05}])  # fmt: skip
-    calibration = {"[CameraCalibrationComponent].intrinsic.f_u": 60.0, "[CameraCalibrationComponent].intrinsic.f_v": 60.0,
-                   "[CameraCalibrationComponent].intrinsic.c_u": 48.0, "[CameraCalibrationComponent].intrinsic.c_v": 32.0,
-                   **{f"[CameraCalibrationComponent].intrinsic.{k}": 0.0 for k in ("k1", "k2", "p1", "p2", "k3")},
-                   "[CameraCalibrationComponent].extrinsic.transform": transform(0.0, (CAMERA_X, 0.0, 1.8)),
-                   "[CameraCalibrationComponent].width": 96, "[CameraCalibrationComponent].height": 64}  # fmt: skip
+    write_component(
+        root,
+        "lidar",
+        [
+            {
+                **key,
+                "key.frame_timestamp_micros": t,
+                "key.laser_name": 1,
+                "[LiDARComponent].range_image_return1.values": values.ravel().tolist(),
+                "[LiDARComponent].range_image_return1.shape": [H, W, 4],
+            }
+            for t in (100, 200)
+        ],
+    )
+    write_component(
+        root,
+        "lidar_calibration",
+        [
+            {
+                **key,
+                "key.laser_name": 1,
+                "[LiDARCalibrationComponent].extrinsic.transform": transform(LIDAR_YAW, LIDAR_AT),
+                "[LiDARCalibrationComponent].beam_inclination.values": INCLINATIONS.tolist(),
+                "[LiDARCalibrationComponent].beam_inclination.min": -0.3,
+                "[LiDARCalibrationComponent].beam_inclination.max": 0.05,
+            }
+        ],
+    )
+    calibration = {
+        "[CameraCalibrationComponent].intrinsic.f_u": 60.0,
+        "[CameraCalibrationComponent].intrinsic.f_v": 60.0,
+        "[CameraCalibrationComponent].intrinsic.c_u": 48.0,
+        "[CameraCalibrationComponent].intrinsic.c_v": 32.0,
+        **{
+            f"[CameraCalibrationComponent].intrinsic.{k}": 0.0
+            for k in ("k1", "k2", "p1", "p2", "k3")
+        },
+        "[CameraCalibrationComponent].extrinsic.transform": transform(0.0, (CAMERA_X, 0.0, 1.8)),
+        "[CameraCalibrationComponent].width": 96,
+        "[CameraCalibrationComponent].height": 64,
+    }
     write_component(
         root, "camera_calibration", [{**key, "key.camera_name": c, **calibration} for c in (1, 4)]
     )
@@ -90,7 +117,7 @@ def waymo_scene(root):
             for t in (100, 200, 300)
             for c in (1, 4)
         ],
-    )  # fmt: skip  (t=300 has no LiDAR frame)
+    )  # t=300 has no LiDAR frame
 
 
 def test_waymo_depths_equal_the_analytic_scene(tmp_path, capsys):
@@ -124,8 +151,17 @@ def test_waymo_depths_equal_the_analytic_scene(tmp_path, capsys):
 
 def test_waymo_depth_beyond_the_cap_is_dropped(tmp_path, capsys):
     waymo_scene(tmp_path / "v2")
-    argv = ["prepare", "waymo", str(tmp_path / "v2"), str(tmp_path / "data"), "--splits", "training",
-            "--quiet", "--max-depth", "10"]  # fmt: skip
+    argv = [
+        "prepare",
+        "waymo",
+        str(tmp_path / "v2"),
+        str(tmp_path / "data"),
+        "--splits",
+        "training",
+        "--quiet",
+        "--max-depth",
+        "10",
+    ]
     assert main(argv) == 1  # frames were skipped and --allow-skips was not given
     out = capsys.readouterr().out
     assert "no LiDAR return in the image" in out and "pass --allow-skips" in out
@@ -171,8 +207,10 @@ def official_imagenet(root, *, labels: str):
         (data / "ILSVRC2012_validation_ground_truth.txt").write_text(
             "".join(f"{ids[t]}\n" for t in truth)
         )
-        synsets = np.array([(ids[k], WNIDS[k], "words", 0) for k in range(3)] + [(1001, "n00001740", "entity", 3)],
-                           dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("num_children", "O")])  # fmt: skip
+        synsets = np.array(
+            [(ids[k], WNIDS[k], "words", 0) for k in range(3)] + [(1001, "n00001740", "entity", 3)],
+            dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("num_children", "O")],
+        )
         savemat(data / "meta.mat", {"synsets": synsets})
     else:
         rows = [
@@ -208,8 +246,20 @@ def class_folders(root):
 
 def knn_top1(data_root, tmp_path, name) -> float:
     out = tmp_path / f"rows-{name}"
-    argv = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data-dir", str(data_root),
-            "--quiet", "--out", str(out), "--set", "ks=3"]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--data-dir",
+        str(data_root),
+        "--quiet",
+        "--out",
+        str(out),
+        "--set",
+        "ks=3",
+    ]
     assert main(argv) == 0
     rows = [json.loads(line) for f in out.rglob("*.jsonl") for line in f.open()]
     return next(r["value"] for r in rows if r["metric"].startswith("top1"))
@@ -315,13 +365,25 @@ def kaggle_rows(root, change):
 
 
 MALFORMED = {
-    "non-leaf synset id": ("devkit", lambda r: shift_ground_truth(r, lambda v: 1001), "'1001' is not the id"),
+    "non-leaf synset id": (
+        "devkit",
+        lambda r: shift_ground_truth(r, lambda v: 1001),
+        "'1001' is not the id",
+    ),
     "0-based ids": ("devkit", lambda r: shift_ground_truth(r, lambda v: v - 1), "ids are 1-based"),
     "garbage meta.mat": ("devkit", garbage_meta, "is not the devkit's meta.mat"),
     "meta.mat without synsets": ("devkit", fieldless_meta, "is not the devkit's meta.mat"),
-    "empty PredictionString": ("kaggle", lambda r: kaggle_rows(r, lambda t: t.replace(",n01443537 1 2 30 40", ",", 1)), "line "),
-    "wrong CSV header": ("kaggle", lambda r: kaggle_rows(r, lambda t: t.replace("ImageId,", "Image,", 1)), "expected the header"),
-}  # fmt: skip
+    "empty PredictionString": (
+        "kaggle",
+        lambda r: kaggle_rows(r, lambda t: t.replace(",n01443537 1 2 30 40", ",", 1)),
+        "line ",
+    ),
+    "wrong CSV header": (
+        "kaggle",
+        lambda r: kaggle_rows(r, lambda t: t.replace("ImageId,", "Image,", 1)),
+        "expected the header",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", MALFORMED)

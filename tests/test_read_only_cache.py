@@ -14,14 +14,29 @@ from pathlib import Path
 
 import pytest
 
-RUN = [sys.executable, "-m", "evalkit", "run", "--task", "imagenet-linear", "--backbone", "fake",
-       "--data", "embedded", "--quiet", "--set", "l2_grid=0.1"]  # fmt: skip
+RUN = [
+    sys.executable,
+    "-m",
+    "evalkit",
+    "run",
+    "--task",
+    "imagenet-linear",
+    "--backbone",
+    "fake",
+    "--data",
+    "embedded",
+    "--quiet",
+    "--set",
+    "l2_grid=0.1",
+]
 
 
 def _rows(folder: Path) -> list[tuple]:
     lines = (folder / "imagenet-linear.jsonl").read_text().splitlines()
-    return [(r["metric"], r["value"], r["provenance"]["images_extracted"])
-            for r in map(json.loads, lines)]  # fmt: skip
+    return [
+        (r["metric"], r["value"], r["provenance"]["images_extracted"])
+        for r in map(json.loads, lines)
+    ]
 
 
 def _tree(folder: Path) -> dict:
@@ -31,16 +46,25 @@ def _tree(folder: Path) -> dict:
 def _read_only(cache: Path, script: str) -> subprocess.CompletedProcess:
     """``script`` run in a mount namespace where ``cache`` is mounted read-only."""
     mount = f"mount --bind {cache} {cache} && mount -o remount,ro,bind {cache}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", f"{mount} && {script}"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"{mount} && {script}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_read_only_cache_is_read_and_never_written(cli_env, tmp_path):
     if shutil.which("unshare") is None or _read_only(tmp_path, "true").returncode != 0:
         pytest.skip("this machine allows no private read-only mount (unshare -rm)")
     cache = tmp_path / "team-cache"
-    subprocess.run([*RUN, "--cache-dir", str(cache), "--out", str(tmp_path / "first")],
-                   check=True, cwd=cli_env, capture_output=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [*RUN, "--cache-dir", str(cache), "--out", str(tmp_path / "first")],
+        check=True,
+        cwd=cli_env,
+        capture_output=True,
+        timeout=600,
+    )
     before = _tree(cache)
     again = " ".join([*RUN, "--cache-dir", str(cache), "--out", str(tmp_path / "again")])
     other = f"{again} --set pool=mean --out {tmp_path / 'other'}"

@@ -21,8 +21,12 @@ def probe_in_subprocess(features: Path, threads: int, nudge: float) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run(
         [sys.executable, str(SCRIPT), str(features), str(threads), str(nudge)],
-        capture_output=True, text=True, timeout=600, env=env, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -38,8 +42,9 @@ def resnet_features(data_cache) -> list[torch.Tensor]:
     transform = v2.Compose([v2.ToImage(), v2.Resize((64, 64)), v2.ToDtype(torch.float32, True)])
     out = []
     for split in ("train", "val"):
-        data = open_dataset("imagenet", split, DataConfig(source="embedded", cache=data_cache),
-                            transform=transform)  # fmt: skip
+        data = open_dataset(
+            "imagenet", split, DataConfig(source="embedded", cache=data_cache), transform=transform
+        )
         images = torch.stack([data[i][0] for i in range(len(data))])
         with torch.no_grad():
             pooled = torch.cat([backbone.extract(b, pool="mean").pooled for b in images.split(64)])
@@ -48,16 +53,32 @@ def resnet_features(data_cache) -> list[torch.Tensor]:
 
 
 def cli_probe(cwd: Path, threads: int) -> dict:
-    args = ["--task", "imagenet-linear", "--backbone", "timm/vit_tiny_patch16_224",
-            "--model-arg", "img_size=64", "--data", "embedded", "--quiet"]  # fmt: skip
+    args = [
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "timm/vit_tiny_patch16_224",
+        "--model-arg",
+        "img_size=64",
+        "--data",
+        "embedded",
+        "--quiet",
+    ]
     out, cache = f"rows{threads}", f"cache{threads}"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run([sys.executable, "-m", "evalkit", "run", *args, "--out", out,
-                    "--cache-dir", cache], cwd=cwd, env=env, check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "evalkit", "run", *args, "--out", out, "--cache-dir", cache],
+        cwd=cwd,
+        env=env,
+        check=True,
+        timeout=600,
+    )
     from evalkit.core.results import load_rows
 
-    return {r["metric"]: (r["value"], r["extra"]["l2"], r["extra"]["holdout_top1_by_l2"])
-            for r in load_rows([cwd / out])}  # fmt: skip
+    return {
+        r["metric"]: (r["value"], r["extra"]["l2"], r["extra"]["holdout_top1_by_l2"])
+        for r in load_rows([cwd / out])
+    }
 
 
 @pytest.mark.usefixtures("cli_env")

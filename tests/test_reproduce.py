@@ -51,9 +51,24 @@ def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_e
     from evalkit.models.vit22b import config
     from evalkit.parallel.planner import forward_flops
 
-    args = ["reproduce", "--scale", "paper", "--dry-run", "--executor", "slurm", "--out", "p",
-            "--gpus-per-job", "8", "--partition", "gpu", "--weights", "ViT-22B=/ckpt/22b",
-            "--backbone", "ViT-L/32=vit22b/l"]  # sized on the meta device, no timm model built  # fmt: skip
+    args = [
+        "reproduce",
+        "--scale",
+        "paper",
+        "--dry-run",
+        "--executor",
+        "slurm",
+        "--out",
+        "p",
+        "--gpus-per-job",
+        "8",
+        "--partition",
+        "gpu",
+        "--weights",
+        "ViT-22B=/ckpt/22b",
+        "--backbone",
+        "ViT-L/32=vit22b/l",
+    ]  # sized on the meta device, no timm model built
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "#SBATCH --gpus-per-node=8" in printed and "#SBATCH --partition=gpu" in printed
@@ -83,14 +98,32 @@ def test_paper_scale_needs_weights_and_writes_the_table_from_its_jobs(cli_env, d
     (cli_env / "data").mkdir()
     stand_in = DATASETS.get("imagenet").load().write_embedded(data_cache / "embedded")
     (cli_env / "data" / "imagenet").symlink_to(stand_in)
-    base = ["reproduce", "--scale", "paper", "--rows", "5", "--out", "p", "--quiet",
-            "--data-dir", str(cli_env / "data")]  # fmt: skip
+    base = [
+        "reproduce",
+        "--scale",
+        "paper",
+        "--rows",
+        "5",
+        "--out",
+        "p",
+        "--quiet",
+        "--data-dir",
+        str(cli_env / "data"),
+    ]
     assert main(base) == 2  # no --weights for ViT-e and ViT-22B
     repo_weights = str(
         Path(__file__).parents[1] / "tests" / "regression" / "vit22b-test.safetensors"
     )
-    small = ["--backbone", "ViT-e=vit22b/test", "--backbone", "ViT-22B=vit22b/test",
-             "--weights", f"ViT-e={repo_weights}", "--weights", f"ViT-22B={repo_weights}"]  # fmt: skip
+    small = [
+        "--backbone",
+        "ViT-e=vit22b/test",
+        "--backbone",
+        "ViT-22B=vit22b/test",
+        "--weights",
+        f"ViT-e={repo_weights}",
+        "--weights",
+        f"ViT-22B={repo_weights}",
+    ]
     assert main(base + small) == 0  # one job (both models are the same here), run locally
     table = (cli_env / "p" / f"effects-{SCALE}.md").read_text()
     assert "| 5 | scale ViT-e → ViT-22B |" in table and "vit22b/test → vit22b/test" in table

@@ -45,8 +45,19 @@ def test_a_command_missing_an_optional_package_is_one_line_with_its_extra(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setitem(sys.modules, "submitit", None)  # as on a plain install
-    args = ["sweep", "--task", "imagenet-linear", "--backbone", "fake", "--executor", "slurm",
-            "--out", str(tmp_path), "--partition", "gpu"]  # fmt: skip
+    args = [
+        "sweep",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "fake",
+        "--executor",
+        "slurm",
+        "--out",
+        str(tmp_path),
+        "--partition",
+        "gpu",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'evalkit[cluster]'" in err[0], err
@@ -128,8 +139,17 @@ def test_the_command_line_asks_for_progress_when_output_is_redirected(monkeypatc
 
 
 def test_plan_states_an_expected_time(capsys, data_cache):
-    args = ["plan", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded",
-            "--cache-dir", str(data_cache)]  # fmt: skip
+    args = [
+        "plan",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--data",
+        "embedded",
+        "--cache-dir",
+        str(data_cache),
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert re.search(r"expected time: about \d+ s of compute \(.*forward measured here", out), out
@@ -151,8 +171,17 @@ def no_backbone(monkeypatch):
 
 
 def test_a_missing_data_folder_fails_before_a_backbone_is_built(tmp_path, no_backbone, capsys):
-    args = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--data-dir",
-            str(tmp_path / "none"), "--out", str(tmp_path / "rows")]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "fake",
+        "--data-dir",
+        str(tmp_path / "none"),
+        "--out",
+        str(tmp_path / "rows"),
+    ]
     assert main(args) == 2
     assert "dataset folder not found" in capsys.readouterr().err
 
@@ -162,8 +191,17 @@ def test_a_one_split_set_fails_before_a_backbone_is_built(tmp_path, no_backbone,
     for path in sorted((own / "val").rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     (own / "val").rmdir()
-    args = ["run", "--task", "imagenet-linear", "--backbone", "fake", "--set",
-            f"dataset=folder:{own}", "--out", str(tmp_path / "rows")]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "fake",
+        "--set",
+        f"dataset=folder:{own}",
+        "--out",
+        str(tmp_path / "rows"),
+    ]
     assert main(args) == 2
     assert f"{own}/val" in capsys.readouterr().err
 
@@ -171,8 +209,20 @@ def test_a_one_split_set_fails_before_a_backbone_is_built(tmp_path, no_backbone,
 def test_the_run_lists_the_data_it_found(tmp_path, data_cache, capsys, monkeypatch):
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))
     own = image_folder(tmp_path / "own", classes=3)
-    args = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--quiet", "--set",
-            f"dataset=folder:{own}", "--set", "ks=1", "--out", str(tmp_path / "rows")]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--quiet",
+        "--set",
+        f"dataset=folder:{own}",
+        "--set",
+        "ks=1",
+        "--out",
+        str(tmp_path / "rows"),
+    ]
     assert main(args) == 0
     assert f"data: folder:{own} ({own}): 3 classes; train 9, val 9" in capsys.readouterr().out
 
@@ -188,8 +238,20 @@ def test_check_data_takes_the_runs_set_and_lists_every_bad_file(tmp_path, capsys
 def test_a_bad_image_in_a_run_points_to_check_data(tmp_path, data_cache, monkeypatch, capsys):
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))
     own = image_folder(tmp_path / "own", classes=2, bad=1)
-    args = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--quiet", "--set",
-            f"dataset=folder:{own}", "--set", "ks=1", "--out", str(tmp_path / "rows")]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--quiet",
+        "--set",
+        f"dataset=folder:{own}",
+        "--set",
+        "ks=1",
+        "--out",
+        str(tmp_path / "rows"),
+    ]
     assert main(args) == 2
     assert "`evalkit check-data`" in capsys.readouterr().err
 
@@ -203,18 +265,37 @@ def three_classes(tmp_path_factory, data_cache):
     root = tmp_path_factory.mktemp("view")
     own = image_folder(root / "own", classes=3)
     out = root / "rows"
-    small = evalkit.run("imagenet-knn", "fake", out=out, cache_dir=data_cache, progress=False,
-                        overrides=[f"dataset=folder:{own}", "ks=1"])  # fmt: skip
-    seeds = evalkit.run("imagenet-linear", "fake", data="embedded", seeds=(0, 1), out=out,
-                        cache_dir=data_cache, progress=False)  # fmt: skip
+    small = evalkit.run(
+        "imagenet-knn",
+        "fake",
+        out=out,
+        cache_dir=data_cache,
+        progress=False,
+        overrides=[f"dataset=folder:{own}", "ks=1"],
+    )
+    seeds = evalkit.run(
+        "imagenet-linear",
+        "fake",
+        data="embedded",
+        seeds=(0, 1),
+        out=out,
+        cache_dir=data_cache,
+        progress=False,
+    )
     return out, small, seeds, own
 
 
 def test_top_k_is_reported_only_below_the_class_count(three_classes, data_cache):
     out, small, _, own = three_classes
     assert {r["metric"] for r in small} == {"top1/k=1"}  # top-5 of 3 classes is always 100%
-    again = evalkit.run("imagenet-knn", "fake", out=out, cache_dir=data_cache, progress=False,
-                        overrides=[f"dataset=folder:{own}", "ks=1"])  # fmt: skip
+    again = evalkit.run(
+        "imagenet-knn",
+        "fake",
+        out=out,
+        cache_dir=data_cache,
+        progress=False,
+        overrides=[f"dataset=folder:{own}", "ks=1"],
+    )
     assert [r["run_key"] for r in again] == [r["run_key"] for r in small]  # found, not rerun
 
 
@@ -243,8 +324,15 @@ def test_the_csv_holds_numbers(three_classes, capsys):
 def test_a_stand_in_number_and_a_real_one_never_aggregate():
     from evalkit.core.results import aggregate
 
-    row = {"task": "t", "backbone": "b", "metric": "top1", "config_hash": "h", "seed": 0,
-           "dataset": {"name": "imagenet", "own": True, "stand_in": True}, "value": 20.0}  # fmt: skip
+    row = {
+        "task": "t",
+        "backbone": "b",
+        "metric": "top1",
+        "config_hash": "h",
+        "seed": 0,
+        "dataset": {"name": "imagenet", "own": True, "stand_in": True},
+        "value": 20.0,
+    }
     real = {**row, "seed": 1, "value": 80.0, "dataset": {**row["dataset"], "stand_in": False}}
     assert sorted(r["mean"] for r in aggregate([row, real])) == [20.0, 80.0]
 
@@ -262,8 +350,10 @@ def test_compare_shows_the_data_and_whole_names(three_classes, capsys, monkeypat
 
 def test_a_table_of_rows_renders_without_loading_any_task(three_classes):
     out = three_classes[0]
-    code = ("import sys; from evalkit.cli import main; main(['table', sys.argv[1]]); "
-            "assert 'torch' not in sys.modules, 'the table imported torch'")  # fmt: skip
+    code = (
+        "import sys; from evalkit.cli import main; main(['table', sys.argv[1]]); "
+        "assert 'torch' not in sys.modules, 'the table imported torch'"
+    )
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, capture_output=True)
 
 
@@ -274,8 +364,15 @@ def test_errors_shows_probabilities_named(tmp_path, data_cache, capsys):
     import pandas as pd
 
     out = tmp_path / "rows"
-    evalkit.run(["imagenet-linear", "imagenet-knn"], "fake", data="embedded", out=out,
-                cache_dir=data_cache, progress=False, save_predictions=True)  # fmt: skip
+    evalkit.run(
+        ["imagenet-linear", "imagenet-knn"],
+        "fake",
+        data="embedded",
+        out=out,
+        cache_dir=data_cache,
+        progress=False,
+        save_predictions=True,
+    )
     for task, kind in (("imagenet-linear", "softmax"), ("imagenet-knn", "votes")):
         (path,) = (out / "predictions").glob(f"{task}--*.parquet")
         frame = pd.read_parquet(path)
@@ -324,8 +421,20 @@ def test_log_mlflow_without_options_lands_where_mlflow_ui_looks(tmp_path, data_c
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))
     monkeypatch.chdir(tmp_path)
-    args = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded",
-            "--quiet", "--set", "ks=1", "--log", "mlflow"]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "imagenet-knn",
+        "--backbone",
+        "fake",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--set",
+        "ks=1",
+        "--log",
+        "mlflow",
+    ]
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     assert main(args) == 0

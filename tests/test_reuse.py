@@ -81,8 +81,13 @@ def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
     run_key = spec_key(job_spec(task, backbone.info, ctx), 16)
     assert checkpoint_dir(task, backbone, ctx).name == run_key
     base = spec_key(request_spec(spec, task, "fake", ctx))
-    for change in ({"model_args": {"depth": 2}}, {"dtype": "bf16"}, {"cache_dtype": "fp16"},
-                   {"overrides": ("max_iter=7",)}, {"seeds": (4,)}):  # fmt: skip
+    for change in (
+        {"model_args": {"depth": 2}},
+        {"dtype": "bf16"},
+        {"cache_dtype": "fp16"},
+        {"overrides": ("max_iter=7",)},
+        {"seeds": (4,)},
+    ):
         other = dataclasses.replace(spec, **change)
         _, other_task, other_ctx = _context(other, other.seeds[0])
         assert spec_key(request_spec(other, other_task, "fake", other_ctx)) != base, change
@@ -120,8 +125,11 @@ def test_sweep_reruns_a_job_whose_data_or_weights_changed(cli_env, tmp_path):
         for c in "ab":
             for i in range(count):
                 _image(tmp_path / "data" / "imagenet" / split / c / f"{i}.png", 10 + i)
-    plan = Plan(jobs=(), out=tmp_path / "rows",
-                run_args=("--data", "folder", "--data-dir", str(tmp_path / "data")))  # fmt: skip
+    plan = Plan(
+        jobs=(),
+        out=tmp_path / "rows",
+        run_args=("--data", "folder", "--data-dir", str(tmp_path / "data")),
+    )
     weights = tmp_path / "w.safetensors"
     save_file({"w": torch.ones(2)}, str(weights))
     with_weights = Job("imagenet-linear", "fake", weights=str(weights))
@@ -143,8 +151,17 @@ def _write_done_rows(plan, job):
     key = request_key(plan, job, {})
     path = plan.out / "imagenet-linear.jsonl"
     for metric in ("top1", "top5"):
-        append_row(path, {"task": job.task, "backbone": job.backbone, "seed": job.seed,
-                          "metric": metric, "value": 1.0, "request_key": key})  # fmt: skip
+        append_row(
+            path,
+            {
+                "task": job.task,
+                "backbone": job.backbone,
+                "seed": job.seed,
+                "metric": metric,
+                "value": 1.0,
+                "request_key": key,
+            },
+        )
 
 
 def test_a_text_tower_folder_is_keyed_by_its_content(tmp_path):
@@ -160,8 +177,22 @@ def test_a_text_tower_folder_is_keyed_by_its_content(tmp_path):
 def test_pretrain_into_the_same_out_with_other_settings_is_refused(cli_env, capsys):
     from evalkit.cli import main
 
-    args = ["pretrain", "--ladder", "test", "--data", "embedded", "--steps", "2", "--batch-size",
-            "4", "--warmup", "1", "--out", "ckpt", "--quiet"]  # fmt: skip
+    args = [
+        "pretrain",
+        "--ladder",
+        "test",
+        "--data",
+        "embedded",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "1",
+        "--out",
+        "ckpt",
+        "--quiet",
+    ]
     assert main(args) == 0
     weights = (cli_env / "ckpt/test/model.safetensors").read_bytes()
     assert main([*args, "--image", "64"]) == 2
@@ -174,9 +205,18 @@ def test_pretrain_into_the_same_out_with_other_settings_is_refused(cli_env, caps
 
 def _row(pool: str, value: float, **extra):
     config = {"pool": pool, "max_iter": 10}
-    return {"task": "imagenet-linear", "backbone": "timm/x", "weights_id": "sha256:aa",
-            "backbone_options": extra.pop("options", {}), "metric": "top1", "value": value,
-            "config": config, "config_hash": spec_key(config), "seed": 0, **extra}  # fmt: skip
+    return {
+        "task": "imagenet-linear",
+        "backbone": "timm/x",
+        "weights_id": "sha256:aa",
+        "backbone_options": extra.pop("options", {}),
+        "metric": "top1",
+        "value": value,
+        "config": config,
+        "config_hash": spec_key(config),
+        "seed": 0,
+        **extra,
+    }
 
 
 def test_table_and_compare_keep_run_specs_apart():
@@ -186,7 +226,9 @@ def test_table_and_compare_keep_run_specs_apart():
     assert list(frame.iloc[:, 0]) == ["50.00", "44.01"]
     records = compare([cls], [cls, mean], tolerance=0.0)
     assert {(r["backbone"], r["status"]) for r in records} == {
-        ("timm/x [pool=cls]", "ok"), ("timm/x [pool=mean]", "new")}  # fmt: skip
+        ("timm/x [pool=cls]", "ok"),
+        ("timm/x [pool=mean]", "new"),
+    }
     sized = _row("cls", 47.0, options={"img_size": 384})
     frame = pivot_table([cls, sized])
     assert list(frame.index) == ["timm/x", "timm/x [img_size=384]"]

@@ -40,8 +40,15 @@ def test_a_batch_reads_at_most_two_windows_of_shards():
 
 def run(task, tmp_path, **settings):
     overrides = [f"{k}={v}" for k, v in settings.items()]
-    rows = evalkit.run(task, "fake", data="embedded", out=tmp_path / str(settings),
-                       cache_dir=tmp_path / "cache", overrides=overrides, progress=False)  # fmt: skip
+    rows = evalkit.run(
+        task,
+        "fake",
+        data="embedded",
+        out=tmp_path / str(settings),
+        cache_dir=tmp_path / "cache",
+        overrides=overrides,
+        progress=False,
+    )
     return {r["metric"]: r for r in rows}
 
 
@@ -54,7 +61,9 @@ def test_streamed_training_equals_resident(tmp_path, data_cache, monkeypatch, ta
     streamed = run(task, tmp_path, steps=20, resident_gb=0)
     if task == "lit-imagenet":
         assert (resident["top1"]["extra"]["lit_mode"], streamed["top1"]["extra"]["lit_mode"]) == (
-            "resident", "streamed")  # fmt: skip
+            "resident",
+            "streamed",
+        )
     for metric, row in resident.items():
         assert row["extra"][loss] == pytest.approx(streamed[metric]["extra"][loss], rel=1e-6)
         assert row["value"] == streamed[metric]["value"]
@@ -82,8 +91,11 @@ def test_reproduce_paper_dry_run_places_every_row_on_a_target(tmp_path, capsys):
     args = ["reproduce", "--scale", "paper", "--dry-run", "--out", str(tmp_path)]
     assert main([*args, "--target", "8xH100-80GB"]) == 0
     table = (tmp_path / "compute-paper").with_suffix(".md").read_text()
-    placed = [line for line in table.split("## On 8xH100-80GB")[1].splitlines()
-              if line.startswith("| ") and line[2].isdigit()]  # fmt: skip
+    placed = [
+        line
+        for line in table.split("## On 8xH100-80GB")[1].splitlines()
+        if line.startswith("| ") and line[2].isdigit()
+    ]
     assert [int(line.split("|")[1]) for line in placed] == list(range(1, 13))
     assert "| 5 | 1 × 1 |" in table  # the linear probe of ViT-22B: one GPU of a node
     runnable = {int(line.split("|")[1]): line.split("|")[4].strip() for line in placed}

@@ -19,8 +19,10 @@ def test_plans_from_arguments_and_toml(tmp_path):
     assert [(j.task, j.seed) for j in plan.jobs] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert all(j.overrides == ("steps=3",) for j in plan.jobs)
     toml = tmp_path / "plan.toml"
-    toml.write_text('out = "o"\n[[jobs]]\ntask = "imagenet-linear"\nbackbone = ["fake", "timm/x"]\n'
-                    'seeds = [0, 2]\nset = ["holdout=0.1"]\n')  # fmt: skip
+    toml.write_text(
+        'out = "o"\n[[jobs]]\ntask = "imagenet-linear"\nbackbone = ["fake", "timm/x"]\n'
+        'seeds = [0, 2]\nset = ["holdout=0.1"]\n'
+    )
     plan = plan_from_toml(toml)
     assert len(plan.jobs) == 4 and str(plan.out) == "o"
     assert plan.jobs[-1].backbone == "timm/x" and plan.jobs[-1].seed == 2
@@ -59,13 +61,34 @@ def test_submitit_local_executor_runs_the_array(cli_env):
 
 
 def test_slurm_dry_run_prints_the_batch_script(cli_env, capsys):
-    args = ["sweep", "--task", "imagenet-linear", "--task", "ade20k-1/16", "--backbone",
-            "vit22b", "--executor", "slurm", "--dry-run", "--gpus-per-job", "8", "--tp", "8",
-            "--partition", "gpu", "--timeout-min", "600"]  # fmt: skip
+    args = [
+        "sweep",
+        "--task",
+        "imagenet-linear",
+        "--task",
+        "ade20k-1/16",
+        "--backbone",
+        "vit22b",
+        "--executor",
+        "slurm",
+        "--dry-run",
+        "--gpus-per-job",
+        "8",
+        "--tp",
+        "8",
+        "--partition",
+        "gpu",
+        "--timeout-min",
+        "600",
+    ]
     assert main(args) == 0
     script = capsys.readouterr().out
-    for line in ("#SBATCH --array=0-1", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
-                 "#SBATCH --time=600"):  # fmt: skip
+    for line in (
+        "#SBATCH --array=0-1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=600",
+    ):
         assert line in script
     assert script.count("torchrun --nproc-per-node 8 -m evalkit run") == 2
 
@@ -88,5 +111,7 @@ def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(cli_env, tmp_pa
     (tmp_path / "imagenet-linear.jsonl").write_text("\n".join(lines) + "\n")
     assert finished(plan, Job("imagenet-linear", "vit22b"))  # rows say vit22b/22b
     assert {r["metric"]: r["value"] for r in job_rows(plan, Job("imagenet-linear", "vit22b"))} == {
-        "top1": 3.0, "top5": 2.0}  # fmt: skip
+        "top1": 3.0,
+        "top5": 2.0,
+    }
     assert not finished(plan, Job("imagenet-linear", "vit22b/e"))

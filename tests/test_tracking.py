@@ -13,8 +13,21 @@ import pytest
 from evalkit.core.results import load_rows
 
 STEPS = 3
-ARGS = ["run", "--task", "lit-imagenet", "--backbone", "fake", "--data", "embedded", "--quiet",
-        "--set", f"steps={STEPS}", "--set", "batch_size=32", "--save-predictions"]  # fmt: skip
+ARGS = [
+    "run",
+    "--task",
+    "lit-imagenet",
+    "--backbone",
+    "fake",
+    "--data",
+    "embedded",
+    "--quiet",
+    "--set",
+    f"steps={STEPS}",
+    "--set",
+    "batch_size=32",
+    "--save-predictions",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +46,17 @@ def logged(tmp_path_factory, data_cache):
 
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            code = main([*ARGS, "--out", "rows", f"--log=wandb:mode=offline,dir={root}",
-                         f"--log=mlflow:uri=file://{root}/mlruns,experiment=probe",
-                         f"--log=tensorboard:dir={root}/tb", "--log=tensorboard:dir=/proc/none"])  # fmt: skip
+            code = main(
+                [
+                    *ARGS,
+                    "--out",
+                    "rows",
+                    f"--log=wandb:mode=offline,dir={root}",
+                    f"--log=mlflow:uri=file://{root}/mlruns,experiment=probe",
+                    f"--log=tensorboard:dir={root}/tb",
+                    "--log=tensorboard:dir=/proc/none",
+                ]
+            )
     assert code == 0
     rows = {r["metric"]: r for r in load_rows([root / "rows"])}
     return root, rows, err.getvalue()
@@ -107,9 +128,14 @@ def test_wandb_offline_run_holds_the_rows_the_curve_the_config_and_the_predictio
     root, rows, _ = logged
     (path,) = glob.glob(f"{root}/wandb/offline-run-*/run-*.wandb")
     records = wandb_records(path)
-    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                for item in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]  # fmt: skip
+    history = [
+        {
+            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+            for item in r.history.item
+        }
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     assert sum("train/loss" in h for h in history) == STEPS
     assert [h["top1"] for h in history if "top1" in h] == [pytest.approx(rows["top1"]["value"])]
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
@@ -122,9 +148,12 @@ def test_wandb_offline_run_holds_the_rows_the_curve_the_config_and_the_predictio
 
 @pytest.mark.parametrize(
     ("value", "says"),
-    [("neptune", "unknown tracker 'neptune'"), ("wandb:colour=red", "'colour=red' is not an option"),
-     ("mlflow:uri", "expected key=value")],
-)  # fmt: skip
+    [
+        ("neptune", "unknown tracker 'neptune'"),
+        ("wandb:colour=red", "'colour=red' is not an option"),
+        ("mlflow:uri", "expected key=value"),
+    ],
+)
 def test_bad_log_values_are_one_line_errors(value, says):
     from evalkit.core.runner import RunSpec
     from evalkit.errors import EvalkitError
@@ -136,8 +165,18 @@ def test_bad_log_values_are_one_line_errors(value, says):
 def test_sweep_passes_log_to_every_job(tmp_path, capsys):
     from evalkit.cli import main
 
-    args = ["sweep", "--task", "imagenet-linear", "--backbone", "fake", "--dry-run",
-            "--out", str(tmp_path), "--log", "mlflow:experiment=sweep"]  # fmt: skip
+    args = [
+        "sweep",
+        "--task",
+        "imagenet-linear",
+        "--backbone",
+        "fake",
+        "--dry-run",
+        "--out",
+        str(tmp_path),
+        "--log",
+        "mlflow:experiment=sweep",
+    ]
     assert main(args) == 0
     assert "--log mlflow:experiment=sweep" in capsys.readouterr().out
     assert main([*args[:-1], "mlflow:colour=red"]) == 2
@@ -152,8 +191,21 @@ def test_a_dense_run_sends_its_picture_grid(tmp_path, data_cache, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.chdir(tmp_path)
     uri = f"file://{tmp_path}/mlruns"
-    args = ["run", "--task", "ade20k-1/16", "--backbone", "fake", "--data", "embedded", "--quiet",
-            "--set", "steps=2", "--out", "rows", f"--log=mlflow:uri={uri}"]  # fmt: skip
+    args = [
+        "run",
+        "--task",
+        "ade20k-1/16",
+        "--backbone",
+        "fake",
+        "--data",
+        "embedded",
+        "--quiet",
+        "--set",
+        "steps=2",
+        "--out",
+        "rows",
+        f"--log=mlflow:uri={uri}",
+    ]
     assert main(args) == 0
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("evalkit").experiment_id])

@@ -129,8 +129,24 @@ def test_pretrain_ladder_writes_checkpoints_that_weights_loads(cli_env, capsys):
     from evalkit.backbones.options import BackboneOptions
     from evalkit.cli import main
 
-    args = ["pretrain", "--ladder", "test", "--data", "embedded", "--steps", "6", "--batch-size", "8",
-            "--warmup", "2", "--checkpoint-every", "4", "--out", "ckpt", "--quiet"]  # fmt: skip
+    args = [
+        "pretrain",
+        "--ladder",
+        "test",
+        "--data",
+        "embedded",
+        "--steps",
+        "6",
+        "--batch-size",
+        "8",
+        "--warmup",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--out",
+        "ckpt",
+        "--quiet",
+    ]
     assert main(args) == 0
     weights = cli_env / "ckpt" / "test" / "model.safetensors"
     summary = json.loads((cli_env / "ckpt" / "ladder.json").read_text())[0]

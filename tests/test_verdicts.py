@@ -21,8 +21,14 @@ def pair(metric: str, small: float, large: float, stderr: float | None = 1.0) ->
 
 def test_row_1_needs_the_logits_ten_times_larger_without_qk_norm():
     def values(without, with_qk):
-        return {"ablation": {"max_attention_logit/no_qk_norm/lr=0.001": 5.0, "max_attention_logit/qk_norm/lr=0.001": 5.0,
-                             "max_attention_logit/no_qk_norm/lr=0.3": without, "max_attention_logit/qk_norm/lr=0.3": with_qk}}  # fmt: skip
+        return {
+            "ablation": {
+                "max_attention_logit/no_qk_norm/lr=0.001": 5.0,
+                "max_attention_logit/qk_norm/lr=0.001": 5.0,
+                "max_attention_logit/no_qk_norm/lr=0.3": without,
+                "max_attention_logit/qk_norm/lr=0.3": with_qk,
+            }
+        }
 
     assert JUDGES[1](values(1000.0, 100.0)).agrees is True  # exactly 10×: at the threshold
     assert JUDGES[1](values(990.0, 100.0)).agrees is False
@@ -40,8 +46,14 @@ def test_efficiency_rows_judge_beyond_two_standard_errors(row):
     first, second = ("without", "with") if row == 3 else ("parallel", "sequential")
 
     def verdict(speedup, stderr):
-        values = {"ablation": {f"final_loss/{first}": 1.5, f"final_loss/{second}": 1.5,
-                               "speedup": speedup, "speedup/stderr": stderr}}  # fmt: skip
+        values = {
+            "ablation": {
+                f"final_loss/{first}": 1.5,
+                f"final_loss/{second}": 1.5,
+                "speedup": speedup,
+                "speedup/stderr": stderr,
+            }
+        }
         return JUDGES[row](values)
 
     assert verdict(1.10, 0.02).agrees is True
@@ -98,8 +110,15 @@ def test_row_9_needs_both_heads_beyond_noise():
 
 def test_row_12_distillation_gain_beyond_its_paired_error():
     def values(gain, stderr):
-        return {"distill": {"top1/teacher": 40.0, "top1/distilled": 30.0 + gain, "top1/label_only": 30.0,
-                            "gain": gain, "gain/stderr": stderr}}  # fmt: skip
+        return {
+            "distill": {
+                "top1/teacher": 40.0,
+                "top1/distilled": 30.0 + gain,
+                "top1/label_only": 30.0,
+                "gain": gain,
+                "gain/stderr": stderr,
+            }
+        }
 
     assert JUDGES[12](values(4.0, 1.0)).agrees is True
     assert JUDGES[12](values(1.5, 1.0)).agrees is None

@@ -77,9 +77,12 @@ def test_class_folders_and_views(tmp_path):
 
 
 def test_official_csv_layout_counts_missing_clips(tmp_path):
-    rows = [("label", "youtube_id", "time_start", "time_end", "split"),
-            ("abseiling", "abc", "12", "22", "train"), ("archery", "def", "0", "10", "train"),
-            ("archery", "gone", "5", "15", "train")]  # fmt: skip
+    rows = [
+        ("label", "youtube_id", "time_start", "time_end", "split"),
+        ("abseiling", "abc", "12", "22", "train"),
+        ("archery", "def", "0", "10", "train"),
+        ("archery", "gone", "5", "15", "train"),
+    ]
     with open(tmp_path / "train.csv", "w", newline="") as f:
         csv.writer(f).writerows(rows)
     _clip(tmp_path / "train" / "abc_000012_000022.mp4")
@@ -90,8 +93,11 @@ def test_official_csv_layout_counts_missing_clips(tmp_path):
 
 
 def test_a_csv_label_with_spaces_finds_its_underscore_folder(tmp_path):
-    rows = [("label", "youtube_id", "time_start", "time_end", "split"),
-            ("riding a bike", "abc", "1", "11", "train"), ("riding a bike", "mkv", "2", "12", "train")]  # fmt: skip
+    rows = [
+        ("label", "youtube_id", "time_start", "time_end", "split"),
+        ("riding a bike", "abc", "1", "11", "train"),
+        ("riding a bike", "mkv", "2", "12", "train"),
+    ]
     with open(tmp_path / "train.csv", "w", newline="") as f:
         csv.writer(f).writerows(rows)
     _clip(tmp_path / "train" / "riding_a_bike" / "abc_000001_000011.mp4")
@@ -117,8 +123,9 @@ def _mkv_with_long_audio(path, frames: int, fps: int = 8, audio_seconds: float =
         container.mux(video.encode())
         samples = int(audio_seconds * 8000)
         for start in range(0, samples, 1000):
-            chunk = av.AudioFrame.from_ndarray(np.zeros((1, 1000), np.int16), format="s16",
-                                               layout="mono")  # fmt: skip
+            chunk = av.AudioFrame.from_ndarray(
+                np.zeros((1, 1000), np.int16), format="s16", layout="mono"
+            )
             chunk.sample_rate, chunk.pts = 8000, start
             container.mux(audio.encode(chunk))
         container.mux(audio.encode())
@@ -204,8 +211,12 @@ def test_only_heads_that_see_frame_order_learn_a_trend(kind, at_least, at_most):
     x, y = _trend_sequences()
     xt, yt = _trend_sequences(seed=1)
     head = build_head(HeadConfig(kind, width=32, depth=1), 16, 2, 8)
-    train(head, lambda b: torch.nn.functional.cross_entropy(head(x[b]), y[b]), len(y),
-          TrainConfig(steps=150, batch_size=64, lr=3e-3, warmup=10))  # fmt: skip
+    train(
+        head,
+        lambda b: torch.nn.functional.cross_entropy(head(x[b]), y[b]),
+        len(y),
+        TrainConfig(steps=150, batch_size=64, lr=3e-3, warmup=10),
+    )
     with torch.no_grad():
         accuracy = (head(xt).argmax(1) == yt).float().mean().item()
     assert at_least <= accuracy <= at_most

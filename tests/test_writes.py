@@ -36,8 +36,12 @@ def test_safetensors_full_disk_error_is_one_line(fake, data_cache, tmp_path, mon
         raise SafetensorError("Error while serializing: No space left on device (os error 28)")
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)
-    dataset = open_dataset("imagenet", "val", DataConfig(source="embedded", cache=data_cache),
-                           transform=fake.transform())  # fmt: skip
+    dataset = open_dataset(
+        "imagenet",
+        "val",
+        DataConfig(source="embedded", cache=data_cache),
+        transform=fake.transform(),
+    )
     settings = ExtractSettings(cache_dir=tmp_path, shard_size=128, progress=False)
     with pytest.raises(EvalkitError, match=r"no space left on the device writing .*shard-00000"):
         extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
@@ -46,9 +50,12 @@ def test_safetensors_full_disk_error_is_one_line(fake, data_cache, tmp_path, mon
 
 @pytest.mark.parametrize(
     "code, words",
-    [(errno.ENOSPC, "no space left"), (errno.EROFS, "read-only file system"),
-     (errno.EACCES, "no permission")],
-)  # fmt: skip
+    [
+        (errno.ENOSPC, "no space left"),
+        (errno.EROFS, "read-only file system"),
+        (errno.EACCES, "no permission"),
+    ],
+)
 def test_json_records_fail_in_one_line_and_leave_nothing(tmp_path, monkeypatch, code, words):
     real = os.replace
 
@@ -87,8 +94,12 @@ def test_class_embeddings_and_predictions_fail_in_one_line(tmp_path, monkeypatch
 def test_stand_in_data_on_a_full_disk_leaves_no_folder_and_stale_ones_are_swept(tmp_path):
     from evalkit.data.embedded import write_once
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     stale = tmp_path / f".shapes-old.tmp-{dead}"
     (stale / "train").mkdir(parents=True)
 

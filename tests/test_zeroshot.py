@@ -40,8 +40,11 @@ def test_canonicalize_keeps_only_what_it_is_told():
 
 def test_prompts_cover_every_alias_and_template():
     assert prompts("Maillot, tank suit", ["a {}", "{}"]) == [
-        "a maillot", "a tank suit", "maillot", "tank suit"
-    ]  # fmt: skip
+        "a maillot",
+        "a tank suit",
+        "maillot",
+        "tank suit",
+    ]
     assert prompts("Maillot, tank suit", ["{}"], first_alias=True) == ["maillot"]
 
 
@@ -70,9 +73,13 @@ def test_open_clip_towers_are_scored_with_clip_benchmarks_exact_prompts(
     subset = dataclasses.replace(prompting, names=prompting.names[::25])  # 40 classes
     embeddings = class_embeddings(backbone.text, subset)
     reference = open_clip.build_zero_shot_classifier(
-        backbone.model, backbone.text.tokenizer, IMAGENET_CLASSNAMES[::25], OPENAI_IMAGENET_TEMPLATES,
-        num_classes_per_batch=10, use_tqdm=False,
-    )  # fmt: skip
+        backbone.model,
+        backbone.text.tokenizer,
+        IMAGENET_CLASSNAMES[::25],
+        OPENAI_IMAGENET_TEMPLATES,
+        num_classes_per_batch=10,
+        use_tqdm=False,
+    )
     torch.testing.assert_close(embeddings, reference.T, atol=1e-5, rtol=1e-5)
 
 
@@ -127,10 +134,13 @@ def test_softmax_loss_and_gradient_equal_the_direct_formula():
     loss.backward()
     logits = 10.0 * images.detach() @ texts.T
     n = len(logits)
-    direct = -sum(
-        0.5 * (torch.log_softmax(logits[i], 0)[i] + torch.log_softmax(logits[:, i], 0)[i])
-        for i in range(n)
-    ) / n  # fmt: skip
+    direct = (
+        -sum(
+            0.5 * (torch.log_softmax(logits[i], 0)[i] + torch.log_softmax(logits[:, i], 0)[i])
+            for i in range(n)
+        )
+        / n
+    )
     torch.testing.assert_close(loss.detach(), direct)
     eye = torch.eye(n)
     d_logits = (logits.softmax(1) - eye) / (2 * n) + (logits.softmax(0) - eye) / (2 * n)
@@ -158,12 +168,14 @@ def test_objectnet_scoring_on_a_hand_made_case():
     # Reference classes 0..4; ObjectNet class 0 maps to {1, 2}, class 1 to {4}; 3 is unmapped.
     names = ("a", "b", "c", "d", "e")
     space = LabelSpace(names, names, ((1, 2), (4,)), candidates=(1, 2, 4))
-    scores = torch.tensor([
-        [0.0, 0.1, 0.9, 0.0, 0.2],  # 2 ∈ {1,2}: right
-        [0.0, 0.9, 0.1, 0.0, 0.2],  # 1 ∈ {1,2}: right
-        [0.0, 0.1, 0.2, 0.9, 0.5],  # 3 is not a candidate: argmax among candidates is 4: right
-        [0.9, 0.3, 0.1, 0.0, 0.2],  # 0 is not a candidate: 1 ∉ {4}: wrong
-    ])  # fmt: skip
+    scores = torch.tensor(
+        [
+            [0.0, 0.1, 0.9, 0.0, 0.2],  # 2 ∈ {1,2}: right
+            [0.0, 0.9, 0.1, 0.0, 0.2],  # 1 ∈ {1,2}: right
+            [0.0, 0.1, 0.2, 0.9, 0.5],  # 3 is not a candidate: argmax among candidates is 4: right
+            [0.9, 0.3, 0.1, 0.0, 0.2],  # 0 is not a candidate: 1 ∉ {4}: wrong
+        ]
+    )
     labels = torch.tensor([0, 0, 1, 1])
     assert label_space_hits(scores, labels, space, 1).tolist() == [True, True, True, False]
     assert label_space_hits(scores, labels, space, 3).tolist() == [True, True, True, True]
@@ -227,8 +239,14 @@ def _open(root):
 def test_csv_captions_group_by_image_and_count_skips(tmp_path):
     _image(tmp_path / "img" / "a.png")
     _image(tmp_path / "img" / "b.png")
-    rows = [("image", "caption"), ("img/a.png", "a red square"), ("img/b.png", "red"),
-            ("img/a.png", "crimson block"), ("img/gone.png", "lost"), ("img/b.png", " ")]  # fmt: skip
+    rows = [
+        ("image", "caption"),
+        ("img/a.png", "a red square"),
+        ("img/b.png", "red"),
+        ("img/a.png", "crimson block"),
+        ("img/gone.png", "lost"),
+        ("img/b.png", " "),
+    ]
     with open(tmp_path / "train.csv", "w", newline="") as f:
         csv.writer(f).writerows(rows)
     data = _open(tmp_path)
@@ -278,9 +296,10 @@ def test_parquet_image_text(tmp_path):
     datasets = pytest.importorskip("datasets")
     (tmp_path / "train").mkdir()
     images = [Image.new("RGB", (8, 8), (0, i * 80, 0)) for i in range(2)]
-    table = datasets.Dataset.from_dict({"image": images, "text": ["green", "more green"]},
-                                       features=datasets.Features({"image": datasets.Image(),
-                                                                   "text": datasets.Value("string")}))  # fmt: skip
+    table = datasets.Dataset.from_dict(
+        {"image": images, "text": ["green", "more green"]},
+        features=datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")}),
+    )
     table.to_parquet(str(tmp_path / "train" / "part-0.parquet"))
     data = _open(tmp_path)
     assert data.captions == [["green"], ["more green"]]
@@ -302,8 +321,13 @@ def test_lit_trains_saves_and_its_tower_scores_the_same(fake, ctx, tmp_path):
     assert extra["lit_final_loss"] < extra["lit_first_loss"]
     assert extra["lit_pairs"] == 2400 and extra["candidates"] == 24
     images_before = ctx.stats["images"]
-    again = ZeroShot(name="zeroshot-objectnet", dataset="objectnet", eval_split="test",
-                     text_tower=extra["text_tower"], pool="mean")  # fmt: skip
+    again = ZeroShot(
+        name="zeroshot-objectnet",
+        dataset="objectnet",
+        eval_split="test",
+        text_tower=extra["text_tower"],
+        pool="mean",
+    )
     reloaded = {m.metric: m.value for m in again.run(fake, ctx)}
     assert reloaded["top1"] == pytest.approx(rows["top1"].value)
     assert ctx.stats["images"] == images_before  # the cached image features were reused
@@ -397,8 +421,24 @@ def test_cli_lit_then_zero_shot_with_its_tower(cli_env, capsys):
     ]
     assert row["extra"]["candidates"] == 16 and row["n"] == 256
     tower = row["extra"]["text_tower"]
-    assert main(["run", "--task", "zeroshot-imagenet-r", *args, "--set", f"text_tower={tower}",
-                 "--set", "pool=mean", "--set", "templates=clip_paper", "--save-predictions"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--task",
+                "zeroshot-imagenet-r",
+                *args,
+                "--set",
+                f"text_tower={tower}",
+                "--set",
+                "pool=mean",
+                "--set",
+                "templates=clip_paper",
+                "--save-predictions",
+            ]
+        )
+        == 0
+    )
     import pandas as pd
 
     (saved,) = (cli_env / "rows" / "predictions").glob("zeroshot-imagenet-r--*.parquet")

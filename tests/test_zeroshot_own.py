@@ -27,8 +27,18 @@ def own_set(root):
 
 def run_rows(tmp_path, *settings):
     out = tmp_path / "rows"
-    argv = ["run", "--task", "zeroshot-imagenet", "--backbone", "open_clip/Tiny-Test", "--random-init",
-            "--quiet", "--out", str(out), *[a for s in settings for a in ("--set", s)]]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "zeroshot-imagenet",
+        "--backbone",
+        "open_clip/Tiny-Test",
+        "--random-init",
+        "--quiet",
+        "--out",
+        str(out),
+        *[a for s in settings for a in ("--set", s)],
+    ]
     assert main(argv) == 0
     return [json.loads(line) for f in out.rglob("*.jsonl") for line in f.open()]
 
@@ -55,8 +65,14 @@ def test_own_set_without_names_file_uses_folder_names(tmp_path, cli_env, tiny_cl
     assert top1["extra"]["class_names_id"] == names_id(["n cat", "n dog"])
 
 
-@pytest.mark.parametrize("text, message", [("a photo\n", "exactly one {}"), ("{} and {}\n", "exactly one {}"),
-                                           ("# only a comment\n", "has none")])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a photo\n", "exactly one {}"),
+        ("{} and {}\n", "exactly one {}"),
+        ("# only a comment\n", "has none"),
+    ],
+)
 def test_a_bad_templates_file_is_one_line(tmp_path, text, message):
     path = tmp_path / "t.txt"
     path.write_text(text)
@@ -65,7 +81,15 @@ def test_a_bad_templates_file_is_one_line(tmp_path, text, message):
 
 
 def test_a_missing_own_set_is_one_line(tmp_path, cli_env, capsys):
-    argv = ["run", "--task", "zeroshot-imagenet", "--backbone", "fake", "--quiet",
-            "--set", f"dataset=folder:{tmp_path / 'absent'}"]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "zeroshot-imagenet",
+        "--backbone",
+        "fake",
+        "--quiet",
+        "--set",
+        f"dataset=folder:{tmp_path / 'absent'}",
+    ]
     assert main(argv) == 2
     assert "expected" in capsys.readouterr().err

@@ -36,9 +36,20 @@ def partial_val(root):
 
 def zero_shot_rows(tmp_path, data_root, *settings):
     out = tmp_path / "rows"
-    argv = ["run", "--task", "zeroshot-imagenet", "--backbone", "open_clip/Tiny-Test", "--quiet",
-            "--data-dir", str(data_root), "--out", str(out), "--save-predictions",
-            *[a for s in settings for a in ("--set", s)]]  # fmt: skip
+    argv = [
+        "run",
+        "--task",
+        "zeroshot-imagenet",
+        "--backbone",
+        "open_clip/Tiny-Test",
+        "--quiet",
+        "--data-dir",
+        str(data_root),
+        "--out",
+        str(out),
+        "--save-predictions",
+        *[a for s in settings for a in ("--set", s)],
+    ]
     assert main(argv) == 0
     rows = [json.loads(line) for f in out.rglob("*.jsonl") for line in f.open()]
     return next(r for r in rows if r["metric"] == "top1"), out

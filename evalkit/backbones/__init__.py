@@ -87,8 +87,11 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
     check_model_options(family, declared_options(build), opts.model_kwargs)
     backbone = build(variant, opts)
     # The options reach every key through the info, whatever the adapter does with them.
-    backbone.info = replace(backbone.info, options=dict(sorted(opts.model_kwargs.items())),
-                            source=_source(backbone.info, opts))  # fmt: skip
+    backbone.info = replace(
+        backbone.info,
+        options=dict(sorted(opts.model_kwargs.items())),
+        source=_source(backbone.info, opts),
+    )
     if pinned:
         backbone.info = replace(backbone.info, name=f"{backbone.info.name}@{revision}")
     return backbone
@@ -97,11 +100,14 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
 def _checked_revision(spec: str, family: str, revision: str, opts: BackboneOptions) -> str:
     """``NAME@REVISION`` pins hub weights: only with --pretrained, only where the hub has them."""
     if family not in ("timm", "open_clip") or not revision:
-        raise EvalkitError(f"{spec}: @REVISION pins the hub weights of timm/… and open_clip/… "
-                           "backbones, e.g. timm/vit_base_patch16_224.augreg_in21k@main")  # fmt: skip
+        raise EvalkitError(
+            f"{spec}: @REVISION pins the hub weights of timm/… and open_clip/… "
+            "backbones, e.g. timm/vit_base_patch16_224.augreg_in21k@main"
+        )
     if not opts.pretrained:
-        raise EvalkitError(f"{spec}: @{revision} names a hub revision of the published weights: "
-                           "add --pretrained")  # fmt: skip
+        raise EvalkitError(
+            f"{spec}: @{revision} names a hub revision of the published weights: add --pretrained"
+        )
     return revision
 
 

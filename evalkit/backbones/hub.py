@@ -27,8 +27,9 @@ def resolved(backbone: str) -> str | None:
     return _RESOLVED.get(backbone)
 
 
-def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str,
-                revision: str | None = None) -> Path:  # fmt: skip
+def cached_file(
+    repo: str, filenames: tuple[str, ...], *, backbone: str, revision: str | None = None
+) -> Path:
     """The first of ``filenames`` the hub repository has in the cache (or, online, fetches).
     Without a route to the hub the cache alone is asked at once: the client would otherwise
     retry each file for the better part of a minute before saying the same thing."""
@@ -39,15 +40,24 @@ def cached_file(repo: str, filenames: tuple[str, ...], *, backbone: str,
     for filename in filenames:
         try:
             with quiet_network():
-                path = Path(hf_hub_download(repo, filename, cache_dir=hub_cache(),
-                                            revision=revision, local_files_only=local_only))  # fmt: skip
+                path = Path(
+                    hf_hub_download(
+                        repo,
+                        filename,
+                        cache_dir=hub_cache(),
+                        revision=revision,
+                        local_files_only=local_only,
+                    )
+                )
             _RESOLVED[backbone] = f"hub {repo}@{_commit(path, filename)}"
             return path
         except (EntryNotFoundError, LocalEntryNotFoundError):
             continue
         except Exception as exc:  # noqa: BLE001 - network and hub errors come in many types
-            raise EvalkitError(f"{backbone}: the hub did not give {repo}/{filename} "
-                               f"({type(exc).__name__}): {_placing(repo, filename)}") from exc  # fmt: skip
+            raise EvalkitError(
+                f"{backbone}: the hub did not give {repo}/{filename} "
+                f"({type(exc).__name__}): {_placing(repo, filename)}"
+            ) from exc
     at = f" at revision {revision}" if revision else ""
     raise EvalkitError(
         f"{backbone}: no {' or '.join(filenames)} of hub repository {repo}{at} in the cache "

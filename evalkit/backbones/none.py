@@ -12,8 +12,16 @@ MODEL_OPTIONS = frozenset()  # no model to build
 
 
 class NoBackbone:
-    info = BackboneInfo(name="none", weights_id="none", embed_dim=0, patch_size=0, depth=0,
-                        num_prefix_tokens=0, params=0, pools=())  # fmt: skip
+    info = BackboneInfo(
+        name="none",
+        weights_id="none",
+        embed_dim=0,
+        patch_size=0,
+        depth=0,
+        num_prefix_tokens=0,
+        params=0,
+        pools=(),
+    )
 
     def transform(self, train: bool = False):
         raise EvalkitError("backbone none has no preprocessing: this task needs --backbone")

@@ -30,14 +30,41 @@ from evalkit.errors import EvalkitError, did_you_mean
 # that names weights (checkpoint_path, pretrained_cfg_overlay, cache_dir…) is refused.
 MODEL_OPTIONS = frozenset(
     {
-        "img_size", "patch_size", "global_pool", "class_token", "reg_tokens", "no_embed_class",
-        "dynamic_img_size", "dynamic_img_pad", "pos_embed", "embed_dim", "depth", "num_heads",
-        "mlp_ratio", "qkv_bias", "qk_norm", "proj_bias", "init_values", "pre_norm", "final_norm",
-        "fc_norm", "pool_include_prefix", "drop_rate", "pos_drop_rate", "patch_drop_rate",
-        "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "drop_block_rate", "output_stride",
-        "act_layer", "norm_layer", "ls_init_value", "head_hidden_size",
+        "img_size",
+        "patch_size",
+        "global_pool",
+        "class_token",
+        "reg_tokens",
+        "no_embed_class",
+        "dynamic_img_size",
+        "dynamic_img_pad",
+        "pos_embed",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "mlp_ratio",
+        "qkv_bias",
+        "qk_norm",
+        "proj_bias",
+        "init_values",
+        "pre_norm",
+        "final_norm",
+        "fc_norm",
+        "pool_include_prefix",
+        "drop_rate",
+        "pos_drop_rate",
+        "patch_drop_rate",
+        "proj_drop_rate",
+        "attn_drop_rate",
+        "drop_path_rate",
+        "drop_block_rate",
+        "output_stride",
+        "act_layer",
+        "norm_layer",
+        "ls_init_value",
+        "head_hidden_size",
     }
-)  # fmt: skip
+)
 
 
 class TimmBackbone:
@@ -118,8 +145,12 @@ def _from_hub(timm, variant: str, kwargs: dict, revision: str | None = None):
             f"(timm/<model>.<tag>, `timm.list_pretrained('{variant.split('.')[0]}*')`) "
             "or pass --weights PATH"
         )
-    path = hub.cached_file(repo, ("model.safetensors", "pytorch_model.bin"),
-                           backbone=f"timm/{variant}", revision=revision)  # fmt: skip
+    path = hub.cached_file(
+        repo,
+        ("model.safetensors", "pytorch_model.bin"),
+        backbone=f"timm/{variant}",
+        revision=revision,
+    )
     own = hub.cached_json(repo, "config.json", revision).get("pretrained_cfg", {})
     overlay = {k: own[k] for k in PREPROCESSING if k in own}
     overlay["state_dict"] = read_state_dict(path)

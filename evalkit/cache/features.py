@@ -180,9 +180,18 @@ def backbone_spec(info, dtype: str) -> dict:
     }
 
 
-def feature_spec(info, request: FeatureRequest, *, dtype: str, dataset_id: str, split: str,
-                 subset: Sequence[int] | None, shard_size: int = 1024,
-                 storage: str = "fp32", device: str = "cpu") -> dict:  # fmt: skip
+def feature_spec(
+    info,
+    request: FeatureRequest,
+    *,
+    dtype: str,
+    dataset_id: str,
+    split: str,
+    subset: Sequence[int] | None,
+    shard_size: int = 1024,
+    storage: str = "fp32",
+    device: str = "cpu",
+) -> dict:
     """The one description of what produces a set of cached features (and how they are cut
     into shards: an entry's shards must all have the same boundaries). The device type is
     part of it: a GPU's kernels (cuDNN convolutions, fused attention) differ from a CPU's in
@@ -222,21 +231,33 @@ def extract_features(
     folder = None
     dataset_id = dataset.identity()  # stats every file: compute once
     if settings.cache_dir is not None:
-        key = cache_key(backbone.info, request, dtype=settings.dtype, dataset_id=dataset_id,
-                        split=split, subset=subset, shard_size=settings.shard_size,
-                        storage=settings.cache_dtype, device=settings.device)  # fmt: skip
+        key = cache_key(
+            backbone.info,
+            request,
+            dtype=settings.dtype,
+            dataset_id=dataset_id,
+            split=split,
+            subset=subset,
+            shard_size=settings.shard_size,
+            storage=settings.cache_dtype,
+            device=settings.device,
+        )
         folder = Path(settings.cache_dir) / "features" / key
         if not settings.read_only:
             _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
     wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
     unusable = set()
     if folder is not None and mesh.current().main:
-        bad = files.verify_shards(folder, wanted, recheck=settings.verify_cache,
-                                  read_only=settings.read_only)  # fmt: skip
+        bad = files.verify_shards(
+            folder, wanted, recheck=settings.verify_cache, read_only=settings.read_only
+        )
         unusable = {files.shard_index(path) for path in bad}
     mesh.barrier()  # all ranks agree on what is missing before any rank writes
-    done = {i for i in range(len(shards))
-            if folder and i not in unusable and files.shard_path(folder, i).exists()}  # fmt: skip
+    done = {
+        i
+        for i in range(len(shards))
+        if folder and i not in unusable and files.shard_path(folder, i).exists()
+    }
     writes_to = None if settings.read_only else folder
     computed = _compute_missing(backbone, dataset, shards, done, request, settings, writes_to)
     mesh.barrier()  # every group's shards are on disk
@@ -295,8 +316,10 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
             message = str(exc).strip().splitlines()[-1].removeprefix(WORKER_PREFIX)
             raise EvalkitError(message) from None
     if _gathers_weights(backbone):
-        most = max(_batch_count(shards, missing[r :: layout.dp_size], settings.batch_size)
-                   for r in range(layout.dp_size))  # fmt: skip
+        most = max(
+            _batch_count(shards, missing[r :: layout.dp_size], settings.batch_size)
+            for r in range(layout.dp_size)
+        )
         for _ in range(most - len(batches)):
             _idle_forward(backbone, request, settings)
     return computed
@@ -464,8 +487,9 @@ def list_cache(root: Path) -> list[dict]:
     return entries
 
 
-def verify_cache(root: Path, *, backbone: str | None = None, progress: bool = True,
-                 read_only: bool = False) -> list[dict]:  # fmt: skip
+def verify_cache(
+    root: Path, *, backbone: str | None = None, progress: bool = True, read_only: bool = False
+) -> list[dict]:
     """Re-read every shard of every entry (or of ``backbone``'s) against its checksum, place
     and the manifest, whatever its stamp; a bad shard is deleted (unless ``read_only``), so
     the next run recomputes it. One dict per entry: key, backbone, split, shards checked, bad."""
@@ -480,8 +504,9 @@ def verify_cache(root: Path, *, backbone: str | None = None, progress: bool = Tr
                 advance(entry["shards"])
                 continue
             wanted = files.places(entry["key"], entry["n"], entry["shard_size"])
-            bad = files.verify_shards(folder, wanted, recheck=True, advance=advance,
-                                      read_only=read_only)  # fmt: skip
+            bad = files.verify_shards(
+                folder, wanted, recheck=True, advance=advance, read_only=read_only
+            )
             report.append({**entry, "checked": entry["shards"], "bad": len(bad), "old": False})
     return report
 

@@ -131,8 +131,14 @@ def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
     return shard
 
 
-def verify_shards(folder: Path, wanted: Iterable[Place], *, recheck: bool = False,
-                  advance=None, read_only: bool = False) -> list[Path]:  # fmt: skip
+def verify_shards(
+    folder: Path,
+    wanted: Iterable[Place],
+    *,
+    recheck: bool = False,
+    advance=None,
+    read_only: bool = False,
+) -> list[Path]:
     """Check the shards of ``wanted`` that are on disk; a bad one is warned about and deleted
     (with the manifest) so that it is recomputed. Without ``recheck`` a shard whose stamp is in
     ``verified.json`` is not read again. ``advance(1)`` is called per shard on disk. Returns

@@ -67,8 +67,9 @@ def _verify(root: Path, args, console) -> int:
     from evalkit.writes import writable
 
     read_only = Path(root).is_dir() and not writable(root)
-    report = verify_cache(root, backbone=args.backbone, progress=not args.quiet,
-                          read_only=read_only)  # fmt: skip
+    report = verify_cache(
+        root, backbone=args.backbone, progress=not args.quiet, read_only=read_only
+    )
     table = Table("key", "backbone", "split", "shards", "damaged")
     for e in report:
         damaged = "old format: `evalkit cache clear`" if e["old"] else str(e["bad"])
@@ -79,11 +80,15 @@ def _verify(root: Path, args, console) -> int:
     if args.all:
         hashed, changed = recheck_content_ids(Path(root) / "identity")
         bad += changed
-        console.print(f"{hashed} memoised files re-hashed, {changed} changed under a kept stamp "
-                      "(their ids are dropped: the next run hashes them again)")  # fmt: skip
+        console.print(
+            f"{hashed} memoised files re-hashed, {changed} changed under a kept stamp "
+            "(their ids are dropped: the next run hashes them again)"
+        )
     if bad and read_only:
-        console.print("the cache is read-only: nothing was deleted (runs compute damaged "
-                      "shards in memory); ask whoever writes it to rerun `evalkit cache verify`")  # fmt: skip
+        console.print(
+            "the cache is read-only: nothing was deleted (runs compute damaged "
+            "shards in memory); ask whoever writes it to rerun `evalkit cache verify`"
+        )
     elif bad:
         console.print("damaged shards were deleted: the next run recomputes them")
     return 1 if bad else 0

@@ -50,8 +50,11 @@ def cmd_ls(args, console) -> int:
     for entry in registry.entries():
         table.add_row(entry.name, entry.summary, examples.get(entry.name, ""))
     if args.what == "datasets":
-        table.add_row("folder:PATH", "your own classification set: PATH/<split>/<class>/<image>",
-                      "--set dataset=folder:PATH")  # fmt: skip
+        table.add_row(
+            "folder:PATH",
+            "your own classification set: PATH/<split>/<class>/<image>",
+            "--set dataset=folder:PATH",
+        )
     console.print(table)
     return 0
 
@@ -105,8 +108,11 @@ def _models(family: str | None, pattern: str | None, console) -> int:
     else:
         raise EvalkitError(f"evalkit ls models takes timm or open_clip, got {family!r}")
     for name in names:
-        console.print(f"{family}/{name}" + (f"  tags: {', '.join(tags[name])}" if name in tags else ""),
-                      highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"{family}/{name}" + (f"  tags: {', '.join(tags[name])}" if name in tags else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(f"{len(names)} models", highlight=False)
     return 0
 

@@ -43,10 +43,11 @@ def add_plan(sub) -> None:
     plan.add_argument("--batch-size", type=int, default=64)
     plan.add_argument("--tp", type=int, default=1)
     plan.add_argument(
-        "--target", default="this",
+        "--target",
+        default="this",
         help="where the run goes: this (this machine), 1xA100-80GB, 8xA100-80GB, 8xH100-80GB, "
         "1xH200, or gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]; memory is checked per rank and host",
-    )  # fmt: skip
+    )
 
 
 def cmd_check_data(args, console) -> int:
@@ -58,8 +59,10 @@ def cmd_check_data(args, console) -> int:
     task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     progress = not args.quiet
-    reports = [check_dataset(name, tuple(splits.values()), config, progress=progress)
-               for name, splits in task.reads().items()]  # fmt: skip
+    reports = [
+        check_dataset(name, tuple(splits.values()), config, progress=progress)
+        for name, splits in task.reads().items()
+    ]
     for report in reports:
         print_data_report(report, console)
     return 2 if any(r.problems for r in reports) else 0
@@ -71,10 +74,15 @@ def print_data_report(report, console):
     table = Table("split", "images", "classes", "smallest", "largest", title=report.dataset)
     for split in report.splits:
         size = lambda s: f"{s[0]}×{s[1]}" if s else "–"  # noqa: E731
-        classes = f"{len(split.classes)} ({min(split.classes.values(), default=0)}–" \
-            f"{max(split.classes.values(), default=0)} images each)" if split.classes else "–"  # fmt: skip
-        table.add_row(split.split, str(split.images), classes, size(split.smallest),
-                      size(split.largest))  # fmt: skip
+        classes = (
+            f"{len(split.classes)} ({min(split.classes.values(), default=0)}–"
+            f"{max(split.classes.values(), default=0)} images each)"
+            if split.classes
+            else "–"
+        )
+        table.add_row(
+            split.split, str(split.images), classes, size(split.smallest), size(split.largest)
+        )
     console.print(table)
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
@@ -111,11 +119,26 @@ def cmd_plan(args, console) -> int:
     )
     run_device = args.device or env_device()
     dtype = args.dtype or ("bf16" if run_device.startswith("cuda") else "fp32")
-    table = Table("stage", "mode", "forward passes", "FLOPs", "cache disk", "host RAM",
-                  "device / rank", title=f"{task.name} on {args.backbone}")  # fmt: skip
+    table = Table(
+        "stage",
+        "mode",
+        "forward passes",
+        "FLOPs",
+        "cache disk",
+        "host RAM",
+        "device / rank",
+        title=f"{task.name} on {args.backbone}",
+    )
     for s in stages:
-        table.add_row(s.name, s.mode, f"{s.forward_passes:,}", flops(stage_flops(s, shape)),
-                      human(s.cache_bytes), human(s.host_bytes), human(s.device_bytes))  # fmt: skip
+        table.add_row(
+            s.name,
+            s.mode,
+            f"{s.forward_passes:,}",
+            flops(stage_flops(s, shape)),
+            human(s.cache_bytes),
+            human(s.host_bytes),
+            human(s.device_bytes),
+        )
     console.print(table)
     total = sum(stage_flops(s, shape) for s in stages)
     console.print(f"compute: {flops(total, 'FLOP')} in all", highlight=False)
@@ -123,10 +146,15 @@ def cmd_plan(args, console) -> int:
     console.print(expected_time(total, rate), highlight=False, soft_wrap=True)
     console.print(f"splits: {sizes}", highlight=False, soft_wrap=True)
     device = human(budget.device) if budget.device is not None else "no accelerator"
-    console.print(f"{budget.name}: RAM {human(budget.host)} per host, device {device}, "
-                  f"cache disk free {human(budget.disk)}", highlight=False)  # fmt: skip
-    console.print(f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} "
-                  "per host", highlight=False)  # fmt: skip
+    console.print(
+        f"{budget.name}: RAM {human(budget.host)} per host, device {device}, "
+        f"cache disk free {human(budget.disk)}",
+        highlight=False,
+    )
+    console.print(
+        f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} per host",
+        highlight=False,
+    )
     device = args.device or ("cuda" if target is None and budget.device is not None else "cpu")
     print_feeding(console, feeding_rates(shape, target, device))
     for problem in budget.problems:
@@ -137,11 +165,19 @@ def cmd_plan(args, console) -> int:
 
 def print_feeding(console, rates: dict):
     """The decode rate the loader is expected to reach per rank, beside the forward's."""
-    line = (f"feeding: {rates['workers']} decoding workers per rank, about "
-            f"{rates['decode']:,.0f} img/s decoded")  # fmt: skip
+    line = (
+        f"feeding: {rates['workers']} decoding workers per rank, about "
+        f"{rates['decode']:,.0f} img/s decoded"
+    )
     if rates["forward"]:
-        verdict = "keeps up" if rates["decode"] >= rates["forward"] else (
-            f"the device waits about {1 - rates['decode'] / rates['forward']:.0%} of the time")  # fmt: skip
+        verdict = (
+            "keeps up"
+            if rates["decode"] >= rates["forward"]
+            else (
+                f"the device waits about {1 - rates['decode'] / rates['forward']:.0%} of the time"
+            )
+        )
         line += f"; the forward takes about {rates['forward']:,.0f} img/s ({verdict})"
-    console.print(line + " (estimates; benchmarks.gpu_check measures both)", highlight=False,
-                  soft_wrap=True)  # fmt: skip
+    console.print(
+        line + " (estimates; benchmarks.gpu_check measures both)", highlight=False, soft_wrap=True
+    )

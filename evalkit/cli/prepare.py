@@ -53,8 +53,13 @@ def add_prepare_command(sub) -> None:
     corrupted = kinds.add_parser(
         "imagenet-c", help="write the 15 × 5 ImageNet-C sets of an ImageNet val"
     )
-    corrupted.add_argument("--from", dest="source", type=Path, required=True,
-                           help="ImageNet val in class folders (<wnid>/<image>)")  # fmt: skip
+    corrupted.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        required=True,
+        help="ImageNet val in class folders (<wnid>/<image>)",
+    )
     corrupted.add_argument(
         "dest", type=Path, help="folder to write <corruption>/<severity>/<wnid>/ under"
     )
@@ -96,8 +101,14 @@ def cmd_prepare(args, console) -> int:
         from evalkit.data.prepare.imagenet_c import prepare_imagenet_c
 
         chosen = tuple(args.corruptions.split(",")) if args.corruptions else NAMES
-        report = prepare_imagenet_c(args.source, args.dest, workers=args.workers, seed=args.seed,
-                                    progress=track, corruptions=chosen)  # fmt: skip
+        report = prepare_imagenet_c(
+            args.source,
+            args.dest,
+            workers=args.workers,
+            seed=args.seed,
+            progress=track,
+            corruptions=chosen,
+        )
     for key, value in report.items():
         if key != "options":
             console.print(f"{key}: {value}")

@@ -51,23 +51,50 @@ def cmd_pretrain(args, console) -> int:
             f"pretrain trains the built-in family: --model vit22b/<size>, not {args.model!r}"
         )
     sizes = tuple(s.strip() for s in args.ladder.split(",")) if args.ladder else (size or "ti",)
-    for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--lr", args.lr),
-                        ("--checkpoint-every", args.checkpoint_every)):  # fmt: skip
+    for name, value in (
+        ("--steps", args.steps),
+        ("--batch-size", args.batch_size),
+        ("--lr", args.lr),
+        ("--checkpoint-every", args.checkpoint_every),
+    ):
         if value <= 0:
             raise EvalkitError(f"{name} must be positive, got {value}")
-    schedule = Schedule(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                        weight_decay=args.weight_decay, optimizer=args.optimizer, z_loss=args.z_loss,
-                        checkpoint_every=args.checkpoint_every, seed=args.seed)  # fmt: skip
+    schedule = Schedule(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=args.warmup,
+        weight_decay=args.weight_decay,
+        optimizer=args.optimizer,
+        z_loss=args.z_loss,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+    )
     layout = distributed.setup(args.tp, device=args.device)
-    spec = PretrainSpec(sizes=sizes, image=args.image, patch=args.patch, schedule=schedule, out=args.out,
-                        device=args.device, fsdp=args.fsdp,
-                        progress=not args.quiet and layout.main)  # fmt: skip
+    spec = PretrainSpec(
+        sizes=sizes,
+        image=args.image,
+        patch=args.patch,
+        schedule=schedule,
+        out=args.out,
+        device=args.device,
+        fsdp=args.fsdp,
+        progress=not args.quiet and layout.main,
+    )
     data = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     table = Table("size", "params", "loss", "first", "final", "steps", "seconds", "weights")
     try:
         for s in pretrain(spec, data):
-            table.add_row(s["size"], f"{s['params']:,}", s["loss"], f"{s['first_loss']:.4f}",
-                          f"{s['final_loss']:.4f}", str(s["steps"]), str(s["seconds"]), s["weights"])  # fmt: skip
+            table.add_row(
+                s["size"],
+                f"{s['params']:,}",
+                s["loss"],
+                f"{s['first_loss']:.4f}",
+                f"{s['final_loss']:.4f}",
+                str(s["steps"]),
+                str(s["seconds"]),
+                s["weights"],
+            )
     finally:
         distributed.teardown()
     if layout.main:

@@ -12,9 +12,12 @@ from evalkit.errors import EvalkitError
 
 def add_reproduce_command(sub) -> None:
     rep = sub.add_parser("reproduce", help="measure the paper's effect table")
-    rep.add_argument("--scale", default="tiny",
-                     help="tiny (CPU-sized, embedded data), smoke (a few steps) or paper (the "
-                          "paper's models on real data, as a sweep)")  # fmt: skip
+    rep.add_argument(
+        "--scale",
+        default="tiny",
+        help="tiny (CPU-sized, embedded data), smoke (a few steps) or paper (the "
+        "paper's models on real data, as a sweep)",
+    )
     rep.add_argument("--rows", help="comma-separated row numbers (default: all 12)")
     rep.add_argument("--out", type=Path, default=Path("results/paper"))
     rep.add_argument("--cache-dir", type=Path, help="features, stand-in data and the ladder")
@@ -22,20 +25,40 @@ def add_reproduce_command(sub) -> None:
     add_log_argument(rep)
     paper = rep.add_argument_group("scale paper")
     paper.add_argument("--data-dir", type=Path, help="the real data sets")
-    paper.add_argument("--weights", action="append", default=[], metavar="MODEL=PATH",
-                       help="a paper model's checkpoint, e.g. ViT-22B=/ckpt/vit22b")  # fmt: skip
-    paper.add_argument("--backbone", action="append", default=[], metavar="MODEL=SPEC",
-                       help="the backbone standing for a paper model (defaults: "
-                            "ViT-L/32=timm/vit_large_patch32_384, ViT-G=vit22b/g, ViT-e=vit22b/e, "
-                            "ViT-22B=vit22b)")  # fmt: skip
-    paper.add_argument("--peak-tflops", type=float, default=312.0,
-                       help="the GPU's dense bf16 peak, for GPU-hours (default: A100)")  # fmt: skip
+    paper.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="MODEL=PATH",
+        help="a paper model's checkpoint, e.g. ViT-22B=/ckpt/vit22b",
+    )
+    paper.add_argument(
+        "--backbone",
+        action="append",
+        default=[],
+        metavar="MODEL=SPEC",
+        help="the backbone standing for a paper model (defaults: "
+        "ViT-L/32=timm/vit_large_patch32_384, ViT-G=vit22b/g, ViT-e=vit22b/e, "
+        "ViT-22B=vit22b)",
+    )
+    paper.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=312.0,
+        help="the GPU's dense bf16 peak, for GPU-hours (default: A100)",
+    )
     paper.add_argument("--mfu", type=float, default=0.4, help="utilisation assumed for GPU-hours")
-    paper.add_argument("--target", help="a node type (as evalkit plan's --target): per row, the "
-                       "GPUs, nodes and hours it needs there")  # fmt: skip
+    paper.add_argument(
+        "--target",
+        help="a node type (as evalkit plan's --target): per row, the "
+        "GPUs, nodes and hours it needs there",
+    )
     paper.add_argument("--executor", choices=("local", "slurm", "submitit-local"), default="local")
-    paper.add_argument("--dry-run", action="store_true",
-                       help="estimate compute and print the jobs (slurm: the batch script)")  # fmt: skip
+    paper.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="estimate compute and print the jobs (slurm: the batch script)",
+    )
     add_resource_arguments(paper)
 
 
@@ -60,10 +83,17 @@ def add_resource_arguments(parser) -> None:
 def resources_from(args):
     from evalkit.reproduction.sweep import Resources
 
-    return Resources(gpus=args.gpus_per_job, nodes=args.nodes, tp=args.tp, fsdp=args.fsdp,
-                     partition=args.partition, timeout_min=args.timeout_min,
-                     cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
-                     array_parallelism=args.array_parallelism)  # fmt: skip
+    return Resources(
+        gpus=args.gpus_per_job,
+        nodes=args.nodes,
+        tp=args.tp,
+        fsdp=args.fsdp,
+        partition=args.partition,
+        timeout_min=args.timeout_min,
+        cpus_per_task=args.cpus_per_task,
+        mem_gb=args.mem_gb,
+        array_parallelism=args.array_parallelism,
+    )
 
 
 def cmd_reproduce(args, console) -> int:
@@ -77,15 +107,32 @@ def cmd_reproduce(args, console) -> int:
         ) from None
     if args.scale == "paper":
         return reproduce_paper(args, only, console)
-    given = [flag for flag, value in (("--data-dir", args.data_dir), ("--weights", args.weights),
-             ("--backbone", args.backbone), ("--dry-run", args.dry_run),
-             ("--executor", args.executor != "local"), ("--target", args.target)) if value]  # fmt: skip
+    given = [
+        flag
+        for flag, value in (
+            ("--data-dir", args.data_dir),
+            ("--weights", args.weights),
+            ("--backbone", args.backbone),
+            ("--dry-run", args.dry_run),
+            ("--executor", args.executor != "local"),
+            ("--target", args.target),
+        )
+        if value
+    ]
     if given:
-        raise EvalkitError(f"{', '.join(given)}: for --scale paper only; --scale {args.scale} runs "
-                           "on embedded data with the pretraining ladder")  # fmt: skip
-    records = reproduce(args.scale, only=only, out=args.out, cache=args.cache_dir,
-                        progress=not args.quiet, echo=console.print,
-                        log=log_run_args(args.log)[1::2])  # fmt: skip
+        raise EvalkitError(
+            f"{', '.join(given)}: for --scale paper only; --scale {args.scale} runs "
+            "on embedded data with the pretraining ladder"
+        )
+    records = reproduce(
+        args.scale,
+        only=only,
+        out=args.out,
+        cache=args.cache_dir,
+        progress=not args.quiet,
+        echo=console.print,
+        log=log_run_args(args.log)[1::2],
+    )
     show_effects(records, args, console)
     return 0
 
@@ -98,13 +145,21 @@ def reproduce_paper(args, only, console) -> int:
     from evalkit.reproduction import paper_scale, sweep
     from evalkit.reproduction.reproduce import tabulate
 
-    run = paper_scale.PaperRun(args.data_dir, args.out, pairs(args.weights, "--weights"),
-                               pairs(args.backbone, "--backbone"), only)  # fmt: skip
+    run = paper_scale.PaperRun(
+        args.data_dir,
+        args.out,
+        pairs(args.weights, "--weights"),
+        pairs(args.backbone, "--backbone"),
+        only,
+    )
     job, effects = run.reproduction(resources_from(args))
     job.plan = replace(job.plan, run_args=(*job.plan.run_args, *log_run_args(args.log)))
     sweep.check(job.plan)
-    gpu = paper_scale.Accelerator(peak_tflops=args.peak_tflops, utilisation=args.mfu,
-                                  name="A100" if args.peak_tflops == 312.0 else "GPU")  # fmt: skip
+    gpu = paper_scale.Accelerator(
+        peak_tflops=args.peak_tflops,
+        utilisation=args.mfu,
+        name="A100" if args.peak_tflops == 312.0 else "GPU",
+    )
     target = parse_target(args.target) if args.target else None
     estimates = paper_scale.estimate(job, effects, args.data_dir, target)
     table = paper_scale.compute_table(estimates, gpu)
@@ -120,8 +175,10 @@ def reproduce_paper(args, only, console) -> int:
     if pending:
         missing = run.missing_weights(job, effects)
         if missing:
-            raise EvalkitError(f"scale paper needs weights for {', '.join(missing)}: pass "
-                               f"--weights MODEL=PATH for each (or --dry-run to plan)")  # fmt: skip
+            raise EvalkitError(
+                f"scale paper needs weights for {', '.join(missing)}: pass "
+                f"--weights MODEL=PATH for each (or --dry-run to plan)"
+            )
         code = execute(job.plan, pending, args.executor, console)
         if code or args.executor == "slurm":
             if not code:
@@ -151,8 +208,14 @@ def show_effects(records, args, console) -> None:
         effect = "–" if r["our_effect"] is None else f"{r['our_effect']:+.3g}"
         if r.get("interval"):
             effect += " [{:+.3g}, {:+.3g}]".format(*r["interval"])
-        table.add_row(str(r["row"]), r["where"], r["paper_effect"], r["ours"], effect,
-                      {True: "yes", False: "no", None: "n/a"}[r["agrees"]])  # fmt: skip
+        table.add_row(
+            str(r["row"]),
+            r["where"],
+            r["paper_effect"],
+            r["ours"],
+            effect,
+            {True: "yes", False: "no", None: "n/a"}[r["agrees"]],
+        )
     console.print(table)
     console.print(f"table: {args.out}/effects-{args.scale}.md")
 
@@ -187,11 +250,20 @@ def cmd_sweep(args, console) -> int:
         raise EvalkitError(
             f"--seeds expects comma-separated integers, got {args.seeds!r}"
         ) from None
-    run_args = ("--data", args.data, *(("--data-dir", str(args.data_dir)) if args.data_dir else ()),
-                *log_run_args(args.log))  # fmt: skip
+    run_args = (
+        "--data",
+        args.data,
+        *(("--data-dir", str(args.data_dir)) if args.data_dir else ()),
+        *log_run_args(args.log),
+    )
     common = {"out": args.out, "run_args": run_args, "resources": resources_from(args)}
-    plan = (sweep.plan_from_toml(args.plan, **common) if args.plan else
-            sweep.plan_from_args(args.task, args.backbone, seeds, args.overrides, args.weights, **common))  # fmt: skip
+    plan = (
+        sweep.plan_from_toml(args.plan, **common)
+        if args.plan
+        else sweep.plan_from_args(
+            args.task, args.backbone, seeds, args.overrides, args.weights, **common
+        )
+    )
     sweep.check(plan)
     jobs = sweep.pending(plan)
     console.print(

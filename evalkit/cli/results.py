@@ -41,20 +41,25 @@ def add_compare(sub) -> None:
         "--tolerance", type=float, default=0.5, help="allowed change, in metric units"
     )
     compare.add_argument(
-        "--tolerances", type=Path,
+        "--tolerances",
+        type=Path,
         help="per-metric tolerances (TOML; default: BASE/tolerances.toml when BASE has one)",
-    )  # fmt: skip
+    )
     compare.add_argument(
         "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
     )
     compare.add_argument(
-        "--junit", type=Path, metavar="FILE",
+        "--junit",
+        type=Path,
+        metavar="FILE",
         help="also write a JUnit XML report: one test case per metric",
-    )  # fmt: skip
+    )
     compare.add_argument(
-        "--format", choices=("table", "github"), default="table",
+        "--format",
+        choices=("table", "github"),
+        default="table",
         help="github: print GitHub Actions ::error annotations after the table",
-    )  # fmt: skip
+    )
     compare.add_argument(
         "--update-baselines",
         action="store_true",
@@ -196,13 +201,21 @@ def detail_table(rows):
 
     from evalkit.core.results import dataset_label, number
 
-    lines = [{"task": r["task"], "dataset": dataset_label(r), "backbone": r["backbone"],
-              "metric": r["metric"],
-              "value": number(r["value"]), "seed": r.get("seed"),
-              "weights_source": r.get("weights_source") or r.get("weights_id", ""),
-              "data_source": r.get("data_source", ""), "run_key": r.get("run_key", ""),
-              **{k: r.get("provenance", {}).get(k, "") for k in ("evalkit", "device", "time")}}
-             for r in rows]  # fmt: skip
+    lines = [
+        {
+            "task": r["task"],
+            "dataset": dataset_label(r),
+            "backbone": r["backbone"],
+            "metric": r["metric"],
+            "value": number(r["value"]),
+            "seed": r.get("seed"),
+            "weights_source": r.get("weights_source") or r.get("weights_id", ""),
+            "data_source": r.get("data_source", ""),
+            "run_key": r.get("run_key", ""),
+            **{k: r.get("provenance", {}).get(k, "") for k in ("evalkit", "device", "time")},
+        }
+        for r in rows
+    ]
     return pd.DataFrame(lines, columns=DETAIL).set_index("task")
 
 
@@ -299,8 +312,9 @@ def cmd_compare(args, console) -> int:
     if args.tolerances and not given.is_file():
         raise EvalkitError(f"no tolerances file {given}")
     tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
-    records = compare(load_rows([args.base]), load_rows([args.new]), tolerance=tolerance,
-                      one_sided=args.one_sided)  # fmt: skip
+    records = compare(
+        load_rows([args.base]), load_rows([args.new]), tolerance=tolerance, one_sided=args.one_sided
+    )
     table = Table()
     for column in ("task", "data", "backbone", "metric", "base", "new", "delta", "status"):
         table.add_column(column, overflow="fold")  # names are folded, never cut
@@ -423,8 +437,13 @@ def error_tables(frame, top: int):
         names = dict(zip(frame["label"], frame["label_name"], strict=False))
         predicted = [names.get(p, str(p)) for p in frame["prediction"]]
     wrong = frame.assign(predicted=list(predicted))[~frame["correct"]]
-    pairs = (wrong.groupby(["label_name", "predicted"]).size().rename("images")
-             .nlargest(top).reset_index())  # fmt: skip
+    pairs = (
+        wrong.groupby(["label_name", "predicted"])
+        .size()
+        .rename("images")
+        .nlargest(top)
+        .reset_index()
+    )
     if "top5_probabilities" in frame:
         wrong = wrong.assign(probability=[p[0] for p in wrong["top5_probabilities"]])
         kind = frame["score_kind"].iloc[0] if len(frame) else "probability"

@@ -79,8 +79,13 @@ TARGETS = {
     "8xH100-80GB": Target("8xH100-80GB", 8, 80 * GB, 2048 * 2**30, peak_tflops=989.0),
     "1xH200": Target("1xH200", 1, 141 * GB, 256 * 2**30, peak_tflops=989.0),
 }
-TARGET_KEYS = {"gpus": "gpus", "gpu_gb": "gpu_bytes", "host_gb": "host_bytes",
-               "disk_gb": "disk_bytes", "tflops": "peak_tflops"}  # fmt: skip
+TARGET_KEYS = {
+    "gpus": "gpus",
+    "gpu_gb": "gpu_bytes",
+    "host_gb": "host_bytes",
+    "disk_gb": "disk_bytes",
+    "tflops": "peak_tflops",
+}
 
 
 def parse_target(text: str) -> Target:
@@ -127,8 +132,12 @@ class Budget:
 
         disk_root = next(p for p in [Path(cache), *Path(cache).parents] if p.exists())
         device_bytes = available_bytes(device) if device.startswith("cuda") else None
-        return cls(available_bytes("cpu") or 0, device_bytes, shutil.disk_usage(disk_root).free,
-                   ranks=ranks)  # fmt: skip
+        return cls(
+            available_bytes("cpu") or 0,
+            device_bytes,
+            shutil.disk_usage(disk_root).free,
+            ranks=ranks,
+        )
 
     @classmethod
     def of(cls, target: Target, ranks: int = 1) -> Budget:
@@ -187,8 +196,16 @@ def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
             raise EvalkitError(f"unknown vit22b size {size!r}")
         cfg = vit22b.config(size)
         p = plan(cfg, tp=tp, dtype=dtype)
-        return Shape(spec, cfg.width, cfg.depth, cfg.patch, cfg.image, p.bytes_per_rank,
-                     p.activation_bytes_per_image, p.flops_per_image)  # fmt: skip
+        return Shape(
+            spec,
+            cfg.width,
+            cfg.depth,
+            cfg.patch,
+            cfg.image,
+            p.bytes_per_rank,
+            p.activation_bytes_per_image,
+            p.flops_per_image,
+        )
     return measured_shape(planning_backbone(spec), dtype=dtype)
 
 
@@ -244,8 +261,11 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
     inputs = replace(inputs, device_bytes=budget.device or 0)
     stages = task.plan(inputs)
     budget.check(stages, inputs.shape)
-    weights = Stage("backbone weights", f"{dtype}, tp={options.get('tp', 1)}",
-                    device_bytes=inputs.shape.weight_bytes_per_rank)  # fmt: skip
+    weights = Stage(
+        "backbone weights",
+        f"{dtype}, tp={options.get('tp', 1)}",
+        device_bytes=inputs.shape.weight_bytes_per_rank,
+    )
     return [weights, *stages], budget, sources, inputs.shape
 
 
@@ -260,8 +280,14 @@ def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs,
         sizes |= {key: found[split] for key, split in splits.items()}
         classes = classes or count
         sources.append(f"{name}: {', '.join(f'{s} {n:,}' for s, n in found.items())} ({source})")
-    inputs = PlanInputs(shape, sizes, classes, options.get("cache_dtype") or dtype,
-                        options.get("batch_size", 64), dp=options.get("dp", 1))  # fmt: skip
+    inputs = PlanInputs(
+        shape,
+        sizes,
+        classes,
+        options.get("cache_dtype") or dtype,
+        options.get("batch_size", 64),
+        dp=options.get("dp", 1),
+    )
     return inputs, "; ".join(sources)
 
 
@@ -278,8 +304,16 @@ def measured_shape(backbone, *, dtype: str, tp: int = 1) -> Shape:
     if getattr(backbone, "measured_shape", None) is None:
         backbone.measured_shape = _one_forward(backbone, module)
     width, largest, flops = backbone.measured_shape
-    return Shape(info.name, width, info.depth, info.patch_size, info.preprocess.size,
-                 info.params * BYTES[dtype] // tp, 4 * largest * BYTES[dtype], flops)  # fmt: skip
+    return Shape(
+        info.name,
+        width,
+        info.depth,
+        info.patch_size,
+        info.preprocess.size,
+        info.params * BYTES[dtype] // tp,
+        4 * largest * BYTES[dtype],
+        flops,
+    )
 
 
 def _one_forward(backbone, module) -> tuple[int, int, int]:
@@ -311,8 +345,16 @@ def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:
     tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
     activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
     # Two FLOPs per weight per token: attention scores are left out, a few percent at ViT sizes
-    return Shape(info.name, info.embed_dim, info.depth, info.patch_size, info.preprocess.size,
-                 info.params * BYTES[dtype] // tp, activation, 2 * info.params * tokens)  # fmt: skip
+    return Shape(
+        info.name,
+        info.embed_dim,
+        info.depth,
+        info.patch_size,
+        info.preprocess.size,
+        info.params * BYTES[dtype] // tp,
+        activation,
+        2 * info.params * tokens,
+    )
 
 
 def stage_flops(stage: Stage, shape: Shape) -> float:
@@ -339,9 +381,15 @@ def unfit(task, backbone, ctx, *, tp: int = 1) -> list[str]:
     # Every rank torchrun started on this host holds its own buffers.
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     budget = Budget.here(ctx.extract.device, ctx.data.cache, local_ranks)
-    inputs = PlanInputs(shape, sizes, classes or 2, ctx.extract.cache_dtype,
-                        ctx.extract.batch_size, ctx.extract.shard_size,
-                        device_bytes=budget.device or 0)  # fmt: skip
+    inputs = PlanInputs(
+        shape,
+        sizes,
+        classes or 2,
+        ctx.extract.cache_dtype,
+        ctx.extract.batch_size,
+        ctx.extract.shard_size,
+        device_bytes=budget.device or 0,
+    )
     stages = task.plan(inputs)
     budget.check(stages, shape)
     return budget.problems

@@ -75,8 +75,10 @@ def load_rows(paths) -> list[Row]:
     rows: list[Row] = []
     for path in map(Path, paths):
         if not path.exists():
-            raise EvalkitError(f"no such file or folder: {path} (expected rows files *.jsonl "
-                               "or a folder of them, as evalkit run writes)")  # fmt: skip
+            raise EvalkitError(
+                f"no such file or folder: {path} (expected rows files *.jsonl "
+                "or a folder of them, as evalkit run writes)"
+            )
         files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
         for file in files:
             rows += _file_rows(file)
@@ -398,8 +400,10 @@ def describe(rec: dict[str, Any]) -> str:
         return f"{rec['status']}: baseline {rec['base']:.4g}, no new row"
     if rec["status"] == "new":
         return f"new: {rec['new']:.4g}, no baseline"
-    return (f"{rec['status']}: baseline {rec['base']:.4g}, new {rec['new']:.4g}, "
-            f"delta {rec['delta']:+.4g}, tolerance ±{rec['allowed']:.4g}")  # fmt: skip
+    return (
+        f"{rec['status']}: baseline {rec['base']:.4g}, new {rec['new']:.4g}, "
+        f"delta {rec['delta']:+.4g}, tolerance ±{rec['allowed']:.4g}"
+    )
 
 
 def junit_xml(records: list[dict[str, Any]]) -> str:
@@ -413,8 +417,9 @@ def junit_xml(records: list[dict[str, Any]]) -> str:
         suite = by_task.get(rec["task"])
         if suite is None:
             suite = by_task[rec["task"]] = ET.SubElement(suites, "testsuite", name=rec["task"])
-        case = ET.SubElement(suite, "testcase", classname=rec["task"],
-                             name=f"{rec['backbone']} {rec['metric']}")  # fmt: skip
+        case = ET.SubElement(
+            suite, "testcase", classname=rec["task"], name=f"{rec['backbone']} {rec['metric']}"
+        )
         if rec["status"] in FAILING:
             ET.SubElement(case, "failure", message=describe(rec), type=rec["status"])
     for suite in suites:

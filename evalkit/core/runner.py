@@ -208,9 +208,15 @@ def run(
                     ctx = spec.context(seed, identities, batch)
                     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
                     with tracked_job(spec, task, name, seed) as log:
-                        rows, skipped = run_task(task, backbone, ctx, out_dir=spec.out,
-                                                 force=spec.force, rerun=spec.rerun,
-                                                 predictions=spec.save_predictions)  # fmt: skip
+                        rows, skipped = run_task(
+                            task,
+                            backbone,
+                            ctx,
+                            out_dir=spec.out,
+                            force=spec.force,
+                            rerun=spec.rerun,
+                            predictions=spec.save_predictions,
+                        )
                         log.rows(rows)
                         log.pictures(rows)
                         log.artifact(ctx.predictions)
@@ -272,8 +278,10 @@ def read_only_cache(spec: RunSpec) -> RunSpec:
         return spec
     if not os.access(root, os.R_OK | os.X_OK):
         raise EvalkitError(f"--cache-dir {root} can be neither written nor read: choose another")
-    warn(f"the feature cache {root} is read-only: what it holds is read; what it lacks is "
-         "computed in memory for this run and not kept")  # fmt: skip
+    warn(
+        f"the feature cache {root} is read-only: what it holds is read; what it lacks is "
+        "computed in memory for this run and not kept"
+    )
     return dataclasses.replace(spec, read_only_cache=True)
 
 
@@ -309,18 +317,31 @@ def alias_note(name: str) -> str | None:
 
 
 def run_task(
-    task: Task, backbone, ctx: TaskContext, *, out_dir: Path, force: bool = False,
+    task: Task,
+    backbone,
+    ctx: TaskContext,
+    *,
+    out_dir: Path,
+    force: bool = False,
     rerun: bool = False,
     predictions: bool = False,
-) -> tuple[list[Row], bool]:  # fmt: skip
+) -> tuple[list[Row], bool]:
     """Run ``task`` on ``backbone``; returns (rows, skipped). Rows on disk are reused only
     when their run key — the whole ``job_spec`` — matches (and, with ``predictions``, when
     the per-image Parquet file is there too). Identical jobs started at once on one ``--out``
     run one after the other: the later finds the earlier's rows and skips."""
     key = spec_key(job_spec(task, backbone.info, ctx), length=16)
     with job_lock(out_dir, key):
-        return _run_task(task, backbone, ctx, key, out_dir=out_dir, force=force, rerun=rerun,
-                         predictions=predictions)  # fmt: skip
+        return _run_task(
+            task,
+            backbone,
+            ctx,
+            key,
+            out_dir=out_dir,
+            force=force,
+            rerun=rerun,
+            predictions=predictions,
+        )
 
 
 @contextlib.contextmanager
@@ -361,8 +382,17 @@ def _locked(path: Path):
         handle.close()
 
 
-def _run_task(task: Task, backbone, ctx: TaskContext, key: str, *, out_dir: Path, force: bool,
-              rerun: bool, predictions: bool) -> tuple[list[Row], bool]:  # fmt: skip
+def _run_task(
+    task: Task,
+    backbone,
+    ctx: TaskContext,
+    key: str,
+    *,
+    out_dir: Path,
+    force: bool,
+    rerun: bool,
+    predictions: bool,
+) -> tuple[list[Row], bool]:
     path = rows_file(out_dir, task.name)
     done = [r for r in load_rows([path]) if r.get("run_key") == key] if path.exists() else []
     if predictions and distributed.current().main:

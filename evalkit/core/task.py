@@ -112,9 +112,13 @@ class Stage:
 
 def extraction_stage(inputs: PlanInputs, rows: int, *, layers: int = 1) -> Stage:
     """Pooled features of ``rows`` images at ``layers`` layers, extracted into the cache."""
-    return Stage("extract features", "cached", forward_passes=rows,
-                 cache_bytes=rows * layers * inputs.row_bytes,
-                 device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image)  # fmt: skip
+    return Stage(
+        "extract features",
+        "cached",
+        forward_passes=rows,
+        cache_bytes=rows * layers * inputs.row_bytes,
+        device_bytes=inputs.batch_size * inputs.shape.activation_bytes_per_image,
+    )
 
 
 @dataclass

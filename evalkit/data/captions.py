@@ -263,9 +263,14 @@ def caption(drawing, what: tuple[str, str, str], rng) -> list[str]:
     x, y = drawing.centre
     horizontal = "on the left" if x < 0.4 else "on the right" if x > 0.6 else "in the middle"
     vertical = "at the top" if y < 0.4 else "at the bottom" if y > 0.6 else ""
-    words = {"shape": shape, "colour": colour, "texture": texture, "size": size,
-             "position": f"{horizontal} {vertical}".strip(),
-             "background": "dark" if drawing.brightness < 110 else "light"}  # fmt: skip
+    words = {
+        "shape": shape,
+        "colour": colour,
+        "texture": texture,
+        "size": size,
+        "position": f"{horizontal} {vertical}".strip(),
+        "background": "dark" if drawing.brightness < 110 else "light",
+    }
     picked = rng.choice(len(PHRASINGS), size=3, replace=False)
     return [PHRASINGS[i].format(**words) for i in picked]
 

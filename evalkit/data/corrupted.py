@@ -44,8 +44,12 @@ def _write_embedded(base: Path) -> Path:
     from evalkit.data.embedded import ShapesSpec, write_once, write_shapes
 
     clean = write_shapes(ShapesSpec(), base) / "val"
-    spec = {"kind": "imagenet-c", "per_class": STAND_IN_PER_CLASS, "source": clean.parent.name,
-            "corruptions": CORRUPTIONS_VERSION}  # fmt: skip
+    spec = {
+        "kind": "imagenet-c",
+        "per_class": STAND_IN_PER_CLASS,
+        "source": clean.parent.name,
+        "corruptions": CORRUPTIONS_VERSION,
+    }
     target = (
         Path(base) / f"imagenet-c-{clean.parent.name}-n{STAND_IN_PER_CLASS}-v{CORRUPTIONS_VERSION}"
     )
@@ -54,8 +58,11 @@ def _write_embedded(base: Path) -> Path:
 
 def _fill(clean: Path, tmp: Path):
     classes = sorted(p.name for p in clean.iterdir() if p.is_dir())
-    files = [(name, path) for name in classes
-             for path in sorted((clean / name).iterdir())[:STAND_IN_PER_CLASS]]  # fmt: skip
+    files = [
+        (name, path)
+        for name in classes
+        for path in sorted((clean / name).iterdir())[:STAND_IN_PER_CLASS]
+    ]
     images = np.stack([np.asarray(to_rgb(Image.open(path))) for _, path in files])
     for corruption in NAMES:
         for severity in SEVERITIES:
@@ -66,5 +73,10 @@ def _fill(clean: Path, tmp: Path):
                 Image.fromarray(image).save(folder / path.name)
 
 
-IMAGENET_C = DataKind(name="imagenet-c", dirname="imagenet-c", layout=LAYOUT,
-                      write_embedded=_write_embedded, open_split=_open)  # fmt: skip
+IMAGENET_C = DataKind(
+    name="imagenet-c",
+    dirname="imagenet-c",
+    layout=LAYOUT,
+    write_embedded=_write_embedded,
+    open_split=_open,
+)

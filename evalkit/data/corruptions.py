@@ -70,8 +70,9 @@ def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
 
 
 def _grid(n: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32),
-                            torch.arange(w, dtype=torch.float32), indexing="ij")  # fmt: skip
+    ys, xs = torch.meshgrid(
+        torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij"
+    )
     return xs.expand(n, h, w), ys.expand(n, h, w)
 
 
@@ -401,7 +402,7 @@ CORRUPTIONS = {
             tuple(np.arange(1, stop, step).tolist())
             for stop, step in ((1.11, 0.01), (1.16, 0.01), (1.21, 0.02), (1.26, 0.02), (1.31, 0.03))
         ),
-    ),  # fmt: skip
+    ),
     "snow": (
         snow,
         (
@@ -411,7 +412,7 @@ CORRUPTIONS = {
             (0.55, 0.3, 4.5, 0.85, 12, 8, 0.65),
             (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55),
         ),
-    ),  # fmt: skip
+    ),
     "frost": (frost, ((1, 0.4), (0.8, 0.6), (0.7, 0.7), (0.65, 0.7), (0.6, 0.75))),
     "fog": (fog, ((1.5, 2), (2, 2), (2.5, 1.7), (2.5, 1.5), (3, 1.4))),
     "brightness": (brightness, (0.1, 0.2, 0.3, 0.4, 0.5)),
@@ -428,7 +429,7 @@ CORRUPTIONS = {
                 (0.12, 0.01, 0.02),
             )
         ),
-    ),  # fmt: skip
+    ),
     "pixelate": (pixelate, (0.6, 0.5, 0.4, 0.3, 0.25)),
     "jpeg_compression": (jpeg_compression, (25, 18, 15, 10, 7)),
 }

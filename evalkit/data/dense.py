@@ -130,8 +130,9 @@ class DenseDataset(torch.utils.data.Dataset):
         """The images the backbone reads (path, size, mtime; bytes with ``--verify-data``)
         and the size they are resized to; targets do not change features."""
         root = self.images[0].parent if self.images else Path()
-        return files_identity(self.images, root, content=verifies_content(self),
-                              extra=f"size={self.size}")  # fmt: skip
+        return files_identity(
+            self.images, root, content=verifies_content(self), extra=f"size={self.size}"
+        )
 
 
 def scale_crop_flip(dataset, index: int, crop: int, labels: np.ndarray):
@@ -187,8 +188,11 @@ class SlidingWindows(torch.utils.data.Dataset):
             scale = crop / min(width, height)
             shape = (max(crop, round(height * scale)), max(crop, round(width * scale)))
             self.shapes.append(shape)
-            mine = [(top, left) for top in window_starts(shape[0], crop, stride)
-                    for left in window_starts(shape[1], crop, stride)]  # fmt: skip
+            mine = [
+                (top, left)
+                for top in window_starts(shape[0], crop, stride)
+                for left in window_starts(shape[1], crop, stride)
+            ]
             first = len(self.windows)
             self.by_image.append([(first + j, *at) for j, at in enumerate(mine)])
             self.windows += [(index, top, left) for top, left in mine]

@@ -83,8 +83,9 @@ class ImageFolder(torch.utils.data.Dataset):
         ``--verify-data``), its label, and the transform: changes when a file is added,
         removed, rewritten or relabelled, or read another way, without reading image bytes."""
         extra = ",".join(map(str, self.labels)) + f"|{self.transform!r}"
-        return files_identity([p for p, _ in self.samples], self.root,
-                              content=verifies_content(self), extra=extra)  # fmt: skip
+        return files_identity(
+            [p for p, _ in self.samples], self.root, content=verifies_content(self), extra=extra
+        )
 
 
 def class_index(own: list[str], reference, *, where: str) -> list[int]:
@@ -146,8 +147,11 @@ def _class_images(class_dir: Path) -> list[Path]:
     if images:
         return images
     folders = [p.name for p in entries if p.is_dir()]
-    inside = f"; it holds folders ({', '.join(folders[:3])}), and images go directly in " \
-        "<class>/" if folders else ""  # fmt: skip
+    inside = (
+        f"; it holds folders ({', '.join(folders[:3])}), and images go directly in <class>/"
+        if folders
+        else ""
+    )
     raise EvalkitError(
         f"class folder {class_dir} has no images ({', '.join(sorted(IMAGE_SUFFIXES))}){inside}"
     )
@@ -277,8 +281,13 @@ def own_folder_kind(path: Path) -> DataKind:
     def no_stand_in(_folder: Path) -> Path:
         raise EvalkitError(f"folder:{path} is a set of your own: it has no embedded stand-in")
 
-    return DataKind(name=f"folder:{path}", dirname=str(path.resolve()), layout="<split>/<class>/<image>",
-                    write_embedded=no_stand_in, open_split=open_classification_split)  # fmt: skip
+    return DataKind(
+        name=f"folder:{path}",
+        dirname=str(path.resolve()),
+        layout="<split>/<class>/<image>",
+        write_embedded=no_stand_in,
+        open_split=open_classification_split,
+    )
 
 
 @functools.cache  # one resolution per run: a branch that moves mid-run does not split it
@@ -294,9 +303,15 @@ def hub_dataset_kind(spec: str) -> DataKind:
 
     repo, _, revision = spec.partition("@")
     try:
-        folder = Path(snapshot_download(repo, repo_type="dataset", revision=revision or None,
-                                        cache_dir=hub_cache(),
-                                        local_files_only=offline() or not hub_reachable()))  # fmt: skip
+        folder = Path(
+            snapshot_download(
+                repo,
+                repo_type="dataset",
+                revision=revision or None,
+                cache_dir=hub_cache(),
+                local_files_only=offline() or not hub_reachable(),
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - the hub client raises many types for one cause
         at = f" at revision {revision}" if revision else ""
         raise EvalkitError(
@@ -305,5 +320,10 @@ def hub_dataset_kind(spec: str) -> DataKind:
             f"--repo-type dataset{' --revision ' + revision if revision else ''}`"
         ) from None
     kind = own_folder_kind(folder)
-    return DataKind(name=f"hf:{repo}@{folder.name}", dirname=kind.dirname, layout=kind.layout,
-                    write_embedded=kind.write_embedded, open_split=kind.open_split)  # fmt: skip
+    return DataKind(
+        name=f"hf:{repo}@{folder.name}",
+        dirname=kind.dirname,
+        layout=kind.layout,
+        write_embedded=kind.write_embedded,
+        open_split=kind.open_split,
+    )

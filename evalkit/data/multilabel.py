@@ -84,8 +84,10 @@ def _write_embedded(base: Path) -> Path:
         for index in range(STAND_IN_IMAGES):
             rng = np.random.default_rng([13, index])
             count = int(rng.integers(1, 4))
-            whats = [(SHAPES[rng.integers(4)], list(COLOURS)[rng.integers(3)], TEXTURES[rng.integers(2)])
-                     for _ in range(count)]  # fmt: skip
+            whats = [
+                (SHAPES[rng.integers(4)], list(COLOURS)[rng.integers(3)], TEXTURES[rng.integers(2)])
+                for _ in range(count)
+            ]
             draw_objects(rng, 64, whats).save(tmp / "images" / f"{index:05d}.png")
             labels = sorted({"-".join(what) for what in whats}, key=class_names().index)
             lines.append(json.dumps({"image": f"images/{index:05d}.png", "labels": labels}))
@@ -96,5 +98,11 @@ def _write_embedded(base: Path) -> Path:
     )
 
 
-JFT = DataKind(name="jft", dirname="jft", layout="jft/<split>.jsonl + images", write_embedded=_write_embedded,
-               open_split=open_multilabel, targets="multilabel")  # fmt: skip
+JFT = DataKind(
+    name="jft",
+    dirname="jft",
+    layout="jft/<split>.jsonl + images",
+    write_embedded=_write_embedded,
+    open_split=open_multilabel,
+    targets="multilabel",
+)

@@ -133,11 +133,16 @@ def check_names_file(root: Path, classes: list[str]):
         stray, unnamed = sorted(keys - folders), sorted(folders - keys)
         raise EvalkitError(
             f"{path} must name every class folder and nothing else: "
-            + "; ".join(part for part in (
-                f"keys with no folder: {', '.join(stray[:5])}" if stray else "",
-                f"folders with no name: {', '.join(unnamed[:5])}" if unnamed else "") if part)
+            + "; ".join(
+                part
+                for part in (
+                    f"keys with no folder: {', '.join(stray[:5])}" if stray else "",
+                    f"folders with no name: {', '.join(unnamed[:5])}" if unnamed else "",
+                )
+                if part
+            )
             + " (folder names are case-sensitive)"
-        )  # fmt: skip
+        )
 
 
 def numbered_space(classes: list[str], reference: dict[str, str]) -> LabelSpace:
@@ -158,7 +163,9 @@ def objectnet_space(mappings: Path, classes: list[str], reference: dict[str, str
     folder_label = _mapping(mappings, "folder_to_objectnet_label.json")
     to_names = _mapping(mappings, "objectnet_to_imagenet_1k.json")
     lines = _lines(mappings / "imagenet_to_label_2012_v2")
-    index_of_2012 = {int(v): int(k) for k, v in _mapping(mappings, "pytorch_to_imagenet_2012_id.json").items()}  # fmt: skip
+    index_of_2012 = {
+        int(v): int(k) for k, v in _mapping(mappings, "pytorch_to_imagenet_2012_id.json").items()
+    }
     class_of_name = {name: index_of_2012[i] for i, name in enumerate(lines) if i in index_of_2012}
     correct = []
     for folder in classes:
@@ -302,8 +309,13 @@ STAND_IN_PER_CLASS = 16
 def _write(kind: str, base: Path) -> Path:
     from evalkit.data.embedded import write_once
 
-    writer = {"imagenet-v2": _fill_v2, "imagenet-r": _fill_subset, "imagenet-a": _fill_subset,
-              "objectnet": _fill_objectnet, "imagenet-real": _fill_real}[kind]  # fmt: skip
+    writer = {
+        "imagenet-v2": _fill_v2,
+        "imagenet-r": _fill_subset,
+        "imagenet-a": _fill_subset,
+        "objectnet": _fill_objectnet,
+        "imagenet-real": _fill_real,
+    }[kind]
     spec = {"kind": kind, "seed": 0, "per_class": STAND_IN_PER_CLASS}
     return write_once(
         Path(base) / f"{kind}-s0-n{STAND_IN_PER_CLASS}", lambda tmp: writer(kind, tmp), spec
@@ -389,24 +401,51 @@ def _fill_objectnet(kind: str, tmp: Path):
     lines = [describe(*names[i].split("-")) for i in order]
     (mappings / "imagenet_to_label_2012_v2").write_text("\n".join(lines) + "\n")
     pytorch_to_2012 = {str(i): order.index(i) for i in range(len(names))}
-    for file, value in (("folder_to_objectnet_label.json", folder_label),
-                        ("objectnet_to_imagenet_1k.json", to_imagenet),
-                        ("pytorch_to_imagenet_2012_id.json", pytorch_to_2012)):  # fmt: skip
+    for file, value in (
+        ("folder_to_objectnet_label.json", folder_label),
+        ("objectnet_to_imagenet_1k.json", to_imagenet),
+        ("pytorch_to_imagenet_2012_id.json", pytorch_to_2012),
+    ):
         (mappings / file).write_text(json.dumps(value, indent=0))
 
 
 def _kind(name: str, dirname: str, layout: str, open_split) -> DataKind:
-    return DataKind(name=name, dirname=dirname, layout=layout,
-                    write_embedded=lambda base: _write(name, base), open_split=open_split)  # fmt: skip
+    return DataKind(
+        name=name,
+        dirname=dirname,
+        layout=layout,
+        write_embedded=lambda base: _write(name, base),
+        open_split=open_split,
+    )
 
 
-IMAGENET_V2 = _kind("imagenet-v2", "imagenetv2-matched-frequency-format-val",
-                    "imagenetv2-matched-frequency-format-val/<class index>/<image>", _open_v2)  # fmt: skip
-IMAGENET_R = _kind("imagenet-r", "imagenet-r", "imagenet-r/<wnid>/<image>",
-                   _open_subset("imagenet-r/<wnid>/<image>"))  # fmt: skip
-IMAGENET_A = _kind("imagenet-a", "imagenet-a", "imagenet-a/<wnid>/<image>",
-                   _open_subset("imagenet-a/<wnid>/<image>"))  # fmt: skip
-IMAGENET_REAL = _kind("imagenet-real", "imagenet",
-                      "imagenet/{val/<wnid>/ILSVRC2012_val_<number>.JPEG,real.json}", _open_real)  # fmt: skip
-OBJECTNET = _kind("objectnet", "objectnet-1.0",
-                  "objectnet-1.0/{images/<folder>/<image>,mappings/}", _open_objectnet)  # fmt: skip
+IMAGENET_V2 = _kind(
+    "imagenet-v2",
+    "imagenetv2-matched-frequency-format-val",
+    "imagenetv2-matched-frequency-format-val/<class index>/<image>",
+    _open_v2,
+)
+IMAGENET_R = _kind(
+    "imagenet-r",
+    "imagenet-r",
+    "imagenet-r/<wnid>/<image>",
+    _open_subset("imagenet-r/<wnid>/<image>"),
+)
+IMAGENET_A = _kind(
+    "imagenet-a",
+    "imagenet-a",
+    "imagenet-a/<wnid>/<image>",
+    _open_subset("imagenet-a/<wnid>/<image>"),
+)
+IMAGENET_REAL = _kind(
+    "imagenet-real",
+    "imagenet",
+    "imagenet/{val/<wnid>/ILSVRC2012_val_<number>.JPEG,real.json}",
+    _open_real,
+)
+OBJECTNET = _kind(
+    "objectnet",
+    "objectnet-1.0",
+    "objectnet-1.0/{images/<folder>/<image>,mappings/}",
+    _open_objectnet,
+)

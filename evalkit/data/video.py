@@ -233,15 +233,23 @@ class VideoClips(torch.utils.data.Dataset):
 
     def identity(self) -> str:
         extra = ",".join(map(str, self.clip_labels)) + f"|{self.sampling}|{self.transform!r}"
-        return files_identity([p for p, _ in self.samples], self.root,
-                              content=verifies_content(self), extra=extra)  # fmt: skip
+        return files_identity(
+            [p for p, _ in self.samples], self.root, content=verifies_content(self), extra=extra
+        )
 
 
 # --- layouts ----------------------------------------------------------------------------
 
 
-def open_clips(root: Path, split: str, *, source: str = "auto", transform=None, classes=None,
-               sampling: Sampling = Sampling()):  # fmt: skip
+def open_clips(
+    root: Path,
+    split: str,
+    *,
+    source: str = "auto",
+    transform=None,
+    classes=None,
+    sampling: Sampling = Sampling(),
+):
     """Class folders, or (Kinetics) the official CSV beside a folder of clips."""
     listing = root / f"{split}.csv"
     if listing.exists():
@@ -249,8 +257,13 @@ def open_clips(root: Path, split: str, *, source: str = "auto", transform=None, 
     else:
         samples, own, missing = _from_folders(root / split)
     to_reference = class_index(own, classes, where=f"{root / split}")
-    dataset = VideoClips(root, [(p, to_reference[label]) for p, label in samples],
-                         list(classes) if classes is not None else own, transform, sampling)  # fmt: skip
+    dataset = VideoClips(
+        root,
+        [(p, to_reference[label]) for p, label in samples],
+        list(classes) if classes is not None else own,
+        transform,
+        sampling,
+    )
     dataset.skipped = {"missing clip": missing} if missing else {}
     return dataset
 
@@ -369,15 +382,24 @@ def write_motions(base: Path, names: tuple[str, str] = ("train", "val")) -> Path
 
 
 def _kinetics(name: str) -> DataKind:
-    return DataKind(name=name, dirname=name, write_embedded=write_motions, open_split=open_clips,
-                    layout=f"{name}/{{train,val}}/<class>/<clip>.mp4 or {name}/{{train,val}}.csv + clips",
-                    targets="clips")  # fmt: skip
+    return DataKind(
+        name=name,
+        dirname=name,
+        write_embedded=write_motions,
+        open_split=open_clips,
+        layout=f"{name}/{{train,val}}/<class>/<clip>.mp4 or {name}/{{train,val}}.csv + clips",
+        targets="clips",
+    )
 
 
 KINETICS400 = _kinetics("kinetics400")
 KINETICS600 = _kinetics("kinetics600")
 KINETICS700 = _kinetics("kinetics700")
-MOMENTS = DataKind(name="moments", dirname="Moments_in_Time_Raw",
-                   write_embedded=lambda base: write_motions(base, ("training", "validation")),
-                   open_split=open_clips, targets="clips",
-                   layout="Moments_in_Time_Raw/{training,validation}/<class>/<clip>.mp4")  # fmt: skip
+MOMENTS = DataKind(
+    name="moments",
+    dirname="Moments_in_Time_Raw",
+    write_embedded=lambda base: write_motions(base, ("training", "validation")),
+    open_split=open_clips,
+    targets="clips",
+    layout="Moments_in_Time_Raw/{training,validation}/<class>/<clip>.mp4",
+)

@@ -62,8 +62,15 @@ class KeptLogitsFit:
     LINE_TOL = 0.1  # the search stops where |φ'(t)| ≤ LINE_TOL·|φ'(0)|
     LINE_STEPS = 20
 
-    def __init__(self, rows: Rows, model: LinearModel, l2: float, forward: torch.Tensor,
-                 low_precision: bool, logits: PathLogits | None = None):  # fmt: skip
+    def __init__(
+        self,
+        rows: Rows,
+        model: LinearModel,
+        l2: float,
+        forward: torch.Tensor,
+        low_precision: bool,
+        logits: PathLogits | None = None,
+    ):
         self.rows, self.model, self.l2, self.path_logits = rows, model, l2, logits
         self.forward = forward.float()  # T: fp32 maps (the fit's state stays fp64)
         self.low = rows.low_precision_rows(LOW) if low_precision else None
@@ -99,8 +106,9 @@ class KeptLogitsFit:
             )
             self._remember(new_grad - grad)
             grad = new_grad
-        self.model.fit = FitInfo(self.iterations, grad_max <= tol, grad_max, self.evaluations,
-                                 self.low_passes)  # fmt: skip
+        self.model.fit = FitInfo(
+            self.iterations, grad_max <= tol, grad_max, self.evaluations, self.low_passes
+        )
         if self.path_logits is not None and self.exact_at == self.iterations:
             self.path_logits.end = ExactLogits(self.anchor, self.labels, self.sizes)
 

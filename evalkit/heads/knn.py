@@ -39,8 +39,13 @@ GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see Rows)
 BF16_ERROR = 2**-8 + 2**-9 + 2**-16
 
 
-def nearest(train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], queries: torch.Tensor,
-            k: int, search: str = "fp32", block: int = QUERY_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def nearest(
+    train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    queries: torch.Tensor,
+    k: int,
+    search: str = "fp32",
+    block: int = QUERY_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most similar training rows of every query: (similarities, labels), each
     (Q, k), most similar first (ties: lower training index first), on the queries' device.
     ``train_chunks`` yields (features, labels) and is read once. ``search`` picks the product
@@ -260,8 +265,14 @@ def _cpu_has_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-def vote(similarities: torch.Tensor, labels: torch.Tensor, k: int, classes: int,
-         weighting: str = "exp", temperature: float = TEMPERATURE) -> torch.Tensor:  # fmt: skip
+def vote(
+    similarities: torch.Tensor,
+    labels: torch.Tensor,
+    k: int,
+    classes: int,
+    weighting: str = "exp",
+    temperature: float = TEMPERATURE,
+) -> torch.Tensor:
     """Class scores (Q, classes) from the first ``k`` neighbours: each adds exp(sim / T)
     (``exp``) or 1 (``uniform``) to its class."""
     sims, labs = similarities[:, :k], labels[:, :k]

@@ -61,9 +61,13 @@ class FitInfo:
     low_precision_passes: int = 0  # bf16 passes between exact points (``evalkit.heads.kept``)
 
     def as_dict(self) -> dict:
-        return {"iterations": self.iterations, "evaluations": self.evaluations,
-                "low_precision_passes": self.low_precision_passes,
-                "converged": self.converged, "grad_max": float(f"{self.grad_max:.3g}")}  # fmt: skip
+        return {
+            "iterations": self.iterations,
+            "evaluations": self.evaluations,
+            "low_precision_passes": self.low_precision_passes,
+            "converged": self.converged,
+            "grad_max": float(f"{self.grad_max:.3g}"),
+        }
 
 
 @dataclass
@@ -368,8 +372,16 @@ def path_flops(rows: int, dim: int, classes: int) -> int:
     return PATH_PASSES * 2 * rows * dim * classes
 
 
-def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, tol: float = TOL,
-                  keep_logits: bool | None = None):  # fmt: skip
+def logistic_path(
+    x,
+    y,
+    *,
+    num_classes: int,
+    l2_values,
+    max_iter: int = 1000,
+    tol: float = TOL,
+    keep_logits: bool | None = None,
+):
     """Fit every L2 value, strongest first, each warm-started from the last; returns
     ``[(l2, model), ...]`` in the order fitted. Each fit runs to the same tolerance as a final
     fit: an unconverged fit's hold-out score would depend on floating-point summation order."""
@@ -380,9 +392,18 @@ def logistic_path(x, y, *, num_classes: int, l2_values, max_iter: int = 1000, to
     for l2 in sorted(l2_values, reverse=True):
         init, start = _next_start(path, l2, ends)
         logits, ends = PathLogits(start), ends[-1:]  # the older ends are not needed again
-        model = fit_logistic(rows, None, num_classes=num_classes, l2=l2, init=init,
-                             max_iter=max_iter, tol=tol, precondition=precondition,
-                             keep_logits=keep_logits, logits=logits)  # fmt: skip
+        model = fit_logistic(
+            rows,
+            None,
+            num_classes=num_classes,
+            l2=l2,
+            init=init,
+            max_iter=max_iter,
+            tol=tol,
+            precondition=precondition,
+            keep_logits=keep_logits,
+            logits=logits,
+        )
         path.append((l2, model))
         ends.append(logits.end)
     return path

@@ -68,9 +68,15 @@ class LitModel(nn.Module):
             )
         transformer = _open_clip().transformer.TextTransformer
         self.cfg = cfg
-        self.text = transformer(context_length=cfg.context, vocab_size=VOCAB, width=cfg.width,
-                                heads=cfg.heads, layers=cfg.layers, mlp_ratio=cfg.mlp_ratio,
-                                output_dim=cfg.embed_dim)  # fmt: skip
+        self.text = transformer(
+            context_length=cfg.context,
+            vocab_size=VOCAB,
+            width=cfg.width,
+            heads=cfg.heads,
+            layers=cfg.layers,
+            mlp_ratio=cfg.mlp_ratio,
+            output_dim=cfg.embed_dim,
+        )
         dim = cfg.embed_dim
         self.image_head = nn.Linear(dim, dim) if cfg.image_head else nn.Identity()
         self.log_temperature = nn.Parameter(torch.tensor(math.log(cfg.temperature)))

@@ -92,8 +92,9 @@ def train(
                 total = 0.0
                 for start in range(0, len(indices), size):
                     part = indices[start : start + size]
-                    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                                        enabled=use_bf16):  # fmt: skip
+                    with torch.autocast(
+                        torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16
+                    ):
                         loss = step_loss(part)
                     share = len(part) / len(indices)  # 1.0 when the batch fits: the same step
                     (loss * share).backward()
@@ -143,8 +144,10 @@ class ShardedOrder:
         if index not in self._epochs:
             generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
             order = torch.randperm(len(self.shards), generator=generator).tolist()
-            windows = [torch.cat([self.shards[s] for s in order[i : i + self.window]])
-                       for i in range(0, len(order), self.window)]  # fmt: skip
+            windows = [
+                torch.cat([self.shards[s] for s in order[i : i + self.window]])
+                for i in range(0, len(order), self.window)
+            ]
             rows = [w[torch.randperm(len(w), generator=generator)] for w in windows]
             self._epochs = {index: torch.cat(rows)} | {
                 k: v for k, v in self._epochs.items() if k == index - 1

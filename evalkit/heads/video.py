@@ -62,8 +62,15 @@ class TemporalTransformer(nn.Module):
         self.inp = nn.Linear(dim, cfg.width)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.width))
         self.pos = nn.Parameter(torch.randn(1, frames + 1, cfg.width) * 0.02)
-        block = nn.TransformerEncoderLayer(cfg.width, cfg.heads, 4 * cfg.width, dropout=0.0,
-                                           activation="gelu", batch_first=True, norm_first=True)  # fmt: skip
+        block = nn.TransformerEncoderLayer(
+            cfg.width,
+            cfg.heads,
+            4 * cfg.width,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
         self.blocks = nn.TransformerEncoder(block, cfg.depth, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(cfg.width)
         self.out = nn.Linear(cfg.width, classes)
@@ -83,8 +90,9 @@ class AttentiveProbe(nn.Module):
         self.norm_kv = nn.LayerNorm(cfg.width)
         self.attn = nn.MultiheadAttention(cfg.width, cfg.heads, batch_first=True)
         self.norm_mlp = nn.LayerNorm(cfg.width)
-        self.mlp = nn.Sequential(nn.Linear(cfg.width, 4 * cfg.width), nn.GELU(),
-                                 nn.Linear(4 * cfg.width, cfg.width))  # fmt: skip
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.width, 4 * cfg.width), nn.GELU(), nn.Linear(4 * cfg.width, cfg.width)
+        )
         self.norm = nn.LayerNorm(cfg.width)
         self.out = nn.Linear(cfg.width, classes)
 

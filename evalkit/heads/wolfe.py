@@ -54,9 +54,16 @@ def _minimise(objective, params, max_iter: int, progress: dict) -> bool:
     or L-BFGS stops: at ``max_iter`` or when no step decreases the objective (False)."""
     if max_iter <= 0:
         return False
-    opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, max_eval=2 * max_iter,
-                            history_size=20, tolerance_grad=0, tolerance_change=1e-15,
-                            line_search_fn="strong_wolfe")  # fmt: skip
+    opt = torch.optim.LBFGS(
+        params,
+        lr=1,
+        max_iter=max_iter,
+        max_eval=2 * max_iter,
+        history_size=20,
+        tolerance_grad=0,
+        tolerance_change=1e-15,
+        line_search_fn="strong_wolfe",
+    )
     try:  # L-BFGS's dot products on one thread: a threaded dot's order follows the count
         with torch.no_grad(), threads(1):
             opt.step(objective)

@@ -121,8 +121,12 @@ def class_embeddings(tower, prompting: Prompting, *, batch: int = 256) -> torch.
     """(classes, E): per class, the normalised mean of its prompts' normalised embeddings."""
     out = []
     for name in prompting.names:
-        texts = prompts(name, list(prompting.templates), first_alias=prompting.first_alias,
-                        style=prompting.style)  # fmt: skip
+        texts = prompts(
+            name,
+            list(prompting.templates),
+            first_alias=prompting.first_alias,
+            style=prompting.style,
+        )
         if not texts:
             raise EvalkitError(f"class name {name!r} is empty after canonicalisation")
         parts = [

@@ -27,8 +27,13 @@ from evalkit.progress import ProgressBar
 from .predictions import scored_hits
 
 # Test sets scored in their own label space (evalkit.data.shifted), by the split each has.
-SCORED_SETS = {"imagenet-v2": "test", "imagenet-r": "test", "imagenet-a": "test",
-               "imagenet-real": "val", "objectnet": "test"}  # fmt: skip
+SCORED_SETS = {
+    "imagenet-v2": "test",
+    "imagenet-r": "test",
+    "imagenet-a": "test",
+    "imagenet-real": "val",
+    "objectnet": "test",
+}
 DEFAULT_L2 = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5)
 
 
@@ -91,8 +96,9 @@ class FrozenClassification(Task):
         if self.eval_split in SCORED_SETS:
             test = open_scored(self.eval_split, SCORED_SETS[self.eval_split], ctx.data, transform)
             return test, test.label_space.over(classes)
-        test = open_dataset(self.dataset, self.eval_split, ctx.data, transform=transform,
-                            classes=classes)  # fmt: skip
+        test = open_dataset(
+            self.dataset, self.eval_split, ctx.data, transform=transform, classes=classes
+        )
         return test, None
 
     def splits(self) -> tuple[str, ...]:
@@ -104,8 +110,10 @@ class FrozenClassification(Task):
     def reads(self) -> dict[str, dict[str, str]]:
         if self.eval_split not in SCORED_SETS:
             return super().reads()
-        return {self.dataset: {self.train_split: self.train_split},
-                self.eval_split: {self.eval_split: SCORED_SETS[self.eval_split]}}  # fmt: skip
+        return {
+            self.dataset: {self.train_split: self.train_split},
+            self.eval_split: {self.eval_split: SCORED_SETS[self.eval_split]},
+        }
 
     def extraction_stage(self, inputs) -> Stage:
         rows = inputs.sizes[self.train_split] + inputs.sizes[self.eval_split]
@@ -132,10 +140,12 @@ def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     workers = ctx.extract.workers
     if workers is None:
         workers = decode_workers(device) if len(dataset) > 2 * size else 0
-    loader = torch.utils.data.DataLoader(dataset, batch_size=size,
-                                         **loader_options(device, workers))  # fmt: skip
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                              enabled=ctx.extract.dtype == "bf16")  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=size, **loader_options(device, workers)
+    )
+    autocast = torch.autocast(
+        torch.device(device).type, dtype=torch.bfloat16, enabled=ctx.extract.dtype == "bf16"
+    )
     logits, labels = [], []
     model.eval()
 
@@ -158,8 +168,9 @@ def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
     """Top-k hits of the eval rows, chunk by chunk (``scored_hits``)."""
     if space is None:
         return hits(model, rows, k)
-    return torch.cat([scored_hits(model.logits(x).cpu(), y.cpu(), space, k)
-                      for x, y in rows.chunks()])  # fmt: skip
+    return torch.cat(
+        [scored_hits(model.logits(x).cpu(), y.cpu(), space, k) for x, y in rows.chunks()]
+    )
 
 
 def percent(row_hits: torch.Tensor) -> float:

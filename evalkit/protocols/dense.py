@@ -58,29 +58,40 @@ class DenseSettings(Task):
         cached = self.fits_cache(n_train + n_val, inputs.shape.embed_dim, inputs.shape.patch)
         tokens_ratio = (grid * inputs.shape.patch / inputs.shape.image) ** 2
         extract = Stage(
-            "extract grids", "cached" if cached else "in memory (over cache_budget_gb)",
+            "extract grids",
+            "cached" if cached else "in memory (over cache_budget_gb)",
             forward_passes=n_train + n_val,
             cache_bytes=(n_train + n_val) * per_image * BYTES[inputs.storage] if cached else 0,
-            device_bytes=int(inputs.batch_size * inputs.shape.activation_bytes_per_image
-                             * tokens_ratio),
-        )  # fmt: skip
+            device_bytes=int(
+                inputs.batch_size * inputs.shape.activation_bytes_per_image * tokens_ratio
+            ),
+        )
         targets = n_train * (4 * grid) ** 2 * 8
         name = f"train {getattr(self, 'head', '')} head"
         if not cached and self.trains_in_loop:
             batch = self.batch_size * (per_image * 4 + (4 * grid) ** 2 * 8)
-            loop = Stage(name, "backbone in the loop", forward_passes=self.steps * self.batch_size
-                         + n_val, host_bytes=2 * batch, device_bytes=3 * batch
-                         + extract.device_bytes)  # fmt: skip
+            loop = Stage(
+                name,
+                "backbone in the loop",
+                forward_passes=self.steps * self.batch_size + n_val,
+                host_bytes=2 * batch,
+                device_bytes=3 * batch + extract.device_bytes,
+            )
             return [loop]
         if cached:  # read a batch at a time, one shard of at most SHARD_BYTES held
-            head = Stage(name, "grids read per batch", host_bytes=SHARD_BYTES + 2 * self.batch_size
-                         * per_image * 4, device_bytes=3 * self.batch_size * per_image * 4)  # fmt: skip
+            head = Stage(
+                name,
+                "grids read per batch",
+                host_bytes=SHARD_BYTES + 2 * self.batch_size * per_image * 4,
+                device_bytes=3 * self.batch_size * per_image * 4,
+            )
             return [extract, head]
         head = Stage(
-            name, "grids held in RAM",
+            name,
+            "grids held in RAM",
             host_bytes=(n_train + n_val) * per_image * BYTES[inputs.storage] + targets,
             device_bytes=3 * self.batch_size * per_image * 4,
-        )  # fmt: skip
+        )
         return [extract, head]
 
     def new_head(self, feats: CachedGrids, ctx) -> torch.nn.Module:
@@ -92,15 +103,27 @@ class DenseSettings(Task):
         """``train_head``'s schedule for the trainer (the backbone-in-the-loop mode)."""
         from evalkit.training.loop import Schedule
 
-        return Schedule(steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-                        weight_decay=self.weight_decay, warmup=min(50, self.steps // 10) or 1,
-                        b2=0.999, clip=35.0, checkpoint_every=10**9, seed=seed)  # fmt: skip
+        return Schedule(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            warmup=min(50, self.steps // 10) or 1,
+            b2=0.999,
+            clip=35.0,
+            checkpoint_every=10**9,
+            seed=seed,
+        )
 
     def train_head(self, head, step_loss, n: int, ctx) -> torch.nn.Module:
         config = TrainConfig(
-            steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-            weight_decay=self.weight_decay, warmup=min(50, self.steps // 10), seed=ctx.seed,
-        )  # fmt: skip
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            warmup=min(50, self.steps // 10),
+            seed=ctx.seed,
+        )
         train(head, step_loss, n, config, device=ctx.extract.device, progress=ctx.extract.progress)
         return head
 

@@ -54,19 +54,33 @@ class FinetuneSettings:
         share = -(-self.finetune_batch_size // inputs.dp)
         kept = int(share * shape.activation_bytes_per_image * shape.depth * tokens)
         state = 3 * shape.weight_bytes_per_rank // inputs.dp
-        train = Stage("fine-tune backbone and head", "end to end",
-                      forward_passes=self.finetune_steps * self.finetune_batch_size
-                      * self.finetune_accumulate, backward=True,
-                      image=image, device_bytes=state + kept)  # fmt: skip
+        train = Stage(
+            "fine-tune backbone and head",
+            "end to end",
+            forward_passes=self.finetune_steps
+            * self.finetune_batch_size
+            * self.finetune_accumulate,
+            backward=True,
+            image=image,
+            device_bytes=state + kept,
+        )
         score = Stage("score", "fine-tuned", forward_passes=eval_passes, image=image)
         return [train, score]
 
     def schedule(self, seed: int) -> Schedule:
         steps = self.finetune_steps
-        return Schedule(steps=steps, batch_size=self.finetune_batch_size, lr=self.finetune_lr,
-                        warmup=max(1, steps // 10), weight_decay=self.finetune_weight_decay,
-                        b2=0.999, clip=1.0, checkpoint_every=max(1, steps // 4), seed=seed,
-                        accumulate=self.finetune_accumulate)  # fmt: skip
+        return Schedule(
+            steps=steps,
+            batch_size=self.finetune_batch_size,
+            lr=self.finetune_lr,
+            warmup=max(1, steps // 10),
+            weight_decay=self.finetune_weight_decay,
+            b2=0.999,
+            clip=1.0,
+            checkpoint_every=max(1, steps // 4),
+            seed=seed,
+            accumulate=self.finetune_accumulate,
+        )
 
 
 @dataclass
@@ -81,16 +95,32 @@ class FinetuneRun:
         """Fine-tuning's schedule and layer-wise groups, or, for a frozen backbone, the head
         alone under ``schedule``."""
         if self.model.frozen:
-            return fit(self.model, batches, loss_fn, schedule, device=ctx.extract.device,
-                       progress=ctx.extract.progress)  # fmt: skip
-        groups = decayed_groups(self.model.tower, self.model.head, depth=self.depth,
-                                decay=task.layer_decay)  # fmt: skip
-        return fit(self.model, batches, loss_fn, task.schedule(ctx.seed), out=self.out,
-                   device=ctx.extract.device, progress=ctx.extract.progress, groups=groups)  # fmt: skip
+            return fit(
+                self.model,
+                batches,
+                loss_fn,
+                schedule,
+                device=ctx.extract.device,
+                progress=ctx.extract.progress,
+            )
+        groups = decayed_groups(
+            self.model.tower, self.model.head, depth=self.depth, decay=task.layer_decay
+        )
+        return fit(
+            self.model,
+            batches,
+            loss_fn,
+            task.schedule(ctx.seed),
+            out=self.out,
+            device=ctx.extract.device,
+            progress=ctx.extract.progress,
+            groups=groups,
+        )
 
 
-def end_to_end(task, backbone, ctx, head_factory, *, layers, pool: str, dense: bool,
-               frozen: bool = False):  # fmt: skip
+def end_to_end(
+    task, backbone, ctx, head_factory, *, layers, pool: str, dense: bool, frozen: bool = False
+):
     """A trainable copy of ``backbone`` with the head ``head_factory(feature dims)`` on it,
     its head seeded by the run's seed; checkpointed under the cache when there is one. With
     ``frozen`` the backbone itself is used, frozen, and only the head trains (no checkpoints:
@@ -153,6 +183,11 @@ def finetune_extra(task: FinetuneSettings, log: list[dict], size: int) -> dict:
     if not log:
         raise EvalkitError("fine-tuning ran no steps")
     last = log[-10:]
-    return {"finetuned": True, "resolution": size, "finetune_steps": len(log),
-            "first_loss": log[0]["loss"], "final_loss": sum(e["loss"] for e in last) / len(last),
-            "layer_decay": task.layer_decay}  # fmt: skip
+    return {
+        "finetuned": True,
+        "resolution": size,
+        "finetune_steps": len(log),
+        "first_loss": log[0]["loss"],
+        "final_loss": sum(e["loss"] for e in last) / len(last),
+        "layer_decay": task.layer_decay,
+    }

@@ -68,12 +68,22 @@ class LinearClassifier(FinetuneSettings, FrozenClassification):
         if resident <= self.resident_budget(inputs.device_bytes):
             # fp32 rows, their bf16 copy and the kept logits on the device; the raw,
             # standardised and sliced rows pass through the host
-            probe = Stage("linear probe", "resident", host_bytes=3 * train_bytes + eval_bytes
-                          + logits, device_bytes=resident + eval_bytes, flops=flops)  # fmt: skip
+            probe = Stage(
+                "linear probe",
+                "resident",
+                host_bytes=3 * train_bytes + eval_bytes + logits,
+                device_bytes=resident + eval_bytes,
+                flops=flops,
+            )
         else:
             shard = inputs.shard_size * dim * 4 + logits
-            probe = Stage("linear probe", "streamed", host_bytes=2 * shard + n_train * 8,
-                          device_bytes=2 * shard, flops=flops)  # fmt: skip
+            probe = Stage(
+                "linear probe",
+                "streamed",
+                host_bytes=2 * shard + n_train * 8,
+                device_bytes=2 * shard,
+                flops=flops,
+            )
         return [self.extraction_stage(inputs), probe]
 
     def resident_budget(self, device_bytes: int) -> int:
@@ -117,11 +127,22 @@ class FinetunedClassifier:
         train = task.training_set(build_transform(pre, train=True), ctx)
         sampled = train if indices is None else torch.utils.data.Subset(train, indices.tolist())
         pool, classes = resolve_pool(task.pool, backbone), len(train.classes)
-        run = end_to_end(task, backbone, ctx, lambda dims: torch.nn.Linear(dims[0], classes),
-                         layers=task.layers, pool=pool, dense=False)  # fmt: skip
+        run = end_to_end(
+            task,
+            backbone,
+            ctx,
+            lambda dims: torch.nn.Linear(dims[0], classes),
+            layers=task.layers,
+            pool=pool,
+            dense=False,
+        )
         batches = sampled_batches(sampled, task.finetune_batch_size, ctx.seed)
         log = run.train(task, batches, torch.nn.functional.cross_entropy, ctx)
-        extra = {**finetune_extra(task, log, size), "pool": pool, "n_train": len(sampled),
-                 "num_classes": classes}  # fmt: skip
+        extra = {
+            **finetune_extra(task, log, size),
+            "pool": pool,
+            "n_train": len(sampled),
+            "num_classes": classes,
+        }
         eval_transform = build_transform(pre, square=task.resize == "square")
         return cls(run.model, list(train.classes), eval_transform, extra)

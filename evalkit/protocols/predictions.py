@@ -29,8 +29,9 @@ def as_probabilities(scores: torch.Tensor, kind: str) -> torch.Tensor:
     return scores / scores.sum(dim=1, keepdim=True).clamp_min(1e-300)
 
 
-def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, dataset, space, *,
-                         kind: str = "logits"):  # fmt: skip
+def save_classifications(
+    ctx, scores: torch.Tensor, labels: torch.Tensor, dataset, space, *, kind: str = "logits"
+):
     """One row per eval image (``--save-predictions``), in the space that was scored: the
     prediction and top-5 among the candidate classes only, with their names, scores and
     probabilities (``kind`` says what the scores are); the image's label as an index of the
@@ -52,21 +53,25 @@ def save_classifications(ctx, scores: torch.Tensor, labels: torch.Tensor, datase
     probabilities = as_probabilities(scores, kind).gather(1, top.indices)
     label_classes = [list(correct[label]) for label in labels.tolist()]
     ids = image_ids(dataset)
-    ctx.save_predictions({
-        "image": ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))],
-        "label": [classes[0] if classes else -1 for classes in label_classes],
-        "label_classes": label_classes,
-        "label_name": [label_name(own, names, label, classes)
-                       for label, classes in zip(labels.tolist(), label_classes, strict=True)],
-        "prediction": top.indices[:, 0].tolist(),
-        "prediction_name": [class_name(names, i) for i in top.indices[:, 0].tolist()],
-        "top5": top.indices.tolist(),
-        "top5_names": [[class_name(names, i) for i in row] for row in top.indices.tolist()],
-        "top5_scores": top.values.tolist(),
-        "top5_probabilities": probabilities.tolist(),
-        "score_kind": [SCORE_KINDS[kind]] * len(labels),
-        "correct": scored_hits(scores, labels, space, 1).tolist(),
-    })  # fmt: skip
+    ctx.save_predictions(
+        {
+            "image": ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))],
+            "label": [classes[0] if classes else -1 for classes in label_classes],
+            "label_classes": label_classes,
+            "label_name": [
+                label_name(own, names, label, classes)
+                for label, classes in zip(labels.tolist(), label_classes, strict=True)
+            ],
+            "prediction": top.indices[:, 0].tolist(),
+            "prediction_name": [class_name(names, i) for i in top.indices[:, 0].tolist()],
+            "top5": top.indices.tolist(),
+            "top5_names": [[class_name(names, i) for i in row] for row in top.indices.tolist()],
+            "top5_scores": top.values.tolist(),
+            "top5_probabilities": probabilities.tolist(),
+            "score_kind": [SCORE_KINDS[kind]] * len(labels),
+            "correct": scored_hits(scores, labels, space, 1).tolist(),
+        }
+    )
 
 
 def class_name(names: list[str], index: int) -> str:

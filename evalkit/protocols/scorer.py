@@ -51,12 +51,21 @@ class Scorer:
         data = ProbeData.build(feats, None, task, ctx.extract.device, classes)
         l2, init, _, _ = task.select_l2(data, fit_idx, held_idx, classes)
         train_idx = None if refit_all else fit_idx
-        model = fit_logistic(data.train_rows(train_idx), None, num_classes=classes, l2=l2,
-                             init=init, max_iter=task.refit_max_iter)  # fmt: skip
+        model = fit_logistic(
+            data.train_rows(train_idx),
+            None,
+            num_classes=classes,
+            l2=l2,
+            init=init,
+            max_iter=task.refit_max_iter,
+        )
         held = _logits(model, data.train_rows(held_idx))
-        extra = {"classifier": "linear probe on frozen features", "l2": l2,
-                 "fit_images": len(feats) if refit_all else len(fit_idx),
-                 "held_out_images": len(held_idx)}  # fmt: skip
+        extra = {
+            "classifier": "linear probe on frozen features",
+            "l2": l2,
+            "fit_images": len(feats) if refit_all else len(fit_idx),
+            "held_out_images": len(held_idx),
+        }
         return cls(
             task, backbone, ctx, list(train.classes), held, extra, probe=(data, model, request)
         )
@@ -66,18 +75,23 @@ class Scorer:
         train = task.training_set(None, ctx)  # scanned once: labels now, held-out images later
         labels = torch.as_tensor(train.labels)
         fit_idx, held_idx = stratified_holdout(labels, task.holdout, seed=ctx.seed)
-        tuned = FinetunedClassifier.train(task, backbone, ctx,
-                                          indices=None if refit_all else fit_idx)  # fmt: skip
+        tuned = FinetunedClassifier.train(
+            task, backbone, ctx, indices=None if refit_all else fit_idx
+        )
         train.transform = tuned.eval_transform
         held = predict(tuned.model, torch.utils.data.Subset(train, held_idx.tolist()), ctx)
-        extra = {**tuned.extra, "classifier": "fine-tuned backbone + linear classifier",
-                 "fit_images": len(labels) if refit_all else len(fit_idx),
-                 "held_out_images": len(held_idx)}  # fmt: skip
+        extra = {
+            **tuned.extra,
+            "classifier": "fine-tuned backbone + linear classifier",
+            "fit_images": len(labels) if refit_all else len(fit_idx),
+            "held_out_images": len(held_idx),
+        }
         return cls(task, backbone, ctx, tuned.classes, held, extra, tuned=tuned)
 
     def score(self, dataset: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        data = open_dataset(dataset, split, self.ctx.data, transform=self.transform,
-                            classes=self.classes)  # fmt: skip
+        data = open_dataset(
+            dataset, split, self.ctx.data, transform=self.transform, classes=self.classes
+        )
         if self.tuned is not None:
             return predict(self.tuned.model, data, self.ctx)
         probe, model, request = self.probe

@@ -18,8 +18,9 @@ def load_images(task, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     ablations train small models on small sets)."""
     from torchvision import transforms as T
 
-    transform = T.Compose([T.Resize((task.image, task.image)), T.ToTensor(),
-                           T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
+    transform = T.Compose(
+        [T.Resize((task.image, task.image)), T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)]
+    )
     data = open_dataset(task.dataset, task.split, ctx.data, transform=transform)
     pairs = [data[i] for i in range(len(data))]
     return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])

@@ -25,8 +25,16 @@ from evalkit.core.results import Row, dataset_label, load_rows
 from evalkit.errors import EvalkitError
 from evalkit.writes import replacing
 
-METRIC_TYPES = {"top1": "accuracy", "top5": "top_5_accuracy", "miou": "mean_iou", "ece": "ece",
-                "nll": "nll", "brier": "brier_score", "rmse": "rmse", "abs_rel": "abs_rel"}  # fmt: skip
+METRIC_TYPES = {
+    "top1": "accuracy",
+    "top5": "top_5_accuracy",
+    "miou": "mean_iou",
+    "ece": "ece",
+    "nll": "nll",
+    "brier": "brier_score",
+    "rmse": "rmse",
+    "abs_rel": "abs_rel",
+}
 TASK_TYPES = (  # first match on the task name
     ("ade20k", "image-segmentation"),
     ("depth", "depth-estimation"),
@@ -37,8 +45,20 @@ TASK_TYPES = (  # first match on the task name
     ("imagenet", "image-classification"),
     ("distill", "image-classification"),
 )
-PROVENANCE_KEPT = ("evalkit", "torch", "timm", "open_clip", "device", "dtype", "cache_dtype",
-                   "tf32", "deterministic", "git_sha", "time", "wall_s")  # fmt: skip
+PROVENANCE_KEPT = (
+    "evalkit",
+    "torch",
+    "timm",
+    "open_clip",
+    "device",
+    "dtype",
+    "cache_dtype",
+    "tf32",
+    "deterministic",
+    "git_sha",
+    "time",
+    "wall_s",
+)
 
 
 def card_rows(results: Path, backbone: str | None = None) -> list[Row]:
@@ -48,11 +68,15 @@ def card_rows(results: Path, backbone: str | None = None) -> list[Row]:
     if backbone is not None:
         rows = [r for r in rows if r["backbone"] == backbone]
         if not rows:
-            raise EvalkitError(f"no rows of backbone {backbone!r} under {results}: it holds "
-                               f"{', '.join(names) or 'none'}")  # fmt: skip
+            raise EvalkitError(
+                f"no rows of backbone {backbone!r} under {results}: it holds "
+                f"{', '.join(names) or 'none'}"
+            )
     elif len(names) > 1:
-        raise EvalkitError(f"{results} holds rows of {len(names)} backbones ({', '.join(names)}):"
-                           " a card is for one model, pick it with --backbone")  # fmt: skip
+        raise EvalkitError(
+            f"{results} holds rows of {len(names)} backbones ({', '.join(names)}):"
+            " a card is for one model, pick it with --backbone"
+        )
     if not rows:
         raise EvalkitError(f"no result rows under {results} (expected evalkit run's *.jsonl)")
     return distinct_jobs(rows)
@@ -103,17 +127,27 @@ def eval_result(row: Row):
     provenance = row.get("provenance", {})
     dataset_type, dataset_name = public_dataset(row)
     return EvalResult(
-        task_type=task_type(row["task"]), task_name=row["task"],
-        dataset_type=dataset_type, dataset_name=dataset_name,
-        dataset_split=split, dataset_revision=row.get("data_id", {}).get(split),
-        metric_type=METRIC_TYPES.get(row["metric"], row["metric"]), metric_name=row["metric"],
-        metric_value=row["value"], verified=False,
-        metric_args={"stderr": row.get("stderr"), "n": row.get("n"), "seed": row.get("seed"),
-                     "run_key": row.get("run_key"), "weights_id": row.get("weights_id"),
-                     "weights_source": public_source(row),
-                     "backbone": row["backbone"],
-                     "provenance": {k: provenance[k] for k in PROVENANCE_KEPT if k in provenance}},
-    )  # fmt: skip
+        task_type=task_type(row["task"]),
+        task_name=row["task"],
+        dataset_type=dataset_type,
+        dataset_name=dataset_name,
+        dataset_split=split,
+        dataset_revision=row.get("data_id", {}).get(split),
+        metric_type=METRIC_TYPES.get(row["metric"], row["metric"]),
+        metric_name=row["metric"],
+        metric_value=row["value"],
+        verified=False,
+        metric_args={
+            "stderr": row.get("stderr"),
+            "n": row.get("n"),
+            "seed": row.get("seed"),
+            "run_key": row.get("run_key"),
+            "weights_id": row.get("weights_id"),
+            "weights_source": public_source(row),
+            "backbone": row["backbone"],
+            "provenance": {k: provenance[k] for k in PROVENANCE_KEPT if k in provenance},
+        },
+    )
 
 
 def task_type(task: str) -> str:

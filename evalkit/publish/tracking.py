@@ -92,11 +92,16 @@ class WandbTracker(Tracker):
 
         tags = self.target.option("tags")
         self.run = wandb.init(
-            project=self.target.option("project", "evalkit"), entity=self.target.option("entity"),
-            mode=self.target.option("mode"), group=self.target.option("group"),
-            tags=tags.split("+") if tags else None, name=name, config=config,
-            dir=self.target.option("dir", str(self.out)), reinit="create_new",
-        )  # fmt: skip
+            project=self.target.option("project", "evalkit"),
+            entity=self.target.option("entity"),
+            mode=self.target.option("mode"),
+            group=self.target.option("group"),
+            tags=tags.split("+") if tags else None,
+            name=name,
+            config=config,
+            dir=self.target.option("dir", str(self.out)),
+            reinit="create_new",
+        )
 
     def metrics(self, values, step):
         self.run.log(values, step=step)
@@ -206,8 +211,11 @@ class JobLog:
         self.trackers, self.step = trackers, 0
 
     def curve(self, values: dict[str, float], step: int | None = None) -> None:
-        logged = {f"train/{k}": float(v) for k, v in values.items()
-                  if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
+        logged = {
+            f"train/{k}": float(v)
+            for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
         if step is not None:
             logged["train/step"] = step
         for tracker in self.trackers:

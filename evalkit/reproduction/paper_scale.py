@@ -62,8 +62,12 @@ class PaperRun:
                 raise EvalkitError(
                     f"unknown paper model {model!r}: expected one of {', '.join(PAPER_BACKBONES)}"
                 )
-        job = Reproduction(SCALES["paper"], self.out, weights=dict(self.weights),
-                           backbones={**PAPER_BACKBONES, **self.backbones})  # fmt: skip
+        job = Reproduction(
+            SCALES["paper"],
+            self.out,
+            weights=dict(self.weights),
+            backbones={**PAPER_BACKBONES, **self.backbones},
+        )
         effects = selected(self.only)
         jobs = tuple(dict.fromkeys(job.job(e, m) for e in effects for m in e.measures.values()))
         # The ablations train their own models in one process: one device, no torchrun
@@ -79,8 +83,9 @@ class PaperRun:
         return sorted(m for m in used if m not in job.weights)
 
 
-def estimate(job: Reproduction, effects: list[EffectRow], data_dir: Path | None,
-             target=None) -> list[dict]:  # fmt: skip
+def estimate(
+    job: Reproduction, effects: list[EffectRow], data_dir: Path | None, target=None
+) -> list[dict]:
     """Per row: its jobs' FLOPs from the tasks' plans (split sizes from ``data_dir`` when the
     data is there, else the dataset cards) and, on ``target``, each job's placement."""
     from evalkit.core.plan import plan_inputs, stage_flops
@@ -98,9 +103,12 @@ def estimate(job: Reproduction, effects: list[EffectRow], data_dir: Path | None,
     estimates = []
     for effect in effects:
         runs = list(dict.fromkeys(job.job(effect, m) for m in effect.measures.values()))
-        row = {"row": effect.number, "where": effect.where,
-               "runs": [f"{r.task} × {r.backbone}" for r in runs],
-               "flops": sum(flops[r] for r in runs)}  # fmt: skip
+        row = {
+            "row": effect.number,
+            "where": effect.where,
+            "runs": [f"{r.task} × {r.backbone}" for r in runs],
+            "flops": sum(flops[r] for r in runs),
+        }
         if target is not None:
             row["placement"] = [placed[r] | {"flops": flops[r]} for r in runs]
         estimates.append(row)
@@ -127,20 +135,28 @@ def place(task, backbone: str, config, target) -> dict:
 def placement_table(estimates: list[dict], target, utilisation: float) -> str:
     """Markdown: per row, the GPUs and nodes of ``target`` its largest job needs and the
     wall-clock hours of its jobs run one after another on that many GPUs."""
-    gpu = Accelerator(peak_tflops=target.peak_tflops or Accelerator.peak_tflops,
-                      utilisation=utilisation)  # fmt: skip
+    gpu = Accelerator(
+        peak_tflops=target.peak_tflops or Accelerator.peak_tflops, utilisation=utilisation
+    )
     peak = gpu.peak_tflops
-    lines = [f"## On {target.describe()}", "",
-             f"Each job on the fewest GPUs of a node at which it fits (per rank and per host); "
-             f"hours at {utilisation:.0%} of {peak:g} TFLOP/s per GPU.", "",
-             "| # | GPUs × nodes | hours | runnable |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"## On {target.describe()}",
+        "",
+        f"Each job on the fewest GPUs of a node at which it fits (per rank and per host); "
+        f"hours at {utilisation:.0%} of {peak:g} TFLOP/s per GPU.",
+        "",
+        "| # | GPUs × nodes | hours | runnable |",
+        "|---|---|---|---|",
+    ]
     for e in estimates:
         jobs = e["placement"]
         widest = max(jobs, key=lambda j: j["gpus"])
         hours = sum(gpu.hours(j["flops"]) / j["gpus"] for j in jobs)
         problems = [p for j in jobs for p in j["problems"]]
-        lines.append(f"| {e['row']} | {widest['gpus']} × {widest['nodes']} | "
-                     f"{hours:,.1f} | {'no: ' + problems[0] if problems else 'yes'} |")  # fmt: skip
+        lines.append(
+            f"| {e['row']} | {widest['gpus']} × {widest['nodes']} | "
+            f"{hours:,.1f} | {'no: ' + problems[0] if problems else 'yes'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -149,15 +165,22 @@ def compute_table(estimates: list[dict], gpu: Accelerator) -> str:
     from evalkit.parallel.planner import human
 
     head = f"GPU-hours at {gpu.utilisation:.0%} of an {gpu.name}'s {gpu.peak_tflops:g} TFLOP/s"
-    lines = ["# Compute of the effect table at scale `paper` (estimated)", "",
-             "Each row's runs, their FLOPs from the tasks' plans (forward passes per stage × the "
-             "planner's FLOPs per image; training counted as three passes) and what that is in "
-             "GPU-hours. Written by `evalkit reproduce --scale paper --dry-run`; estimates, "
-             "not measurements.", "",
-             f"| # | where | runs | FLOPs | {head} |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Compute of the effect table at scale `paper` (estimated)",
+        "",
+        "Each row's runs, their FLOPs from the tasks' plans (forward passes per stage × the "
+        "planner's FLOPs per image; training counted as three passes) and what that is in "
+        "GPU-hours. Written by `evalkit reproduce --scale paper --dry-run`; estimates, "
+        "not measurements.",
+        "",
+        f"| # | where | runs | FLOPs | {head} |",
+        "|---|---|---|---|---|",
+    ]
     for e in estimates:
-        lines.append(f"| {e['row']} | {e['where']} | {'; '.join(e['runs'])} | "
-                     f"{human(e['flops'], 'FLOP')} | {gpu.hours(e['flops']):,.0f} |")  # fmt: skip
+        lines.append(
+            f"| {e['row']} | {e['where']} | {'; '.join(e['runs'])} | "
+            f"{human(e['flops'], 'FLOP')} | {gpu.hours(e['flops']):,.0f} |"
+        )
     total = sum(e["flops"] for e in estimates)
     lines.append(f"| | all rows | | {human(total, 'FLOP')} | {gpu.hours(total):,.0f} |")
     return "\n".join(lines) + "\n"

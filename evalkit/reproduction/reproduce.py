@@ -70,10 +70,17 @@ class Reproduction:
 
         root = Path(self.cache or cache_root())
         sizes = tuple(dict.fromkeys(self.scale.ladder))
-        spec = PretrainSpec(sizes=sizes, out=root / "reproduce" / f"ladder-{self.scale.name}",
-                            schedule=Schedule(steps=self.scale.pretrain_steps, batch_size=64,
-                                              warmup=max(1, self.scale.pretrain_steps // 10)),
-                            progress=self.progress, keyed=True)  # fmt: skip
+        spec = PretrainSpec(
+            sizes=sizes,
+            out=root / "reproduce" / f"ladder-{self.scale.name}",
+            schedule=Schedule(
+                steps=self.scale.pretrain_steps,
+                batch_size=64,
+                warmup=max(1, self.scale.pretrain_steps // 10),
+            ),
+            progress=self.progress,
+            keyed=True,
+        )
         summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
         self.ladder = {s["size"]: s["weights"] for s in summaries}
         return sum(s["seconds"] for s in summaries)
@@ -89,11 +96,21 @@ class Reproduction:
         which = 0 if measure.on == SMALL else 1
         if self.scale.paper:
             model = effect.models[which]
-            return Job(measure.task, self.backbones[model], seed=seed, overrides=overrides,
-                       weights=self.weights.get(model))  # fmt: skip
+            return Job(
+                measure.task,
+                self.backbones[model],
+                seed=seed,
+                overrides=overrides,
+                weights=self.weights.get(model),
+            )
         size = self.scale.ladder[which]
-        return Job(measure.task, f"vit22b/{size}", seed=seed, overrides=overrides,
-                   weights=self.ladder[size])  # fmt: skip
+        return Job(
+            measure.task,
+            f"vit22b/{size}",
+            seed=seed,
+            overrides=overrides,
+            weights=self.ladder[size],
+        )
 
     def seeds(self, measure: Measure) -> int:
         return 1 if measure.on == "none" else self.scale.seeds_for(measure.task)
@@ -107,10 +124,18 @@ class Reproduction:
         if self.plan is not None:  # the sweep ran it
             rows = job_rows(self.plan, job, self.read)
         else:
-            rows = evalkit.run(job.task, () if job.backbone == "none" else job.backbone,
-                               weights=job.weights, overrides=job.overrides, data="embedded",
-                               seeds=(job.seed,), out=self.runs, progress=self.progress,
-                               cache_dir=self.cache, log=self.log)  # fmt: skip
+            rows = evalkit.run(
+                job.task,
+                () if job.backbone == "none" else job.backbone,
+                weights=job.weights,
+                overrides=job.overrides,
+                data="embedded",
+                seeds=(job.seed,),
+                out=self.runs,
+                progress=self.progress,
+                cache_dir=self.cache,
+                log=self.log,
+            )
         seconds = max((r["provenance"]["wall_s"] for r in rows), default=0.0)
         pictures = dict.fromkeys(r["extra"]["picture"] for r in rows if r["extra"].get("picture"))
         values = {r["metric"]: r["value"] for r in rows}
@@ -130,13 +155,25 @@ class Reproduction:
                 drawn += pictures if seed == 0 else []
             values[name], seeds[name] = over_seeds(per_seed), len(per_seed)
         outcome = effect.judge(values)
-        return {"row": effect.number, "changed": effect.changed,
-                "where": effect.where, "metric": effect.metric, "paper": effect.paper,
-                "paper_effect": effect.paper_effect, "setup": self.setup(effect), "ours": outcome.ours,
-                "our_effect": outcome.effect, "interval": outcome.interval, "agrees": outcome.agrees,
-                "note": outcome.note, "seeds": seeds, "relative": relative(effect, outcome),
-                "departures": departures(effect, self.scale), "seconds": round(seconds, 1),
-                "pictures": self.copy_pictures(effect, drawn) if effect.pictures else []}  # fmt: skip
+        return {
+            "row": effect.number,
+            "changed": effect.changed,
+            "where": effect.where,
+            "metric": effect.metric,
+            "paper": effect.paper,
+            "paper_effect": effect.paper_effect,
+            "setup": self.setup(effect),
+            "ours": outcome.ours,
+            "our_effect": outcome.effect,
+            "interval": outcome.interval,
+            "agrees": outcome.agrees,
+            "note": outcome.note,
+            "seeds": seeds,
+            "relative": relative(effect, outcome),
+            "departures": departures(effect, self.scale),
+            "seconds": round(seconds, 1),
+            "pictures": self.copy_pictures(effect, drawn) if effect.pictures else [],
+        }
 
     def setup(self, effect: EffectRow) -> str:
         if self.scale.paper:
@@ -199,8 +236,16 @@ def relative(effect: EffectRow, outcome: Outcome) -> dict:
     }
 
 
-def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
-              progress=False, echo=print, log=()) -> list[dict]:  # fmt: skip
+def reproduce(
+    scale: str,
+    *,
+    only=None,
+    out=Path("results/paper"),
+    cache=None,
+    progress=False,
+    echo=print,
+    log=(),
+) -> list[dict]:
     """Measure every row (or the numbers in ``only``), write the table, return its records."""
     if scale == "paper":
         raise EvalkitError("scale paper runs as a sweep: evalkit reproduce --scale paper --dry-run")
@@ -213,16 +258,23 @@ def reproduce(scale: str, *, only=None, out=Path("results/paper"), cache=None,
     return tabulate(job, effects, ladder_s, start, echo)
 
 
-def tabulate(job: Reproduction, effects: list[EffectRow], ladder_s: float, start: float,
-             echo=print) -> list[dict]:  # fmt: skip
+def tabulate(
+    job: Reproduction, effects: list[EffectRow], ladder_s: float, start: float, echo=print
+) -> list[dict]:
     """Every row measured (or read) and judged, the table written; the records."""
     records = []
     for effect in effects:
         echo(f"row {effect.number}: {effect.changed} ({effect.where})")
         records.append(job.row(effect))
     rows_s = round(sum(r["seconds"] for r in records), 1)
-    summary = {"scale": job.scale.name, "ladder": list(job.scale.ladder), "ladder_seconds": ladder_s,
-               "rows_seconds": rows_s, "compute_seconds": round(ladder_s + rows_s, 1),
-               "wall_seconds": round(time.perf_counter() - start, 1), "rows": records}  # fmt: skip
+    summary = {
+        "scale": job.scale.name,
+        "ladder": list(job.scale.ladder),
+        "ladder_seconds": ladder_s,
+        "rows_seconds": rows_s,
+        "compute_seconds": round(ladder_s + rows_s, 1),
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "rows": records,
+    }
     write_table(summary, job.out)
     return records

@@ -89,8 +89,19 @@ class Plan:
 
     def command(self, job: Job) -> list[str]:
         """The job's command line: ``python -m evalkit run ...`` or, across GPUs, torchrun."""
-        args = ["run", "--task", job.task, "--backbone", job.backbone, "--seed", str(job.seed),
-                "--out", str(self.out.absolute()), "--quiet", *self.run_args]  # fmt: skip
+        args = [
+            "run",
+            "--task",
+            job.task,
+            "--backbone",
+            job.backbone,
+            "--seed",
+            str(job.seed),
+            "--out",
+            str(self.out.absolute()),
+            "--quiet",
+            *self.run_args,
+        ]
         for override in job.overrides:
             args += ["--set", override]
         if job.weights:
@@ -101,10 +112,14 @@ class Plan:
         if r.fsdp:
             args += ["--fsdp"]
         if r.nodes > 1:  # one torchrun per node, meeting at the job's first node
-            rendezvous = ("--rdzv-id $SLURM_JOB_ID --rdzv-backend c10d --rdzv-endpoint "
-                          "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500")  # fmt: skip
-            line = (f"torchrun --nnodes {r.nodes} --nproc-per-node {max(1, r.gpus)} {rendezvous} "
-                    f"-m evalkit {shlex.join(args)}")  # fmt: skip
+            rendezvous = (
+                "--rdzv-id $SLURM_JOB_ID --rdzv-backend c10d --rdzv-endpoint "
+                "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500"
+            )
+            line = (
+                f"torchrun --nnodes {r.nodes} --nproc-per-node {max(1, r.gpus)} {rendezvous} "
+                f"-m evalkit {shlex.join(args)}"
+            )
             return ["bash", "-c", line]
         if r.gpus > 1:
             return ["torchrun", "--nproc-per-node", str(r.gpus), "-m", "evalkit", *args]
@@ -115,8 +130,10 @@ def plan_from_args(tasks, backbones, seeds, overrides=(), weights=None, **plan) 
     """Every (task, backbone, seed) of the lists, with the same settings."""
     if not tasks or not backbones:
         raise EvalkitError("a sweep needs at least one --task and one --backbone (or --plan FILE)")
-    jobs = tuple(Job(t, b, s, tuple(overrides), weights)
-                 for t, b, s in itertools.product(tasks, backbones, seeds))  # fmt: skip
+    jobs = tuple(
+        Job(t, b, s, tuple(overrides), weights)
+        for t, b, s in itertools.product(tasks, backbones, seeds)
+    )
     return Plan(jobs=jobs, **plan)
 
 
@@ -142,8 +159,15 @@ def plan_from_toml(path: Path, **plan) -> Plan:
         for task, backbone, seed in itertools.product(
             _listed(entry["task"]), _listed(entry["backbone"]), _listed(entry.get("seeds", 0))
         ):
-            jobs.append(Job(task, backbone, int(seed), tuple(_listed(entry.get("set", []))),
-                            entry.get("weights")))  # fmt: skip
+            jobs.append(
+                Job(
+                    task,
+                    backbone,
+                    int(seed),
+                    tuple(_listed(entry.get("set", []))),
+                    entry.get("weights"),
+                )
+            )
     if "out" in spec:
         plan["out"] = Path(spec["out"])
     plan["run_args"] = (*tuple(spec.get("run_args", ())), *plan.get("run_args", ()))
@@ -220,14 +244,23 @@ def job_run_spec(plan: Plan, job: Job):
     known, _ = parser.parse_known_args(list(plan.run_args))
     # the device is the job's machine's, not this one's: only its default dtype is taken
     dtype = known.dtype or ("bf16" if (known.device or "").startswith("cuda") else None)
-    return RunSpec(tasks=job.task, backbones=job.backbone, seeds=(job.seed,),
-                   overrides=job.overrides, weights=job.weights, data=known.data or "auto",
-                   data_dir=known.data_dir and Path(known.data_dir), dtype=dtype,
-                   cache_dtype=known.cache_dtype,
-                   cache_dir=known.cache_dir and Path(known.cache_dir),
-                   verify_data=known.verify_data, pretrained=known.pretrained,
-                   random_init=known.random_init, model_args=parse_model_args(known.model_args),
-                   progress=False)  # fmt: skip
+    return RunSpec(
+        tasks=job.task,
+        backbones=job.backbone,
+        seeds=(job.seed,),
+        overrides=job.overrides,
+        weights=job.weights,
+        data=known.data or "auto",
+        data_dir=known.data_dir and Path(known.data_dir),
+        dtype=dtype,
+        cache_dtype=known.cache_dtype,
+        cache_dir=known.cache_dir and Path(known.cache_dir),
+        verify_data=known.verify_data,
+        pretrained=known.pretrained,
+        random_init=known.random_init,
+        model_args=parse_model_args(known.model_args),
+        progress=False,
+    )
 
 
 def pending(plan: Plan) -> list[Job]:
@@ -254,18 +287,27 @@ def submit(plan: Plan, jobs: list[Job], *, cluster: str):
         executor = submitit.AutoExecutor(folder=plan.out / "submitit" / "%j", cluster=cluster)
         executor.update_parameters(**_parameters(resources, cluster))
         with executor.batch():
-            handles = [executor.submit(submitit.helpers.CommandFunction(plan.command(job)))
-                       for job in group]  # fmt: skip
+            handles = [
+                executor.submit(submitit.helpers.CommandFunction(plan.command(job)))
+                for job in group
+            ]
         submitted |= dict(zip(group, handles, strict=True))
     return [submitted[job] for job in jobs]
 
 
 def _parameters(r: Resources, cluster: str) -> dict:
-    params = {"timeout_min": r.timeout_min, "nodes": r.nodes, "tasks_per_node": 1,
-              "name": "evalkit-sweep"}  # fmt: skip
+    params = {
+        "timeout_min": r.timeout_min,
+        "nodes": r.nodes,
+        "tasks_per_node": 1,
+        "name": "evalkit-sweep",
+    }
     if cluster == "slurm":
-        params |= {"gpus_per_node": r.gpus, "cpus_per_task": r.cpus,
-                   "slurm_array_parallelism": r.array_parallelism}  # fmt: skip
+        params |= {
+            "gpus_per_node": r.gpus,
+            "cpus_per_task": r.cpus,
+            "slurm_array_parallelism": r.array_parallelism,
+        }
         if r.partition:
             params["slurm_partition"] = r.partition
         if r.mem_gb:

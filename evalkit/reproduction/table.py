@@ -25,20 +25,28 @@ def write_table(summary: dict, out: Path):
 
 
 def header(summary: dict) -> list[str]:
-    models = (f"Ladder {' → '.join(summary['ladder'])}" if any(summary["ladder"])
-              else "The paper's models (our setup column names the backbones)")  # fmt: skip
-    return [f"# The effect table at scale `{summary['scale']}`", "",
-            f"{models}. Compute: ladder {summary['ladder_seconds']:.0f} s "
-            f"+ rows {summary['rows_seconds']:.0f} s = {summary['compute_seconds']:.0f} s (each "
-            f"counted when it ran; this invocation took {summary['wall_seconds']:.0f} s, reusing "
-            f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.", "",
-            "Our effect is signed so that positive is the better direction, with its 95% interval "
-            "(the test items' standard error, and the seeds' spread where a row has several); a row "
-            "agrees or not only when its interval leaves out zero, else it is within noise. "
-            "Marked rows (†) depart from the paper as listed below the table.", "",
-            "| # | what changed | where | metric | paper values | paper effect | our setup | "
-            "our values | our effect [95%] | seeds | agrees? | s |",
-            "|" + "---|" * 12]  # fmt: skip
+    models = (
+        f"Ladder {' → '.join(summary['ladder'])}"
+        if any(summary["ladder"])
+        else "The paper's models (our setup column names the backbones)"
+    )
+    return [
+        f"# The effect table at scale `{summary['scale']}`",
+        "",
+        f"{models}. Compute: ladder {summary['ladder_seconds']:.0f} s "
+        f"+ rows {summary['rows_seconds']:.0f} s = {summary['compute_seconds']:.0f} s (each "
+        f"counted when it ran; this invocation took {summary['wall_seconds']:.0f} s, reusing "
+        f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.",
+        "",
+        "Our effect is signed so that positive is the better direction, with its 95% interval "
+        "(the test items' standard error, and the seeds' spread where a row has several); a row "
+        "agrees or not only when its interval leaves out zero, else it is within noise. "
+        "Marked rows (†) depart from the paper as listed below the table.",
+        "",
+        "| # | what changed | where | metric | paper values | paper effect | our setup | "
+        "our values | our effect [95%] | seeds | agrees? | s |",
+        "|" + "---|" * 12,
+    ]
 
 
 def row_line(r: dict) -> str:
@@ -49,9 +57,11 @@ def row_line(r: dict) -> str:
     seeds = ", ".join(sorted({str(k) for k in r.get("seeds", {}).values()})) or "–"
     note = f" ({r['note']})" if r["note"] else ""
     mark = " †" if r.get("departures") else ""
-    return (f"| {r['row']}{mark} | {r['changed']} | {r['where']} | {r['metric']} | {r['paper']} | "
-            f"{r['paper_effect']} | {r['setup']} | {r['ours']} | {effect} | {seeds} | "
-            f"{VERDICTS[r['agrees']]}{note} | {r['seconds']:.0f} |")  # fmt: skip
+    return (
+        f"| {r['row']}{mark} | {r['changed']} | {r['where']} | {r['metric']} | {r['paper']} | "
+        f"{r['paper_effect']} | {r['setup']} | {r['ours']} | {effect} | {seeds} | "
+        f"{VERDICTS[r['agrees']]}{note} | {r['seconds']:.0f} |"
+    )
 
 
 def departures_section(records: list[dict]) -> list[str]:
@@ -88,8 +98,14 @@ def effects_picture(records: list[dict], path: Path) -> Path | None:
         )
         rel = r.get("relative") or {}
         if rel.get("paper") is None or rel.get("ours") is None:
-            ax.text(0, y, f"no number to compare: {VERDICTS[r['agrees']]}", va="center", fontsize=8,
-                    color=COLOURS[r["agrees"]])  # fmt: skip
+            ax.text(
+                0,
+                y,
+                f"no number to compare: {VERDICTS[r['agrees']]}",
+                va="center",
+                fontsize=8,
+                color=COLOURS[r["agrees"]],
+            )
             continue
         ax.plot(
             100 * rel["paper"], y + 0.15, "D", color="tab:blue", label="paper" if y == 0 else None
@@ -103,7 +119,9 @@ def effects_picture(records: list[dict], path: Path) -> Path | None:
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlabel("relative change, % (positive: the paper's better direction; symlog beyond ±10%)")
-    ax.set_title("Paper (◆) and ours (●, 95% interval): green agrees, red disagrees, grey within noise",
-                 fontsize=9)  # fmt: skip
+    ax.set_title(
+        "Paper (◆) and ours (●, 95% interval): green agrees, red disagrees, grey within noise",
+        fontsize=9,
+    )
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)

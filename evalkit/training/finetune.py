@@ -20,8 +20,18 @@ import torch
 from evalkit.errors import EvalkitError
 
 BLOCK = re.compile(r"(?:^|\.)(?:blocks|resblocks|layers)\.(\d+)\.")
-EMBEDDINGS = ("patch_embed", "pos_embed", "cls_token", "conv1", "class_embedding",
-              "positional_embedding", "embed", "reg_token", "ln_pre", "norm_pre")  # fmt: skip
+EMBEDDINGS = (
+    "patch_embed",
+    "pos_embed",
+    "cls_token",
+    "conv1",
+    "class_embedding",
+    "positional_embedding",
+    "embed",
+    "reg_token",
+    "ln_pre",
+    "norm_pre",
+)
 
 
 def trainable_copy(backbone):
@@ -70,8 +80,10 @@ def decayed_groups(tower: torch.nn.Module, head: torch.nn.Module, *, depth: int,
             continue
         key = (decay ** (depth + 1 - layer), param.ndim > 1 and "pos_embed" not in name)
         groups.setdefault(key, []).append(param)
-    return [{"params": params, "lr_scale": scale, "decayed": decayed}
-            for (scale, decayed), params in sorted(groups.items())]  # fmt: skip
+    return [
+        {"params": params, "lr_scale": scale, "decayed": decayed}
+        for (scale, decayed), params in sorted(groups.items())
+    ]
 
 
 class EndToEnd(torch.nn.Module):
@@ -80,8 +92,16 @@ class EndToEnd(torch.nn.Module):
     stays in eval mode and runs without autograd: only the head trains (a frozen-feature head
     whose features are computed in the loop instead of read from a cache)."""
 
-    def __init__(self, backbone, head: torch.nn.Module, *, layers, pool: str, dense: bool,
-                 frozen: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        backbone,
+        head: torch.nn.Module,
+        *,
+        layers,
+        pool: str,
+        dense: bool,
+        frozen: bool = False,
+    ):
         super().__init__()
         self.tower = backbone_module(backbone)
         self.head = head

@@ -75,9 +75,18 @@ class Diverged(EvalkitError):
 Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, micro) → (x, y)
 
 
-def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = None,
-        device: str = "cpu", progress: bool = False, observe=None,
-        groups: list[dict] | None = None) -> list[dict]:  # fmt: skip
+def fit(
+    model,
+    batch: Batch,
+    loss_fn,
+    schedule: Schedule,
+    *,
+    out: Path | None = None,
+    device: str = "cpu",
+    progress: bool = False,
+    observe=None,
+    groups: list[dict] | None = None,
+) -> list[dict]:
     """Train ``model`` (inputs → logits) for ``schedule.steps``, resuming from ``out``. Each
     step's log holds loss, lr, grad_norm and whatever ``observe()`` returns after the step's
     first forward pass (attention statistics). ``groups`` (optional) are parameter groups
@@ -115,8 +124,9 @@ def fit(model, batch: Batch, loss_fn, schedule: Schedule, *, out: Path | None = 
     return log
 
 
-def sampled_batches(dataset, batch_size: int, seed: int, collate: Callable | None = None,
-                    lead: int = 0):  # fmt: skip
+def sampled_batches(
+    dataset, batch_size: int, seed: int, collate: Callable | None = None, lead: int = 0
+):
     """A ``Batch`` over ``dataset``: each step's sample indices drawn from the (seed, step,
     micro) generator and each item's random augmentation seeded by its position in the batch,
     so a resumed run, and a run over several data-parallel ranks (each loads its own share),
@@ -156,9 +166,18 @@ def make_optimizer(model, schedule: Schedule, groups: list[dict] | None = None):
     decay = (
         schedule.weight_decay / schedule.lr if schedule.independent_wd else schedule.weight_decay
     )
-    params = [{"params": g["params"], "lr": schedule.lr * g["lr_scale"],
-               "weight_decay": decay if g["decayed"] else 0.0}
-              for g in groups] if groups else model.parameters()  # fmt: skip
+    params = (
+        [
+            {
+                "params": g["params"],
+                "lr": schedule.lr * g["lr_scale"],
+                "weight_decay": decay if g["decayed"] else 0.0,
+            }
+            for g in groups
+        ]
+        if groups
+        else model.parameters()
+    )
     if schedule.optimizer == "adafactor":
         return torch.optim.Adafactor(params, lr=schedule.lr, weight_decay=decay)
     return torch.optim.AdamW(params, lr=schedule.lr, betas=(0.9, schedule.b2), weight_decay=decay)
@@ -334,5 +353,6 @@ def _load_sharded(model, optimizer, folder: Path):
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])  # fmt: skip
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )

@@ -87,8 +87,14 @@ def _has_jft(data: DataConfig) -> bool:
 def _augment(image: int):
     from torchvision import transforms as T
 
-    return T.Compose([T.RandomResizedCrop(image, scale=(0.35, 1.0)), T.RandomHorizontalFlip(),
-                      T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])  # fmt: skip
+    return T.Compose(
+        [
+            T.RandomResizedCrop(image, scale=(0.35, 1.0)),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize((0.5,) * 3, (0.5,) * 3),
+        ]
+    )
 
 
 def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataConfig) -> dict:
@@ -121,13 +127,24 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     if mesh.current().main:
         _write_weights(state, folder, cfg, dataset.classes)
     layout = mesh.current()
-    summary = {"size": size, "weights": str(weights), "params": sum(p.numel() for p in model.vit.parameters()),
-               "ranks": {"dp": layout.dp_size, "tp": layout.tp_size, "fsdp": spec.fsdp},
-               "loss": "sigmoid" if multilabel else "softmax", "dataset": name,
-               "first_loss": log[0]["loss"], "final_loss": sum(e["loss"] for e in log[-10:]) / len(log[-10:]),
-               "steps": len(log), "seconds": round(seconds, 1), "schedule": asdict(schedule),
-               "image": spec.image, "patch": spec.patch, "data_id": inputs["data"],
-               "versions": inputs["libraries"], "key": spec_key(inputs)}  # fmt: skip
+    summary = {
+        "size": size,
+        "weights": str(weights),
+        "params": sum(p.numel() for p in model.vit.parameters()),
+        "ranks": {"dp": layout.dp_size, "tp": layout.tp_size, "fsdp": spec.fsdp},
+        "loss": "sigmoid" if multilabel else "softmax",
+        "dataset": name,
+        "first_loss": log[0]["loss"],
+        "final_loss": sum(e["loss"] for e in log[-10:]) / len(log[-10:]),
+        "steps": len(log),
+        "seconds": round(seconds, 1),
+        "schedule": asdict(schedule),
+        "image": spec.image,
+        "patch": spec.patch,
+        "data_id": inputs["data"],
+        "versions": inputs["libraries"],
+        "key": spec_key(inputs),
+    }
     if layout.main:
         write_json(folder / "provenance.json", summary)
     mesh.barrier()
@@ -139,8 +156,9 @@ def _write_weights(state: dict, folder: Path, cfg, classes):
     ``head.safetensors`` (its class names in the metadata)."""
     from safetensors.torch import save_file
 
-    save_checkpoint({k[4:]: v for k, v in state.items() if k.startswith("vit.")}, folder,
-                    cfg.as_dict())  # fmt: skip
+    save_checkpoint(
+        {k[4:]: v for k, v in state.items() if k.startswith("vit.")}, folder, cfg.as_dict()
+    )
     head = {k[5:]: v for k, v in state.items() if k.startswith("head.")}
     save_file(head, str(folder / "head.safetensors"), metadata={"classes": ",".join(classes)})
 
@@ -169,9 +187,15 @@ def shard(model: Classifier, *, fsdp: bool) -> Classifier:
 
 def size_spec(size: str, dataset: str, spec: PretrainSpec, data: DataConfig) -> dict:
     """Everything that makes one size's weights what they are: the reuse key of its folder."""
-    return {"size": size, "image": spec.image, "patch": spec.patch,
-            "schedule": asdict(spec.schedule), "dataset": dataset,
-            "data": data_identity(dataset, data), "libraries": library_versions()}  # fmt: skip
+    return {
+        "size": size,
+        "image": spec.image,
+        "patch": spec.patch,
+        "schedule": asdict(spec.schedule),
+        "dataset": dataset,
+        "data": data_identity(dataset, data),
+        "libraries": library_versions(),
+    }
 
 
 def claim(folder: Path, inputs: dict):

@@ -96,8 +96,9 @@ def devkit_wnids(meta: Path) -> dict[int, str]:
 
     try:
         synsets = loadmat(str(meta), squeeze_me=True)["synsets"]
-        wnids = {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets
-                 if int(s["num_children"]) == 0}  # fmt: skip
+        wnids = {
+            int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets if int(s["num_children"]) == 0
+        }
     except Exception as exc:  # noqa: BLE001 - scipy raises many kinds for a file it cannot read
         raise EvalkitError(
             f"{meta} is not the devkit's meta.mat (a 'synsets' table with ILSVRC2012_ID, WNID "
@@ -147,10 +148,16 @@ def prepare_val(source: Path, out: Path, *, copy: bool, progress) -> dict:
         )
     for wnid in sorted({labels[number[p]] for p in images}):
         (out / "val" / wnid).mkdir(parents=True, exist_ok=True)
-    written = sum(place(p, out / "val" / labels[number[p]] / p.name, copy)
-                  for p in progress(images, "imagenet val"))  # fmt: skip
-    return {"val": len(images), "val_classes": len({labels[number[p]] for p in images}),
-            "val_written": written, "val_kept": len(images) - written}  # fmt: skip
+    written = sum(
+        place(p, out / "val" / labels[number[p]] / p.name, copy)
+        for p in progress(images, "imagenet val")
+    )
+    return {
+        "val": len(images),
+        "val_classes": len({labels[number[p]] for p in images}),
+        "val_written": written,
+        "val_kept": len(images) - written,
+    }
 
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"

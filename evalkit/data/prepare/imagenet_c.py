@@ -114,8 +114,16 @@ def clean_images(source: Path) -> list[str]:
     return images
 
 
-def prepare_imagenet_c(source: Path, dest: Path, *, workers: int, seed: int, progress,
-                       corruptions=NAMES, severities=SEVERITIES) -> dict:  # fmt: skip
+def prepare_imagenet_c(
+    source: Path,
+    dest: Path,
+    *,
+    workers: int,
+    seed: int,
+    progress,
+    corruptions=NAMES,
+    severities=SEVERITIES,
+) -> dict:
     """Writes the sets; returns counts. ``dest/provenance.json`` records the seed and settings."""
     source, dest = Path(source), Path(dest)
     images = clean_images(source)
