@@ -253,7 +253,8 @@ def extraction(device: str) -> dict:
 
 def probe(device: str) -> dict:
     """The probe's selection and refit on seeded features, on ``device`` and on the CPU."""
-    from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
+    from evalkit.heads.linear import Standardizer, fit_logistic, hits, logistic_path
+    from evalkit.heads.logistic import FeatureRows
     from evalkit.protocols.classification import DEFAULT_L2, choose_l2, stratified_holdout
 
     rows = SIZES[device][2]
@@ -270,10 +271,12 @@ def probe(device: str) -> dict:
         xs, xts, ys, yts = scale(x).to(where), scale(xt).to(where), y.to(where), yt.to(where)
         fit_idx, held_idx = stratified_holdout(y, 0.2, seed=0)
         path = logistic_path(xs[fit_idx], ys[fit_idx], num_classes=classes, l2_values=DEFAULT_L2)
-        held = {l2: int(hits(m, Rows.of(xs[held_idx], ys[held_idx]), 1).sum()) for l2, m in path}
+        held = {
+            l2: int(hits(m, FeatureRows.of(xs[held_idx], ys[held_idx]), 1).sum()) for l2, m in path
+        }
         l2, init = choose_l2(path, held)
         model = fit_logistic(xs, ys, num_classes=classes, l2=l2, init=init)
-        return l2, int(hits(model, Rows.of(xts, yts), 1).sum())
+        return l2, int(hits(model, FeatureRows.of(xts, yts), 1).sum())
 
     here, cpu = run(device), run("cpu")
     return {

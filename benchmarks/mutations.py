@@ -47,8 +47,8 @@ FAULTS = (
     Fault(
         "ece bins unweighted",
         "evalkit/metrics.py",
-        "return sum(n / total * abs(a - c) for n, a, c in",
-        "return sum(abs(a - c) / len(self.counts) for n, a, c in",
+        "n / total * abs(a - c)",
+        "abs(a - c) / len(self.counts)",
         CALIBRATION,
     ),
     Fault(
@@ -76,8 +76,8 @@ FAULTS = (
     Fault(
         "miou over ground-truth classes only",
         "evalkit/metrics.py",
-        "present = union > 0",
-        "present = confusion.sum(1) > 0",
+        "present = union > 0\n    labelled",
+        "present = confusion.sum(1) > 0\n    labelled",
         METRICS,
     ),
     Fault(
@@ -125,8 +125,8 @@ FAULTS = (
     Fault(
         "garg crop starts at half height",
         "evalkit/metrics.py",
-        "mask[int(0.40810811 * height)",
-        "mask[int(0.5 * height)",
+        "int(0.40810811 * height)",
+        "int(0.5 * height)",
         ("tests/test_dense.py",),
     ),
     Fault(
@@ -144,10 +144,10 @@ FAULTS = (
         ("tests/test_knn.py",),
     ),
     Fault(
-        "knn train rows not normalised",
+        "knn rows not normalised",
         "evalkit/heads/knn.py",
-        "features = F.normalize(features.float().to(queries.device), dim=1)",
-        "features = features.float().to(queries.device)",
+        "blocks.append((rows / norms[:, None] * GRID).round_().int())",
+        "blocks.append((rows * GRID).round_().int())",
         ("tests/test_knn.py",),
     ),
     Fault(
@@ -174,15 +174,15 @@ FAULTS = (
     Fault(
         "lit temperature not exponentiated",
         "evalkit/heads/text.py",
-        "logits = images @ texts.T * log_temperature.exp()",
-        "logits = images @ texts.T * log_temperature",
+        "logits = images.float() @ texts.float().T * log_temperature.float().exp()",
+        "logits = images.float() @ texts.float().T * log_temperature.float()",
         ("tests/test_zeroshot.py",),
     ),
     Fault(
         "probe not scaled",
         "evalkit/heads/linear.py",
-        "return (x - self.mean) / self.std",
-        "return x - self.mean",
+        "return (x - self.mean.to(x.device)) / self.std.to(x.device)",
+        "return x - self.mean.to(x.device)",
         METRICS,
     ),
     Fault(
@@ -194,14 +194,14 @@ FAULTS = (
     ),
     Fault(
         "probe l2 gradient halved",
-        "evalkit/heads/linear.py",
+        "evalkit/heads/logistic.py",
         "model.weight.grad = grad_w + l2 * model.weight",
         "model.weight.grad = grad_w + 0.5 * l2 * model.weight",
         METRICS,
     ),
     Fault(
         "probe tie rule exact",
-        "tasks/linear_probe.py",
+        "evalkit/protocols/classification.py",
         "if held_hits[l2] >= best - 1)",
         "if held_hits[l2] >= best)",
         ("tests/test_metrics.py",),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import sys
-from pathlib import Path
 
 
 class EvalkitError(Exception):
@@ -53,10 +52,3 @@ def install_hint(module: str | None) -> str | None:
 def warn(message: str):
     """One line on stderr for something evalkit recovered from by itself."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def disk_error(exc: OSError, path: Path) -> EvalkitError:
-    """One line for a write that failed: what, where, and what to do."""
-    from evalkit.writes import write_error
-
-    return write_error(exc, path) or EvalkitError(f"cannot write {path}: {exc.strerror or exc}")

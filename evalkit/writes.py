@@ -150,3 +150,8 @@ def _remove(path: Path):
     else:
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+def disk_error(exc: OSError, path: Path) -> EvalkitError:
+    """One line for a write that failed: what, where, and what to do."""
+    return write_error(exc, path) or EvalkitError(f"cannot write {path}: {exc.strerror or exc}")

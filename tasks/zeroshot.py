@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit import distributed as mesh
+from evalkit import distributed
 from evalkit.backbones.base import POOLS, text_tower
 from evalkit.cache.features import FeatureRequest, backbone_spec
 from evalkit.cache.identity import library_versions, spec_key
@@ -319,7 +319,7 @@ class Lit(ZeroShot):
         readable = feats.labels != UNREADABLE
         if not readable.any():
             raise EvalkitError(f"no readable image in {self.captions}/{self.caption_split}")
-        layout = mesh.current()
+        layout = distributed.current()
         if self.batch_size % layout.dp_size:
             raise EvalkitError(
                 f"batch_size {self.batch_size} must divide by the {layout.dp_size} data-parallel ranks"
@@ -357,7 +357,7 @@ class Lit(ZeroShot):
             settings,
             device=ctx.extract.device,
             progress=ctx.extract.progress,
-            after_backward=mesh.average_gradients,
+            after_backward=distributed.average_gradients,
             order=order.batch,
         )
         rows = readable.nonzero().squeeze(1).tolist()
@@ -403,7 +403,7 @@ class Lit(ZeroShot):
         )
 
     def save(self, model: LitModel, backbone, ctx) -> str | None:
-        if ctx.artifacts is None or not mesh.current().main:
+        if ctx.artifacts is None or not distributed.current().main:
             return None
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", backbone.info.name)
         out = Path(ctx.artifacts).parent / "towers" / f"{self.name}-{safe}-s{ctx.seed}"

@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from evalkit.heads.linear import Rows, Standardizer, fit_logistic, hits, logistic_path
+from evalkit.heads.linear import Standardizer, fit_logistic, hits, logistic_path
+from evalkit.heads.logistic import FeatureRows
 from evalkit.protocols.classification import DEFAULT_L2, choose_l2, stratified_holdout
 
 
@@ -24,11 +25,11 @@ def main(path: str, threads: int, nudge: float) -> dict:
     classes = int(y.max()) + 1
     fit_idx, held_idx = stratified_holdout(y, 0.2, seed=0)
     path_fits = logistic_path(x[fit_idx], y[fit_idx], num_classes=classes, l2_values=DEFAULT_L2)
-    held = Rows.of(x[held_idx], y[held_idx])
+    held = FeatureRows.of(x[held_idx], y[held_idx])
     held_hits = {l2: int(hits(m, held, 1).sum()) for l2, m in path_fits}
     l2, init = choose_l2(path_fits, held_hits)
     model = fit_logistic(x, y, num_classes=classes, l2=l2, init=init)
-    test = Rows.of(xv, yv)
+    test = FeatureRows.of(xv, yv)
     return {
         "l2": l2,
         "held_hits": {f"{k:g}": v for k, v in held_hits.items()},

@@ -421,3 +421,12 @@ def test_every_relative_link_in_the_readme_and_docs_resolves():
     assert all(f"docs/{p.name}" in readme for p in (ROOT / "docs").glob("*.md")), (
         "link every docs page"
     )
+
+
+def test_every_fault_of_the_mutation_pass_still_applies():
+    """Each fault names one line of today's code: a fault whose text moved or was reformatted
+    would silently test nothing."""
+    from benchmarks.mutations import FAULTS
+
+    stale = [f.name for f in FAULTS if (ROOT / f.path).read_text().count(f.old) != 1]
+    assert not stale, stale

@@ -7,13 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evalkit.heads.linear import (
-    Standardizer,
-    _loss_and_grad,
-    fit_logistic,
-    logistic_path,
-    ridge_fewshot_accuracy,
-)
+from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path, ridge_fewshot_accuracy
+from evalkit.heads.logistic import loss_and_grad
 from evalkit.metrics import confusion_matrix, expected_calibration_error, topk_accuracy
 
 BIG_VISION_BIAS = 100.0  # big_vision's few-shot probe appends this constant feature
@@ -56,8 +51,8 @@ def test_logistic_path_is_strongest_first_and_converges_like_cold_start():
     assert [l2 for l2, _ in path] == [1e-1, 1e-2, 1e-3]
     cold = fit_logistic(x.double(), y, num_classes=4, l2=1e-3, max_iter=300)
     # Warm-started and cold fits reach the same objective (to the solver's tolerance).
-    warm_loss = _loss_and_grad(path[-1][1], x.double(), y, 1e-3).item()
-    cold_loss = _loss_and_grad(cold, x.double(), y, 1e-3).item()
+    warm_loss = loss_and_grad(path[-1][1], x.double(), y, 1e-3).item()
+    cold_loss = loss_and_grad(cold, x.double(), y, 1e-3).item()
     assert warm_loss == pytest.approx(cold_loss, abs=1e-4)
 
 
@@ -249,7 +244,8 @@ def test_choose_l2_takes_the_strongest_within_one_hold_out_image():
 
 def test_every_probe_fit_is_pinned_to_its_optimum():
     """Float64 fits run to the gradient tolerance, the path's too, and say so."""
-    from evalkit.heads.linear import TOL, logistic_path
+    from evalkit.heads.linear import logistic_path
+    from evalkit.heads.logistic import TOL
 
     x, y = _blobs(n=300, d=20, c=4, seed=2)
     path = logistic_path(Standardizer.fit(x)(x), y, num_classes=4, l2_values=(1e-1, 1e-3, 1e-5))
@@ -260,10 +256,10 @@ def test_every_probe_fit_is_pinned_to_its_optimum():
 
 def _exact_grad_max(model, x, y, l2: float) -> float:
     """The objective's largest gradient entry, recomputed in fp64 from scratch."""
-    from evalkit.heads.linear import LinearModel
+    from evalkit.heads.logistic import LinearModel
 
     exact = LinearModel(model.weight.clone(), model.bias.clone())
-    _loss_and_grad(exact, x.double(), y, l2)
+    loss_and_grad(exact, x.double(), y, l2)
     return max(exact.weight.grad.abs().max().item(), exact.bias.grad.abs().max().item())
 
 
@@ -297,11 +293,12 @@ def test_a_bf16_line_finds_the_fp32_lines_step_at_the_optimum(l2):
     below bf16's rounding of the line's logits: a bf16 line must still find the step the fp32
     line finds (a search on the loss part's raw value found none, or a tiny one, and the fit
     crawled)."""
-    from evalkit.heads.kept import KeptLogitsFit
-    from evalkit.heads.linear import MU_SCALE, LinearModel, Preconditioner, Rows
+    from evalkit.heads.kept_logits_fit import KeptLogitsFit
+    from evalkit.heads.linear import MU_SCALE, Preconditioner
+    from evalkit.heads.logistic import FeatureRows, LinearModel
 
     x, y = _blobs(n=3000, d=48, c=10, seed=5, spread=0.4)
-    rows = Rows.of(Standardizer.fit(x)(x), y)
+    rows = FeatureRows.of(Standardizer.fit(x)(x), y)
     start = fit_logistic(rows, None, num_classes=10, l2=l2, keep_logits=True)
     forward = Preconditioner.of(rows).maps(MU_SCALE * l2 * 10)[0]
     steps = []
@@ -318,18 +315,18 @@ def test_a_paths_fits_start_from_logits_moved_on_as_the_weights_are(monkeypatch)
     """Each fit of a path starts from its logits extrapolated from the last two fits' exact
     end logits, not recomputed: they must be X·W + b at the extrapolated start to fp32's
     rounding, and the path must reach the optima independent fits reach."""
-    from evalkit.heads import kept
+    from evalkit.heads import kept_logits_fit
 
     x, y = _blobs(n=2500, d=24, c=6, seed=7, spread=0.5)
     x = Standardizer.fit(x)(x)
-    starts, original = [], kept.KeptLogitsFit._exact_gradient
+    starts, original = [], kept_logits_fit.KeptLogitsFit._exact_gradient
 
     def spy(fit, known=None):
         if known is not None:
             starts.append((known.values.clone(), fit.model.weight.float(), fit.model.bias.float()))
         return original(fit, known)
 
-    monkeypatch.setattr(kept.KeptLogitsFit, "_exact_gradient", spy)
+    monkeypatch.setattr(kept_logits_fit.KeptLogitsFit, "_exact_gradient", spy)
     l2_values = (1e-1, 1e-2, 1e-3, 1e-4)
     path = logistic_path(x, y, num_classes=6, l2_values=l2_values, keep_logits=True)
     assert len(starts) == 3  # the second fit starts from the first's end, the others extrapolate
@@ -368,7 +365,7 @@ def test_a_path_reaches_the_same_optima_on_one_and_two_threads(keep_logits):
 
 
 def test_row_dots_are_vecdot():
-    from evalkit.heads.kept import _row_dots
+    from evalkit.heads.kept_logits_fit import _row_dots
 
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randn(70, 13, generator=gen), torch.randn(70, 13, generator=gen)
@@ -378,11 +375,11 @@ def test_row_dots_are_vecdot():
 def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
     """Rows read chunk by chunk (the probe's streamed mode) are not held twice in memory."""
     from evalkit.heads import knn
-    from evalkit.heads.linear import Rows
+    from evalkit.heads.logistic import FeatureRows
 
     monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
     x, y = _blobs(n=400, d=12, c=3, seed=6)
-    chunks = Rows(lambda: [(x[:200], y[:200]), (x[200:], y[200:])], 400, 12)
+    chunks = FeatureRows(lambda: [(x[:200], y[:200]), (x[200:], y[200:])], 400, 12)
     model = fit_logistic(chunks, None, num_classes=3, l2=1e-2, keep_logits=True)
     assert model.fit.converged and model.fit.low_precision_passes == 0 and not chunks.copies
 
@@ -391,11 +388,11 @@ def test_resident_rows_fitted_without_kept_logits_get_no_bf16_copy(monkeypatch):
     """The preconditioner takes its moments from the bf16 copies only where the fits use
     them: a path told not to keep logits (torch's L-BFGS, fp32 passes) makes none."""
     from evalkit.heads import knn
-    from evalkit.heads.linear import Rows
+    from evalkit.heads.logistic import FeatureRows
 
     monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
     x, y = _blobs(n=400, d=12, c=3, seed=6)
-    rows = Rows.of(Standardizer.fit(x)(x), y)
+    rows = FeatureRows.of(Standardizer.fit(x)(x), y)
     path = logistic_path(rows, None, num_classes=3, l2_values=(1e-2, 1e-3), keep_logits=False)
     assert all(model.fit.converged for _, model in path) and not rows.copies
     kept = logistic_path(rows, None, num_classes=3, l2_values=(1e-2, 1e-3), keep_logits=True)

@@ -70,9 +70,9 @@ def load_backbone(spec: str, opts: BackboneOptions | None = None):
         raise EvalkitError(
             f"backbone {spec!r} needs a variant: {family}/<name>, e.g. {EXAMPLES.get(family, '')}"
         )
-    from evalkit import distributed as mesh
+    from evalkit import distributed
 
-    if mesh.current().tp_size > 1 and family != "vit22b":
+    if distributed.current().tp_size > 1 and family != "vit22b":
         raise EvalkitError(
             f"--tp shards the built-in vit22b family only; {spec} runs data-parallel (drop --tp)"
         )

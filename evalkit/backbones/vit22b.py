@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from evalkit import distributed as mesh
+from evalkit import distributed
 from evalkit.backbones import DEFAULT_VARIANT
 from evalkit.backbones.base import (
     BackboneInfo,
@@ -97,7 +97,7 @@ def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
     source = SafetensorsSource(opts.weights) if opts.weights else None
     saved = _dims_free(source.config()) if source else {}
     cfg = _config(size, saved | opts.model_kwargs)
-    layout = mesh.current()
+    layout = distributed.current()
     _check_can_run(size, cfg, opts, layout, has_weights=source is not None)
     model = _build_sharded(cfg, opts, layout)
     from evalkit.parallel.load import materialize

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit import distributed as mesh
+from evalkit import distributed
 from evalkit.batching import BatchLimit
 from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
@@ -247,12 +247,12 @@ def extract_features(
             _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
     wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
     unusable = set()
-    if folder is not None and mesh.current().main:
+    if folder is not None and distributed.current().main:
         bad = files.verify_shards(
             folder, wanted, recheck=settings.verify_cache, read_only=settings.read_only
         )
         unusable = {files.shard_index(path) for path in bad}
-    mesh.barrier()  # all ranks agree on what is missing before any rank writes
+    distributed.barrier()  # all ranks agree on what is missing before any rank writes
     done = {
         i
         for i in range(len(shards))
@@ -260,12 +260,12 @@ def extract_features(
     }
     writes_to = None if settings.read_only else folder
     computed = _compute_missing(backbone, dataset, shards, done, request, settings, writes_to)
-    mesh.barrier()  # every group's shards are on disk
+    distributed.barrier()  # every group's shards are on disk
     if folder is None:
         parts = [computed[i] for i in range(len(shards))]
     else:
         parts = [computed.get(i) or files.shard_path(folder, i) for i in range(len(shards))]
-        if writes_to and mesh.current().main and not (folder / files.MANIFEST).exists():
+        if writes_to and distributed.current().main and not (folder / files.MANIFEST).exists():
             files.write_manifest(folder, wanted, len(indices))
     features = FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
     features.extracted = sum(len(shards[i]) for i in computed)  # by this process's group
@@ -294,7 +294,7 @@ def _check_labels(features: FeatureSet, dataset, indices: list[int], folder: Pat
 
 
 def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
-    layout = mesh.current()
+    layout = distributed.current()
     if layout.dp_size > 1 and folder is None:
         raise EvalkitError(
             "data-parallel extraction shares its shards through the feature cache: drop "
@@ -329,7 +329,7 @@ def _decoded_once(dataset, batches: list, settings: ExtractSettings, shards: int
     """The batches of ``batches``, decoded once per tensor-parallel group: every rank of a
     group runs the same forward on the same images, so the group's first rank decodes them
     (with the loader's workers) and broadcasts each batch to the others."""
-    layout = mesh.current()
+    layout = distributed.current()
     loader = None
     if layout.tp_rank == 0:
         options = loader_options(settings.device, _workers(settings, shards))
@@ -340,7 +340,7 @@ def _decoded_once(dataset, batches: list, settings: ExtractSettings, shards: int
     group = layout.mesh["tp"].get_group()
     for _ in batches:
         pair = next(loader) if loader is not None else (None, None)
-        yield tuple(mesh.broadcast_from_first(t, group, settings.device) for t in pair)
+        yield tuple(distributed.broadcast_from_first(t, group, settings.device) for t in pair)
 
 
 def _gathers_weights(backbone) -> bool:
@@ -367,7 +367,7 @@ def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> di
     """Compute the ``todo`` shards; each is written and let go when there is a cache (the
     returned dict then maps its index to None), and kept in memory when there is none."""
     computed, pending, shard_pos = {}, [], 0
-    layout = mesh.current()
+    layout = distributed.current()
     total = sum(len(shards[i]) for i in todo)
     enabled = settings.progress and layout.main
     with ProgressBar(enabled, total, f"features {backbone.info.name}", status="rate") as advance:
@@ -451,7 +451,7 @@ def _merge(parts: list[dict]) -> dict:
 
 
 def _write_meta(folder: Path, backbone: str, split: str, request, settings, n: int):
-    if (folder / META).exists() or not mesh.current().main:
+    if (folder / META).exists() or not distributed.current().main:
         return
     folder.mkdir(parents=True, exist_ok=True)
     meta = {

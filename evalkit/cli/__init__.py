@@ -24,7 +24,8 @@ from evalkit.cli import (
     results,
     run,
 )
-from evalkit.errors import EvalkitError, disk_error, install_hint
+from evalkit.errors import EvalkitError, install_hint
+from evalkit.writes import disk_error
 
 # In ``evalkit --help`` order: each command's parser builder and handler.
 COMMANDS = {

@@ -3,7 +3,7 @@ and effect-table row 5).
 
 - ``logistic_path``: multinomial logistic regression, full-batch L-BFGS in torch, swept over L2
   strengths from strong to weak with each fit warm-started from the previous one. The rows are
-  a tensor or ``Rows``, chunks streamed from wherever they live: loss and gradient are summed
+  a tensor or ``FeatureRows``, chunks streamed from wherever they live: loss and gradient are summed
   over the chunks, so memory is one chunk × (features + classes), whatever the number of rows.
 
   Where the speed comes from: the matrix products run in the rows' own precision (fp32 for
@@ -13,8 +13,8 @@ and effect-table row 5).
   one D×D eigendecomposition per path), which makes the loss about equally curved in every
   direction, so a fit takes tens of evaluations instead of hundreds. μ = ``MU_SCALE``·l2·C
   is the regulariser's curvature against the loss's (≈ Σ/C for C classes). Fits whose rows'
-  logits fit in memory keep them (``evalkit.heads.kept``: two passes per iteration, bf16
-  passes on differences where bf16 is fast); others stream (``evalkit.heads.wolfe``).
+  logits fit in memory keep them (``evalkit.heads.kept_logits_fit``: two passes per iteration, bf16
+  passes on differences where bf16 is fast); others stream (``evalkit.heads.streamed_fit``).
 
   The same inputs give the same probe on any thread count, rank count or device, to within a
   borderline hold-out image: the blocks are summed in a fixed order (on a CPU a fit takes the
@@ -29,100 +29,34 @@ and effect-table row 5).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
+from evalkit.heads.kept_logits_fit import KeptLogitsFit
+from evalkit.heads.logistic import (
+    BLOCK,
+    LOW,
+    TOL,
+    FeatureRows,
+    LinearModel,
+    PathLogits,
+    blocks,
+    compute_dtype,
+    threads,
+)
+from evalkit.heads.streamed_fit import fit_streamed
 from evalkit.metrics import topk_hits
 
 BIAS_CONSTANT = 100.0
-TOL = 1e-6  # largest gradient entry at which a fit counts as converged
-BLOCK = 1024  # rows per block: bounds memory, fixes the summation order, and keeps each
-# fp32 product's own sum short (its rounding grows with the rows it adds; fp64 adds the blocks)
 WEAK_TOL_PER_L2 = 1e-2  # the tolerance of a fit with a weak penalty: at most 1% of l2
 KEEP_LOGITS_BYTES = 2 * 2**30  # fits keep every row's logits up to this size (else streamed)
-LOW_PRECISION_PASSES = True  # bf16 passes between exact points where bf16 is fast (kept.py)
-LOW = torch.bfloat16  # the precision of the passes between exact points (kept.py)
+LOW_PRECISION_PASSES = True  # bf16 passes between exact points where bf16 is fast (kept_logits_fit)
 MU_SCALE = 3.0  # μ = MU_SCALE·l2·classes; 1 is the curvature ratio, 3 measured ~10% fewer steps
 
 
-@dataclass(frozen=True)
-class FitInfo:
-    """How an L-BFGS fit ended: iterations and objective evaluations used, the largest
-    gradient entry where it stopped, and whether that met the tolerance (``converged``);
-    a fit stopped by ``max_iter`` or by floating point (no further decrease) did not."""
-
-    iterations: int
-    converged: bool
-    grad_max: float
-    evaluations: int = 0
-    low_precision_passes: int = 0  # bf16 passes between exact points (``evalkit.heads.kept``)
-
-    def as_dict(self) -> dict:
-        return {
-            "iterations": self.iterations,
-            "evaluations": self.evaluations,
-            "low_precision_passes": self.low_precision_passes,
-            "converged": self.converged,
-            "grad_max": float(f"{self.grad_max:.3g}"),
-        }
-
-
-@dataclass
-class LinearModel:
-    weight: torch.Tensor  # (D, C)
-    bias: torch.Tensor  # (C,)
-    fit: FitInfo | None = None
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(self.weight.dtype) @ self.weight + self.bias
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Training or evaluation rows as chunks: ``chunks()`` yields (features, labels) pairs
-    ready for the fit (standardised, on its device); ``n`` rows of ``dim`` features;
-    ``resident`` when the chunks are tensors in memory rather than reads."""
-
-    chunks: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
-    n: int
-    dim: int
-    resident: bool = False
-    copies: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @classmethod
-    def of(cls, x: torch.Tensor, y: torch.Tensor) -> Rows:
-        return cls(lambda: [(x, y)], len(y), x.shape[1], resident=True)
-
-    def low_precision_rows(self, dtype: torch.dtype, padded: bool = False) -> torch.Tensor:
-        """Resident rows (one chunk) in ``dtype``, made once and kept (the fits of a path share
-        them); ``padded``: with zero rows after the last, up to a whole number of blocks."""
-        key = (dtype, "rows")
-        if key not in self.copies:
-            x, _ = next(iter(self.chunks()))
-            self.copies[key] = x.new_zeros((self.n + -self.n % BLOCK, self.dim), dtype=dtype)
-            self.copies[key][: self.n] = x
-        return self.copies[key] if padded else self.copies[key][: self.n]
-
-    def low_precision_columns(self, dtype: torch.dtype) -> torch.Tensor:
-        """The padded rows' blocks transposed, (blocks, features, ``BLOCK``), for one batched
-        product Xᵀ·R over all blocks: copied on a CPU, whose bf16 products with a transposed
-        operand are slower; on a GPU, a view."""
-        key = (dtype, "columns")
-        if key not in self.copies:
-            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, BLOCK, self.dim)
-            columns = by_rows.transpose(1, 2)
-            self.copies[key] = columns if columns.is_cuda else columns.contiguous()
-        return self.copies[key]
-
-    def zeros(self, *shape) -> torch.Tensor:
-        x, _ = next(iter(self.chunks()))
-        return x.new_zeros(shape)
-
-
-def hits(model: LinearModel, rows: Rows, k: int) -> torch.Tensor:
+def hits(model: LinearModel, rows: FeatureRows, k: int) -> torch.Tensor:
     """Top-k hits of every row, chunk by chunk."""
     return torch.cat([topk_hits(model.logits(x), y, k).cpu() for x, y in rows.chunks()])
 
@@ -154,59 +88,16 @@ class Standardizer:
         return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
 
-def _loss_and_grad(model: LinearModel, x, y, l2: float) -> torch.Tensor:
-    return loss_and_grad_of_rows(model, Rows.of(x, y), l2)
-
-
-def loss_and_grad_of_rows(
-    model: LinearModel, rows: Rows, l2: float, compute: torch.dtype | None = None
-) -> torch.Tensor:
-    """Mean cross-entropy + l2/2·|W|², summed over the chunks; writes analytic gradients
-    into ``.grad`` (no autograd graph: two matmuls per block). The products run in
-    ``compute`` (default: the rows' precision, at least fp32); each block's sums are added
-    in fp64."""
-    loss = torch.zeros((), dtype=model.weight.dtype, device=model.weight.device)
-    grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
-    for x, y in _blocks(rows):
-        compute = compute or _compute_dtype(x.dtype)
-        x = x.to(compute)
-        weight, bias = model.weight.to(compute), model.bias.to(compute)
-        logits = x @ weight + bias
-        top = logits.max(dim=1, keepdim=True).values
-        probs = (logits - top).exp_()
-        total = probs.sum(1)
-        picked = logits.gather(1, y[:, None]).squeeze(1)
-        loss += (top.squeeze(1) + total.log() - picked).double().sum() / rows.n
-        probs /= total[:, None]
-        probs[torch.arange(len(y)), y] -= 1.0
-        grad_w += (x.T @ probs).double() / rows.n
-        grad_b += probs.double().sum(0) / rows.n
-    model.weight.grad = grad_w + l2 * model.weight
-    model.bias.grad = grad_b
-    return loss + 0.5 * l2 * model.weight.pow(2).sum()
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _moment_pairs(rows: Rows, low_precision: bool):
+def _moment_pairs(rows: FeatureRows, low_precision: bool):
     """(Xᵀ, X) block by block for the rows' second moments: the bf16 copies, or the blocks
     in their products' precision."""
     if low_precision:
         by_rows = rows.low_precision_rows(LOW, padded=True).view(-1, BLOCK, rows.dim)
         yield from zip(rows.low_precision_columns(LOW), by_rows, strict=True)
         return
-    for x, _ in _blocks(rows):
-        x = x.to(_compute_dtype(x.dtype))
+    for x, _ in blocks(rows):
+        x = x.to(compute_dtype(x.dtype))
         yield x.T, x
-
-
-def _blocks(rows: Rows):
-    """The rows in blocks of at most ``BLOCK``, in their order."""
-    for x, y in rows.chunks():
-        for start in range(0, len(y), BLOCK):
-            yield x[start : start + BLOCK], y[start : start + BLOCK]
 
 
 @dataclass(frozen=True)
@@ -218,7 +109,7 @@ class Preconditioner:
     spectrum: torch.Tensor
 
     @classmethod
-    def of(cls, rows: Rows, low_precision: bool = False) -> Preconditioner:
+    def of(cls, rows: FeatureRows, low_precision: bool = False) -> Preconditioner:
         """``low_precision``: Σ from the rows' bf16 copies, the ones the fit's bf16 passes
         use (a preconditioner needs no more precision: any T leads to the same optimum)."""
         moments = None
@@ -241,20 +132,6 @@ class Preconditioner:
         return (basis * scale.to(dtype)) @ basis.T
 
 
-@contextmanager
-def threads(count: int):
-    """Torch's intra-op threads set to ``count`` inside the block. A CPU's threaded BLAS and
-    LAPACK routines split their sums by the thread count, and their last bits change with it:
-    the fits run such sums on one thread, and their passes over the rows on every thread
-    (on a GPU the setting touches only the host's threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def fit_logistic(
     x,
     y,
@@ -270,15 +147,15 @@ def fit_logistic(
 ) -> LinearModel:
     """Minimise the L2-regularised multinomial logistic loss with preconditioned L-BFGS until
     the largest entry of the gradient in W is at most ``tol``: with the rows' logits kept
-    (``evalkit.heads.kept``) when ``keep_logits`` (default: when they take at most
+    (``evalkit.heads.kept_logits_fit``) when ``keep_logits`` (default: when they take at most
     ``KEEP_LOGITS_BYTES``), else with one pass over the rows per objective evaluation
-    (``evalkit.heads.wolfe``). ``x`` is a feature tensor with
-    labels ``y``, or ``Rows`` (then ``y`` is None); ``precondition`` (computed from the rows
+    (``evalkit.heads.streamed_fit``). ``x`` is a feature tensor with
+    labels ``y``, or ``FeatureRows`` (then ``y`` is None); ``precondition`` (computed from the rows
     when absent) is shared by the fits of one path. A weak penalty pins its optimum less (the
     weights can move by about gradient / l2), so the tolerance tightens to
     ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4. ``logits``: a path's exact logits at the start
     and end of this fit (kept-logits fits)."""
-    rows = x if isinstance(x, Rows) else Rows.of(x, y)
+    rows = x if isinstance(x, FeatureRows) else FeatureRows.of(x, y)
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
     mu = MU_SCALE * l2 * num_classes
@@ -288,32 +165,14 @@ def fit_logistic(
     low_precision = keep_logits and _low_precision(rows)
     precondition = precondition or Preconditioner.of(rows, low_precision)
     if not keep_logits:
-        from evalkit.heads.wolfe import fit_streamed
-
         return fit_streamed(rows, model, l2, precondition.maps(mu), max_iter, tol)
-    from evalkit.heads.kept import KeptLogitsFit
-
     forward = precondition.forward(mu, torch.float32).to(model.weight.device)
     fit = KeptLogitsFit(rows, model, l2, forward, low_precision, logits)
     fit.run(max_iter, tol)
     return fit.model
 
 
-@dataclass
-class PathLogits:
-    """A path fit's exact logits (``kept.ExactLogits``) at its start, when the path extrapolated
-    them, and at its end, when it ended on an exact point (kept-logits fits only)."""
-
-    start: object = None
-    end: object = None
-
-    def take_start(self):
-        """The start's logits, let go of here (the fit holds them only while it needs them)."""
-        start, self.start = self.start, None
-        return start
-
-
-def _keeps_logits(rows: Rows, classes: int, keep_logits: bool | None, device=None) -> bool:
+def _keeps_logits(rows: FeatureRows, classes: int, keep_logits: bool | None, device=None) -> bool:
     """``keep_logits`` as asked, or (None) whether the kept logits fit the budget of
     ``device`` (default: the rows', read from their first chunk only when needed)."""
     if keep_logits is not None:
@@ -334,7 +193,7 @@ def free_device_bytes(device: torch.device | str) -> int:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
-def _low_precision(rows: Rows) -> bool:
+def _low_precision(rows: FeatureRows) -> bool:
     """bf16 passes between exact points: resident fp32 rows on a device where bf16 products
     are fast (a GPU; a CPU with AVX-512 BF16 or AMX)."""
     from evalkit.heads.knn import fast_bf16
@@ -385,7 +244,7 @@ def logistic_path(
     """Fit every L2 value, strongest first, each warm-started from the last; returns
     ``[(l2, model), ...]`` in the order fitted. Each fit runs to the same tolerance as a final
     fit: an unconverged fit's hold-out score would depend on floating-point summation order."""
-    rows = x if isinstance(x, Rows) else Rows.of(x, y)
+    rows = x if isinstance(x, FeatureRows) else FeatureRows.of(x, y)
     keep_logits = _keeps_logits(rows, num_classes, keep_logits)
     precondition = Preconditioner.of(rows, keep_logits and _low_precision(rows))
     path, ends = [], []  # ends: the fits' exact end logits, where known (kept-logits fits)

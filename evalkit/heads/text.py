@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from evalkit import distributed as mesh
+from evalkit import distributed
 from evalkit.checkpoints import SafetensorsSource, load_strict, read_state_dict, save_checkpoint
 from evalkit.errors import EvalkitError
 
@@ -117,7 +117,7 @@ def _pair_loss(logits, bias, kind: str):
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Every data-parallel rank's rows, in rank order, with gradients flowing back to each
     rank's own rows; one process returns ``x``."""
-    layout = mesh.current()
+    layout = distributed.current()
     if layout.dp_size == 1:
         return x
     from torch.distributed._functional_collectives import all_gather_tensor_autograd

@@ -20,8 +20,9 @@ from evalkit.data import open_dataset
 from evalkit.data.feeding import decode_workers, loader_options
 from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
-from evalkit.heads import linear as linear_fit
-from evalkit.heads.linear import Rows, Standardizer, hits
+from evalkit.heads import linear
+from evalkit.heads.linear import Standardizer, hits
+from evalkit.heads.logistic import FeatureRows
 from evalkit.progress import ProgressBar
 
 from .predictions import scored_hits
@@ -164,7 +165,7 @@ def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(logits), torch.cat(labels)
 
 
-def test_hits(model, rows: Rows, space, k: int) -> torch.Tensor:
+def test_hits(model, rows: FeatureRows, space, k: int) -> torch.Tensor:
     """Top-k hits of the eval rows, chunk by chunk (``scored_hits``)."""
     if space is None:
         return hits(model, rows, k)
@@ -198,8 +199,8 @@ class ProbeData:
     def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
         """``test`` may be None when only training rows (and ``rows_of``) are wanted."""
         dim = train.take([0]).shape[-1] if len(train) else 0
-        budget = task.resident_budget(linear_fit.free_device_bytes(device))
-        resident = linear_fit.resident_bytes(len(train), dim, classes) <= budget
+        budget = task.resident_budget(linear.free_device_bytes(device))
+        resident = linear.resident_bytes(len(train), dim, classes) <= budget
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:
             x_train = train.pooled.float()
@@ -211,7 +212,7 @@ class ProbeData:
             data.scale = Standardizer.fit_chunks(train.chunks())
         return data
 
-    def rows_of(self, feats: FeatureSet) -> Rows:
+    def rows_of(self, feats: FeatureSet) -> FeatureRows:
         """Any split's rows, standardised with the training statistics, a shard at a time."""
         labels = feats.labels.to(self.device)
 
@@ -219,26 +220,30 @@ class ProbeData:
             for rows, part in feats.by_shard(torch.arange(len(feats))):
                 yield self.scale(rows.float()).to(self.device), labels[part.to(labels.device)]
 
-        return Rows(chunks, len(feats), len(self.scale.mean))
+        return FeatureRows(chunks, len(feats), len(self.scale.mean))
 
-    def train_rows(self, indices: torch.Tensor | None = None) -> Rows:
+    def train_rows(self, indices: torch.Tensor | None = None) -> FeatureRows:
         return self._rows("train", self.train, indices)
 
-    def test_rows(self) -> Rows:
+    def test_rows(self) -> FeatureRows:
         return self._rows("test", self.test, None)
 
-    def _rows(self, which: str, feats: FeatureSet, indices) -> Rows:
+    def _rows(self, which: str, feats: FeatureSet, indices) -> FeatureRows:
         labels = feats.labels.to(self.device)
         if self.mode == "resident":
             x = self.resident[which]
-            return Rows.of(x, labels) if indices is None else Rows.of(x[indices], labels[indices])
+            return (
+                FeatureRows.of(x, labels)
+                if indices is None
+                else FeatureRows.of(x[indices], labels[indices])
+            )
         idx = torch.arange(len(feats)) if indices is None else indices.sort().values
 
         def chunks():  # one cache shard at a time, each read once per pass
             for rows, part in feats.by_shard(idx):
                 yield self.scale(rows.float()).to(self.device), labels[part.to(labels.device)]
 
-        return Rows(chunks, len(idx), len(self.scale.mean))
+        return FeatureRows(chunks, len(idx), len(self.scale.mean))
 
 
 def holdout_count(n: int, fraction: float) -> int:

@@ -22,7 +22,7 @@ from evalkit.core.task import (
     setting,
 )
 from evalkit.errors import EvalkitError
-from evalkit.heads import linear as linear_fit
+from evalkit.heads import linear
 from evalkit.heads.linear import hits, logistic_path
 from evalkit.training.loop import sampled_batches
 
@@ -62,9 +62,9 @@ class LinearClassifier(FinetuneSettings, FrozenClassification):
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
-        logits = linear_fit.block_bytes(n_train, dim, inputs.classes)
-        flops = linear_fit.path_flops(n_train, dim, inputs.classes)
-        resident = linear_fit.resident_bytes(n_train, dim, inputs.classes)
+        logits = linear.block_bytes(n_train, dim, inputs.classes)
+        flops = linear.path_flops(n_train, dim, inputs.classes)
+        resident = linear.resident_bytes(n_train, dim, inputs.classes)
         if resident <= self.resident_budget(inputs.device_bytes):
             # fp32 rows, their bf16 copy and the kept logits on the device; the raw,
             # standardised and sliced rows pass through the host

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit import distributed as mesh
+from evalkit import distributed
 from evalkit.cache.identity import read_json, write_json
 from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.data.feeding import prefetched
@@ -135,7 +135,7 @@ def sampled_batches(
     itself rolled needs."""
 
     def batch(step: int, micro: int):
-        layout = mesh.current()
+        layout = distributed.current()
         if batch_size % layout.dp_size:
             raise EvalkitError(
                 f"batch size {batch_size} must be a multiple of the {layout.dp_size} "
@@ -200,8 +200,8 @@ def train_step(
             seen = observe()
         (loss / schedule.accumulate).backward()
         total += loss.item() / schedule.accumulate
-    mesh.average_gradients(model)  # those FSDP2 has not averaged already
-    total = mesh.mean_over_ranks(total)
+    distributed.average_gradients(model)  # those FSDP2 has not averaged already
+    total = distributed.mean_over_ranks(total)
     if not math.isfinite(total):
         lr = optimizer.param_groups[0]["lr"]
         raise Diverged(
@@ -243,7 +243,7 @@ def full_state(module) -> dict[str, torch.Tensor]:
     (every rank takes part; rank 0 keeps them, the others get an empty dict)."""
     from torch.distributed.tensor import DTensor
 
-    keep, state = mesh.current().main, {}
+    keep, state = distributed.current().main, {}
     for key, value in module.state_dict().items():
         whole = value.full_tensor() if isinstance(value, DTensor) else value
         if keep:
@@ -255,13 +255,13 @@ def save(model, optimizer, lr_schedule, log: list[dict], out: Path):
     """``out/checkpoint-<step>``, written whole before ``latest.json`` names it. Under torchrun
     every rank writes its own shards of the weights and optimizer state (``sharded/``, torch's
     distributed checkpoint format); rank 0 writes the rest."""
-    out, layout = Path(out), mesh.current()
+    out, layout = Path(out), distributed.current()
     name = f"checkpoint-{len(log):07d}"
     tmp = out / f".{name}.tmp"
     if layout.main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    mesh.barrier()
+    distributed.barrier()
     if layout.mesh is None:
         save_checkpoint(full_state(model), tmp, {"step": len(log)})
         trainer = {"optimizer": optimizer.state_dict()}
@@ -276,7 +276,7 @@ def save(model, optimizer, lr_schedule, log: list[dict], out: Path):
         }
         torch.save(trainer, tmp / "trainer.pt")
         _publish(out, name, len(log))
-    mesh.barrier()
+    distributed.barrier()
 
 
 def _save_sharded(model, optimizer, folder: Path):
@@ -305,10 +305,10 @@ def resume(model, optimizer, lr_schedule, out: Path) -> list[dict]:
         return []
     _check_layout(folder)
     try:
-        if mesh.current().mesh is None:
+        if distributed.current().mesh is None:
             load_strict(model, read_state_dict(folder / "model.safetensors"), source=str(folder))
         trainer = torch.load(folder / "trainer.pt", weights_only=True)
-        if mesh.current().mesh is None:
+        if distributed.current().mesh is None:
             optimizer.load_state_dict(trainer["optimizer"])
         else:
             _load_sharded(model, optimizer, folder / SHARDED)
@@ -340,8 +340,8 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 
 def _check_layout(folder: Path):
-    sharded, distributed = (folder / SHARDED).exists(), mesh.current().mesh is not None
-    if sharded != distributed:
+    sharded, under_torchrun = (folder / SHARDED).exists(), distributed.current().mesh is not None
+    if sharded != under_torchrun:
         how = "under torchrun" if sharded else "in one process"
         raise EvalkitError(f"{folder} was written {how}: resume it the same way")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit import distributed as mesh
+from evalkit import distributed
 from evalkit.cache.identity import library_versions, read_json, spec_key, write_json
 from evalkit.checkpoints import save_checkpoint
 from evalkit.data import DataConfig, data_identity, open_dataset
@@ -124,9 +124,9 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     seconds = time.perf_counter() - start
     state = full_state(model)  # every rank takes part in gathering; rank 0 writes
     weights = folder / "model.safetensors"
-    if mesh.current().main:
+    if distributed.current().main:
         _write_weights(state, folder, cfg, dataset.classes)
-    layout = mesh.current()
+    layout = distributed.current()
     summary = {
         "size": size,
         "weights": str(weights),
@@ -147,7 +147,7 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     }
     if layout.main:
         write_json(folder / "provenance.json", summary)
-    mesh.barrier()
+    distributed.barrier()
     return summary
 
 
@@ -166,7 +166,7 @@ def _write_weights(state: dict, folder: Path, cfg, classes):
 def shard(model: Classifier, *, fsdp: bool) -> Classifier:
     """Spread ``model`` over the torchrun layout: tensor parallel over ``tp`` with the
     family's plan, and FSDP2 over ``dp`` (``fsdp``); else data parallel with whole copies."""
-    layout = mesh.current()
+    layout = distributed.current()
     if layout.tp_size > 1:
         from evalkit.parallel.plan import apply_tensor_parallel
 
@@ -217,9 +217,9 @@ def claim(folder: Path, inputs: dict):
             f"{held.get(first)} there, {inputs.get(first)} now): pass another --out, or delete "
             "it to retrain"
         )
-    if held is None and mesh.current().main:
+    if held is None and distributed.current().main:
         write_json(record, inputs)
-    mesh.barrier()
+    distributed.barrier()
 
 
 def _finished(folder: Path, inputs: dict) -> dict | None:

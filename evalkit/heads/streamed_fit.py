@@ -1,4 +1,4 @@
-"""The linear probe's fit when the rows' logits are not kept (``evalkit.heads.linear``: rows
+"""The linear probe's fit when the rows' logits are not kept (``evalkit.heads.linear.fit_logistic``: rows
 too many to keep n × classes logits beside them): torch's L-BFGS with a strong-Wolfe line
 search on the preconditioned weights, each objective evaluation one pass over the rows (logits,
 loss and gradient together). The products run in fp32 until their rounding stops the search
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.heads.linear import FitInfo, LinearModel, Rows, loss_and_grad_of_rows, threads
+from evalkit.heads.logistic import FeatureRows, FitInfo, LinearModel, loss_and_grad_of_rows, threads
 
 
 class _Converged(Exception):
     """Raised by the objective at the first point whose gradient meets the tolerance."""
 
 
-def fit_streamed(rows: Rows, model: LinearModel, l2: float, maps, max_iter: int, tol: float):
+def fit_streamed(rows: FeatureRows, model: LinearModel, l2: float, maps, max_iter: int, tol: float):
     """Fit ``model`` (fp64 weights, changed in place) to ``tol``; ``maps`` = (T, T⁻¹)."""
     forward, inverse = (m.to(model.weight.device) for m in maps)
     v = inverse @ model.weight

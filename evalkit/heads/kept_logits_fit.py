@@ -1,4 +1,4 @@
-"""The linear probe's fit when every row's logits are kept (``evalkit.heads.linear``; the
+"""The linear probe's fit when every row's logits are kept (``evalkit.heads.linear.fit_logistic``; the
 linear-probe rows of the paper's Table 3): L-BFGS whose line search costs no pass over the rows.
 
 The logits of every row are kept (the last exact point's plus the steps since, both fp32),
@@ -28,15 +28,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from evalkit.heads.linear import (
+from evalkit.heads.logistic import (
     BLOCK,
     LOW,
+    FeatureRows,
     FitInfo,
     LinearModel,
     PathLogits,
-    Rows,
-    _blocks,
-    _compute_dtype,
+    blocks,
+    compute_dtype,
     threads,
 )
 
@@ -64,7 +64,7 @@ class KeptLogitsFit:
 
     def __init__(
         self,
-        rows: Rows,
+        rows: FeatureRows,
         model: LinearModel,
         l2: float,
         forward: torch.Tensor,
@@ -159,7 +159,7 @@ class KeptLogitsFit:
     def _full_product(self, residual: torch.Tensor) -> torch.Tensor:
         """Xᵀ·residual: full-precision products, block by block, summed in fp64."""
         grad_w = torch.zeros_like(self.model.weight)
-        for (x, _), part in zip(_blocks(self.rows), residual.split(self.sizes), strict=True):
+        for (x, _), part in zip(blocks(self.rows), residual.split(self.sizes), strict=True):
             grad_w += _product(x.T, part).double()
         return grad_w
 
@@ -178,9 +178,9 @@ class KeptLogitsFit:
         """X·W + b (full-precision products), the rows' labels and their blocks' sizes
         (chunks may end mid-block)."""
         logits, labels, start = None, [], 0
-        for x, y in _blocks(self.rows):
+        for x, y in blocks(self.rows):
             if logits is None:  # the first block says the products' precision
-                weight = self.model.weight.to(_compute_dtype(x.dtype))
+                weight = self.model.weight.to(compute_dtype(x.dtype))
                 logits = weight.new_empty((self.rows.n, weight.shape[1]))
             torch.matmul(x.to(weight.dtype), weight, out=logits[start : start + len(y)])
             labels.append(y)
@@ -196,7 +196,7 @@ class KeptLogitsFit:
         if low:
             torch.matmul(self.low, step, out=line)
         else:
-            for (x, _), part in zip(_blocks(self.rows), line.split(self.sizes), strict=True):
+            for (x, _), part in zip(blocks(self.rows), line.split(self.sizes), strict=True):
                 torch.matmul(x.to(step.dtype), step, out=part)
         self.low_passes += low
         # bf16 + fp32: fp32, in one pass
@@ -313,7 +313,7 @@ class KeptLogitsFit:
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
-    compute = _compute_dtype(a.dtype)
+    compute = compute_dtype(a.dtype)
     return a.to(compute) @ b.to(compute)
 
 
