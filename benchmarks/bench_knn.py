@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import report
-from evalkit.heads.knn import fast_bf16, nearest, vote
+from evalkit.device import fast_bf16
+from evalkit.heads.knn import nearest, vote
 
 K, CLASSES, DIM, CHUNK = 20, 1000, 768, 65536
 

@@ -183,7 +183,8 @@ def feeding(device: str, work: Path) -> dict:
     from evalkit import load_backbone
     from evalkit.core.task import TaskContext
     from evalkit.data import DataConfig, open_dataset
-    from evalkit.data.feeding import decode_workers, loader_options
+    from evalkit.data.feeding import loader_options
+    from evalkit.device import decode_workers
 
     backbone = load_backbone(SIZES[device][0], device=device)
     ctx = TaskContext(data=DataConfig(source="embedded", cache=work / "cache"))

@@ -156,7 +156,7 @@ class Depth(DenseSettings):
         return DPTDepth(dims, max_depth=spec.max_depth, channels=self.channels)
 
     def fit(self, feats, dataset, ctx):
-        device = ctx.extract.device
+        device = ctx.device
         head = self.new_head(feats, ctx)
         size = [4 * s for s in feats.take([0])[0].shape[-2:]]
 
@@ -173,7 +173,7 @@ class Depth(DenseSettings):
         """A head trained on the cached grids of the frozen backbone; returns ``predict``."""
         feats, _ = dense_features(self, backbone, ctx, train_set, split="train")
         val_feats, _ = dense_features(self, backbone, ctx, val_set, split="val")
-        head, device = self.fit(feats, train_set, ctx), ctx.extract.device
+        head, device = self.fit(feats, train_set, ctx), ctx.device
         return lambda i: head(val_feats.take([i], device))
 
     def trained_in_loop(self, backbone, ctx, train_set, val_set):
@@ -204,7 +204,7 @@ class Depth(DenseSettings):
 
         batches = sampled_batches(train_set, self.batch_size, ctx.seed, collate)
         run.train(self, batches, loss, ctx, schedule=self.head_schedule(ctx.seed))
-        device = ctx.extract.device
+        device = ctx.device
         return (lambda i: run.model(val_set[i][0][None].to(device))), "backbone in the loop"
 
     @torch.no_grad()

@@ -190,11 +190,11 @@ class Student:
             return self.to_student(mixed)[lead:], self.targets(mixed, pairs, lam)[lead:]
 
         fit(
-            model.to(ctx.extract.device),
+            model.to(ctx.device),
             batch,
             self.loss,
             schedule,
-            device=ctx.extract.device,
+            device=ctx.device,
             progress=ctx.extract.progress,
         )
         return model
@@ -242,7 +242,7 @@ class Student:
         loader = torch.utils.data.DataLoader(test, batch_size=ctx.extract.batch_size)
         model.eval()
         return torch.cat(
-            [model(self.to_student(x).to(ctx.extract.device)).float().cpu() for x, _ in loader]
+            [model(self.to_student(x).to(ctx.device)).float().cpu() for x, _ in loader]
         )
 
 

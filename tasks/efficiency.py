@@ -110,7 +110,7 @@ class EfficiencyAblation(Task):
         extra = {
             "rounds": self.rounds,
             "timed_steps": self.timed_steps,
-            "device": ctx.extract.device,
+            "device": ctx.device,
             "paper": PAPER[self.switch],
             "size": self.size,
             "image": self.image,
@@ -165,7 +165,7 @@ class EfficiencyAblation(Task):
         usual count) over the device's dense bf16 peak; measured on GPUs only."""
         from evalkit.parallel.planner import forward_flops
 
-        device = ctx.extract.device
+        device = ctx.device
         peak = self.peak_tflops or device_peak_tflops(device)
         if not peak:
             why = "no GPU" if not device.startswith("cuda") else "peak unknown: --set peak_tflops"
@@ -180,7 +180,7 @@ class EfficiencyAblation(Task):
         loss = torch.nn.functional.cross_entropy
         state = {}
         for name in names:
-            model = self.model(name, classes, ctx.seed).to(ctx.extract.device).train()
+            model = self.model(name, classes, ctx.seed).to(ctx.device).train()
             state[name] = (model, make_optimizer(model, schedule))
         rates = {name: [] for name in names}
         for round_ in range(self.rounds + 1):
@@ -188,13 +188,9 @@ class EfficiencyAblation(Task):
                 model, optimizer = state[name]
                 start = time.perf_counter()
                 for step in range(self.timed_steps):
-                    train_step(
-                        model, optimizer, batch, loss, schedule, step, ctx.extract.device, None
-                    )
-                if torch.device(ctx.extract.device).type == "cuda":
-                    torch.cuda.synchronize(
-                        ctx.extract.device
-                    )  # the steps' kernels, not their launch
+                    train_step(model, optimizer, batch, loss, schedule, step, ctx.device, None)
+                if torch.device(ctx.device).type == "cuda":
+                    torch.cuda.synchronize(ctx.device)  # the steps' kernels, not their launch
                 if round_:  # the first round warms caches and allocators
                     rates[name].append(
                         self.timed_steps * self.batch_size / (time.perf_counter() - start)
@@ -202,13 +198,13 @@ class EfficiencyAblation(Task):
         return rates
 
     def quality(self, name: str, classes: int, schedule: Schedule, batch, ctx) -> float:
-        model = self.model(name, classes, ctx.seed).to(ctx.extract.device)
+        model = self.model(name, classes, ctx.seed).to(ctx.device)
         log = fit(
             model,
             batch,
             torch.nn.functional.cross_entropy,
             schedule,
-            device=ctx.extract.device,
+            device=ctx.device,
             progress=ctx.extract.progress,
         )
         return sum(e["loss"] for e in log[-10:]) / len(log[-10:])

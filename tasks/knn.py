@@ -58,7 +58,7 @@ class KNN(FrozenClassification):
         scores = {k: [] for k in self.ks}
         for start in range(0, len(test), self.query_chunk):
             queries = test.take(torch.arange(start, min(start + self.query_chunk, len(test))))
-            queries = queries.float().to(ctx.extract.device)  # the search runs on the device
+            queries = queries.float().to(ctx.device)  # the search runs on the device
             sims, labels = nearest(self.train_chunks(train), queries, max(self.ks), self.search)
             for k in self.ks:
                 votes = vote(sims, labels, k, classes, self.weighting, self.temperature)

@@ -60,7 +60,7 @@ class LinearProbe(LinearClassifier):
         train, test, space, test_set = self.split_features(backbone, ctx)
         labels = train.labels if space else torch.cat([train.labels, test.labels])
         num_classes = int(labels.max()) + 1
-        data = ProbeData.build(train, test, self, ctx.extract.device, num_classes)
+        data = ProbeData.build(train, test, self, ctx.device, num_classes)
         fit_idx, held_idx = stratified_holdout(train.labels, self.holdout, seed=ctx.seed)
         best_l2, best_init, sweep, fits = self.select_l2(data, fit_idx, held_idx, num_classes)
         model = fit_logistic(

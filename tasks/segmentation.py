@@ -156,7 +156,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
             return predict, {**extra, "dense_mode": "backbone in the loop"}
         feats, cached = dense_features(self, backbone, ctx, train_set, split="train", subset=subset)
         head = self.fit(feats, lambda j: train_set.target(indices[j]), ctx)
-        device = ctx.extract.device
+        device = ctx.device
         if self.eval_mode == "slide":
             windows = self.windows(val_set)
             grids, _ = dense_features(self, backbone, ctx, windows, split="val-windows")
@@ -227,7 +227,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
         subset = torch.utils.data.Subset(train_set, indices)
         batches = sampled_batches(subset, batch, ctx.seed, collate)
         log = run.train(self, batches, loss, ctx, schedule=self.head_schedule(ctx.seed))
-        device = ctx.extract.device
+        device = ctx.device
         if self.eval_mode == "slide":
             windows = self.windows(val_set)
 
@@ -249,7 +249,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
     def fit(self, feats, target, ctx):
         """A head on cached grids; ``target(j)`` reads the label map of the j-th grid, resized
         per batch (label maps are never held for the whole split)."""
-        device = ctx.extract.device
+        device = ctx.device
         head = self.new_head(feats, ctx)
         size = [4 * s for s in feats.take([0])[0].shape[-2:]]
 

@@ -186,7 +186,7 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
             torch.nn.functional.cross_entropy,
             schedule,
             observe=stats.read,
-            device=ctx.extract.device,
+            device=ctx.device,
             progress=ctx.extract.progress,
         )
     except Diverged as exc:

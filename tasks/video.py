@@ -179,7 +179,7 @@ class VideoClassification(Task):
     def fit(self, feats, labels: torch.Tensor, readable: torch.Tensor, scale, classes: int, ctx):
         """The head trained on the readable clips' standardised features, in batches shuffled
         across the cache's shards; the split is held whole only when it fits ``resident_gb``."""
-        device = ctx.extract.device
+        device = ctx.device
         order = ShardedOrder.of(feats.starts, readable, self.batch_size, ctx.seed)
         dim = len(scale.mean)
         resident = len(feats) * self.frames * dim * 4 <= self.resident_gb * 2**30
@@ -222,7 +222,7 @@ class VideoClassification(Task):
         dropped = _clips_with(unreadable, views, len(dataset.samples))
         sums, counts = None, torch.zeros(len(dataset.samples))
         for rows, index in feats.by_shard(torch.arange(len(feats))):
-            probs = model(rows.float().to(ctx.extract.device)).softmax(-1).cpu()
+            probs = model(rows.float().to(ctx.device)).softmax(-1).cpu()
             keep = ~dropped[index // views]
             sums = torch.zeros(len(dataset.samples), probs.shape[1]) if sums is None else sums
             sums.index_add_(0, index[keep] // views, probs[keep])

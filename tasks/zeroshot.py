@@ -329,7 +329,7 @@ class Lit(ZeroShot):
         resident = len(feats) * dim * 4 <= self.resident_gb * 2**30
         images = ShardReader(feats, 2 * order.window, resident=resident)
         model = seeded_build(lambda: LitModel(self.tower_config(backbone, request, dim)), ctx.seed)
-        model = model.to(ctx.extract.device)
+        model = model.to(ctx.device)
         words, steps = tokenizer(self.context), iter(range(self.steps))
 
         def step_loss(batch: torch.Tensor) -> torch.Tensor:
@@ -338,7 +338,7 @@ class Lit(ZeroShot):
             texts = self.pick_captions(pairs.captions, batch, ctx.seed, next(steps))[
                 layout.dp_rank * share : (layout.dp_rank + 1) * share
             ]
-            device = ctx.extract.device
+            device = ctx.device
             return model.loss(images.take(mine).to(device), words(texts).to(device))
 
         settings = TrainConfig(
@@ -355,7 +355,7 @@ class Lit(ZeroShot):
             step_loss,
             order.rows,
             settings,
-            device=ctx.extract.device,
+            device=ctx.device,
             progress=ctx.extract.progress,
             after_backward=distributed.average_gradients,
             order=order.batch,

@@ -136,9 +136,7 @@ def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, m
 
     backbone = evalkit.load_backbone("fake")
     per_image = max(measured_shape(backbone, dtype="fp32").activation_bytes_per_image, 1)
-    monkeypatch.setattr(
-        "evalkit.backbones.vit22b.available_bytes", lambda device: 2 * 100 * per_image
-    )
+    monkeypatch.setattr("evalkit.core.plan.free_bytes", lambda device: 2 * 100 * per_image)
     rows = evalkit.run(
         "imagenet-knn",
         "fake",

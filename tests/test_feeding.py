@@ -9,6 +9,7 @@ import pytest
 import torch
 from fake_cuda import fake_cuda
 
+from evalkit import device
 from evalkit.core.numerics import numerics, run_numerics
 from evalkit.data import feeding
 from evalkit.reproduction.sweep import Resources
@@ -26,18 +27,18 @@ class Noisy(torch.utils.data.Dataset):
 
 
 def test_workers_follow_the_cpus_a_job_has(monkeypatch):
-    monkeypatch.setattr(feeding.os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(32)))
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert feeding.available_cpus() == 32
-    assert feeding.decode_workers("cuda") == 7  # 8 per rank, one kept to drive the GPU
+    assert device.available_cpus() == 32
+    assert device.decode_workers("cuda") == 7  # 8 per rank, one kept to drive the GPU
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
-    assert feeding.decode_workers("cuda:1") == 3
-    assert feeding.decode_workers("cpu") == 4  # the forward needs the same cores
+    assert device.decode_workers("cuda:1") == 3
+    assert device.decode_workers("cpu") == 4  # the forward needs the same cores
 
 
 def test_slurm_asks_for_cpus_per_gpu():
-    assert Resources(gpus=8).cpus == 8 * feeding.CPUS_PER_GPU
+    assert Resources(gpus=8).cpus == 8 * device.CPUS_PER_GPU
     assert Resources().cpus == 8
     assert Resources(gpus=8, cpus_per_task=20).cpus == 20
 
@@ -46,7 +47,7 @@ def test_prefetched_batches_are_the_plain_ones_in_order(monkeypatch):
     batch = sampled_batches(Noisy(), batch_size=4, seed=3)
     keys = [(step, micro) for step in range(2, 6) for micro in range(2)]
     expected = [batch(*key) for key in keys]
-    monkeypatch.setattr(feeding, "cpus_per_rank", lambda: 3)
+    monkeypatch.setattr(device, "cpus_per_rank", lambda: 3)
     with fake_cuda(monkeypatch):
         ahead = feeding.prefetched(batch, keys, "cuda")
         assert ahead is not batch  # worker processes decode
@@ -58,7 +59,7 @@ def test_prefetched_batches_are_the_plain_ones_in_order(monkeypatch):
 
 def test_prefetched_refuses_a_step_out_of_order(monkeypatch):
     batch = sampled_batches(Noisy(), batch_size=4, seed=3)
-    monkeypatch.setattr(feeding, "cpus_per_rank", lambda: 2)
+    monkeypatch.setattr(device, "cpus_per_rank", lambda: 2)
     with fake_cuda(monkeypatch):
         ahead = feeding.prefetched(batch, [(0, 0), (1, 0), (2, 0)], "cuda")
         with pytest.raises(RuntimeError, match="asked for as"):
@@ -114,8 +115,8 @@ def test_plan_states_decode_rate_beside_forward_rate(capsys):
 def test_slurms_cpu_count_caps_the_affinity_never_raises_it(monkeypatch):
     """Slurm's per-task count below the affinity mask lowers it; above (a mask narrowed by
     taskset or cgroups inside the allocation) it must not raise it."""
-    monkeypatch.setattr(feeding.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(4)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for slurm, expected in (("2", 2), ("16", 4), ("", 4)):
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", slurm)
-        assert feeding.available_cpus() == expected, slurm
+        assert device.available_cpus() == expected, slurm

@@ -92,12 +92,12 @@ def test_the_bf16_search_finds_the_exact_neighbours_where_bf16_cannot_tell_them_
 
 
 def test_auto_search_uses_bf16_only_where_it_is_fast(monkeypatch):
-    from evalkit.heads import knn
+    from evalkit import device
 
-    monkeypatch.setattr(knn, "_cpu_has_bf16", lambda: False)
-    assert not knn.fast_bf16(torch.device("cpu")) and knn.fast_bf16(torch.device("cuda"))
-    monkeypatch.setattr(knn, "_cpu_has_bf16", lambda: True)
-    assert knn.fast_bf16(torch.device("cpu"))
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: False)
+    assert not device.fast_bf16(torch.device("cpu")) and device.fast_bf16(torch.device("cuda"))
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: True)
+    assert device.fast_bf16(torch.device("cpu"))
 
 
 def _near_duplicates(seed: int = 5):

@@ -268,9 +268,10 @@ def test_bf16_difference_passes_reach_the_fp32_optimum(monkeypatch, bf16_passes)
     """fp32 rows where bf16 is fast (forced here, on any CPU) fit with bf16 products of the
     differences since the last exact point; the path ends at the optimum the fp32 passes
     reach, judged on gradients recomputed in fp64, and says how many bf16 passes it made."""
-    from evalkit.heads import knn, linear
+    from evalkit import device
+    from evalkit.heads import linear
 
-    monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: True)
     monkeypatch.setattr(linear, "LOW_PRECISION_PASSES", bf16_passes)
     x, y = _blobs(n=3000, d=48, c=10, seed=5, spread=0.4)
     x = Standardizer.fit(x)(x)
@@ -374,10 +375,10 @@ def test_row_dots_are_vecdot():
 
 def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
     """Rows read chunk by chunk (the probe's streamed mode) are not held twice in memory."""
-    from evalkit.heads import knn
+    from evalkit import device
     from evalkit.heads.logistic import FeatureRows
 
-    monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: True)
     x, y = _blobs(n=400, d=12, c=3, seed=6)
     chunks = FeatureRows(lambda: [(x[:200], y[:200]), (x[200:], y[200:])], 400, 12)
     model = fit_logistic(chunks, None, num_classes=3, l2=1e-2, keep_logits=True)
@@ -387,10 +388,10 @@ def test_streamed_rows_never_get_a_bf16_copy(monkeypatch):
 def test_resident_rows_fitted_without_kept_logits_get_no_bf16_copy(monkeypatch):
     """The preconditioner takes its moments from the bf16 copies only where the fits use
     them: a path told not to keep logits (torch's L-BFGS, fp32 passes) makes none."""
-    from evalkit.heads import knn
+    from evalkit import device
     from evalkit.heads.logistic import FeatureRows
 
-    monkeypatch.setattr(knn, "fast_bf16", lambda device: True)
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: True)
     x, y = _blobs(n=400, d=12, c=3, seed=6)
     rows = FeatureRows.of(Standardizer.fit(x)(x), y)
     path = logistic_path(rows, None, num_classes=3, l2_values=(1e-2, 1e-3), keep_logits=False)

@@ -446,3 +446,25 @@ def test_log_mlflow_without_options_lands_where_mlflow_ui_looks(tmp_path, data_c
     (run,) = client.search_runs([experiment.experiment_id])
     rows = [json.loads(line) for line in next((tmp_path / "results/runs").glob("*.jsonl")).open()]
     assert run.data.metrics["top1/k_1"] == pytest.approx(rows[0]["value"])
+
+
+def test_one_rule_picks_the_device_for_run_plan_and_the_api(monkeypatch, data_cache):
+    from evalkit.core.plan import plan_run
+    from evalkit.core.runner import RunSpec, resolve_task
+    from evalkit.data import DataConfig
+
+    monkeypatch.setenv("EVALKIT_DEVICE", "cpu")
+    assert RunSpec(tasks="imagenet-knn", backbones="fake").resolved_device == "cpu"
+    monkeypatch.setenv("EVALKIT_DEVICE", "cuda:3")
+    assert RunSpec(tasks="imagenet-knn", backbones="fake").resolved_dtype == "bf16"
+
+    class Planned(Exception):
+        pass
+
+    def budget_here(device, *args):
+        raise Planned(device)
+
+    monkeypatch.setattr("evalkit.core.plan.Budget.here", budget_here)
+    config = DataConfig(source="embedded", cache=data_cache)
+    with pytest.raises(Planned, match="cuda:3"):  # plan budgets the device run would use
+        plan_run(resolve_task("imagenet-knn"), "fake", config, {})

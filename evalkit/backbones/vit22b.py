@@ -12,7 +12,6 @@ There are no public ViT-22B weights, so the paper-scale sizes refuse random weig
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -27,6 +26,7 @@ from evalkit.backbones.base import (
     resolve_layers,
 )
 from evalkit.backbones.options import BackboneOptions
+from evalkit.device import free_bytes
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.models import vit22b as vit
 
@@ -166,7 +166,7 @@ def _check_can_run(size: str, cfg, opts: BackboneOptions, layout, *, has_weights
         )
     shards = layout.tp_size * (layout.dp_size if opts.fsdp else 1)
     need = plan(cfg, tp=layout.tp_size, dtype=opts.dtype).bytes_total // shards
-    have = available_bytes(opts.device)
+    have = free_bytes(opts.device)
     if have is not None and need > 0.9 * have:
         raise EvalkitError(
             f"vit22b/{size} needs {need / 2**30:.1f} GiB per rank for its {opts.dtype} weights, "
@@ -174,17 +174,6 @@ def _check_can_run(size: str, cfg, opts: BackboneOptions, layout, *, has_weights
             f"evalkit run ... --tp N [--fsdp]), use --dtype bf16, or pick a smaller size "
             f"({SMALL_SIZES})"
         )
-
-
-def available_bytes(device: str) -> int | None:
-    if device.startswith("cuda"):
-        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _info(name: str, cfg, weights_id: str, model: vit.ViT) -> BackboneInfo:

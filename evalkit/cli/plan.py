@@ -97,7 +97,6 @@ def cmd_plan(args, console) -> int:
 
     from evalkit.cache.identity import cache_root
     from evalkit.core.plan import (
-        env_device,
         feeding_rates,
         human,
         parse_target,
@@ -108,6 +107,7 @@ def cmd_plan(args, console) -> int:
     from evalkit.core.rates import expected_time
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
+    from evalkit.device import default_device, default_dtype
     from evalkit.parallel.planner import human as flops
 
     task = resolve_task(args.task, args.overrides)
@@ -117,8 +117,8 @@ def cmd_plan(args, console) -> int:
     stages, budget, sizes, shape = plan_run(
         task, args.backbone, config, options | {"target": target}
     )
-    run_device = args.device or env_device()
-    dtype = args.dtype or ("bf16" if run_device.startswith("cuda") else "fp32")
+    run_device = args.device or default_device()
+    dtype = args.dtype or default_dtype(run_device)
     table = Table(
         "stage",
         "mode",

@@ -22,6 +22,7 @@ import torch
 
 from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
 from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
+from evalkit.device import default_device, default_dtype, free_bytes
 from evalkit.errors import EvalkitError
 
 # Published split sizes, used when the data is not on this machine.
@@ -128,12 +129,10 @@ class Budget:
     @classmethod
     def here(cls, device: str, cache: Path, ranks: int = 1) -> Budget:
         """This machine, running every rank itself (torchrun on one host)."""
-        from evalkit.backbones.vit22b import available_bytes
-
         disk_root = next(p for p in [Path(cache), *Path(cache).parents] if p.exists())
-        device_bytes = available_bytes(device) if device.startswith("cuda") else None
+        device_bytes = free_bytes(device) if device.startswith("cuda") else None
         return cls(
-            available_bytes("cpu") or 0,
+            free_bytes("cpu") or 0,
             device_bytes,
             shutil.disk_usage(disk_root).free,
             ranks=ranks,
@@ -254,8 +253,8 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
     """The stages of ``task`` on ``backbone``, this machine's budget (checked), where the
     split sizes came from, and the backbone's shape."""
     target, ranks = options.get("target"), options.get("tp") or 1
-    device = options.get("device") or ("cuda" if target and target.gpus else env_device())
-    dtype = options.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32")
+    device = options.get("device") or ("cuda" if target and target.gpus else default_device())
+    dtype = options.get("dtype") or default_dtype(device)
     inputs, sources = plan_inputs(task, backbone, config, options | {"dtype": dtype})
     budget = Budget.of(target, ranks) if target else Budget.here(device, config.cache, ranks)
     inputs = replace(inputs, device_bytes=budget.device or 0)
@@ -380,7 +379,7 @@ def unfit(task, backbone, ctx, *, tp: int = 1) -> list[str]:
         return []
     # Every rank torchrun started on this host holds its own buffers.
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    budget = Budget.here(ctx.extract.device, ctx.data.cache, local_ranks)
+    budget = Budget.here(ctx.device, ctx.data.cache, local_ranks)
     inputs = PlanInputs(
         shape,
         sizes,
@@ -406,12 +405,6 @@ def _sizes_of(name: str, splits: tuple[str, ...], ctx) -> tuple[dict[str, int], 
         sizes, classes, _ = split_sizes(name, splits, ctx.data, card=False)
         _SIZES[key] = (sizes, classes)
     return _SIZES[key]
-
-
-def env_device() -> str:
-    import torch
-
-    return os.environ.get("EVALKIT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -445,7 +438,7 @@ def feeding_rates(shape: Shape, target: Target | None, device: str) -> dict:
     """Images per second a rank's decoding workers are expected to deliver, beside what the
     device's forward is expected to take (None where the device's peak is unknown): where the
     first is lower, the device waits for data. ``benchmarks.gpu_check`` measures both."""
-    from evalkit.data.feeding import CPUS_PER_GPU, cpus_per_rank, decode_workers
+    from evalkit.device import CPUS_PER_GPU, cpus_per_rank, decode_workers
 
     if target is not None:
         workers = max((CPUS_PER_GPU if target.gpus else cpus_per_rank()) - 1, 1)
@@ -465,10 +458,9 @@ def auto_batch_size(backbone, device: str, dtype: str, tp: int = 1) -> int:
     """``--batch-size auto``: the largest power of two (at most ``AUTO_BATCH_CAP``) whose forward
     fits ``AUTO_MEMORY_SHARE`` of the device's free memory by the planner's estimate of one
     image's activations; a batch that still runs out of memory is halved (``evalkit.batching``)."""
-    from evalkit.backbones.vit22b import available_bytes
 
     shape = measured_shape(backbone, dtype=dtype, tp=tp)
-    room = AUTO_MEMORY_SHARE * (available_bytes(device) or 0)
+    room = AUTO_MEMORY_SHARE * (free_bytes(device) or 0)
     per_image = max(shape.activation_bytes_per_image, 1)
     size = 1
     while size < AUTO_BATCH_CAP and 2 * size * per_image <= room:

@@ -81,14 +81,14 @@ def provenance(ctx: TaskContext, *, wall_s: float) -> dict:
     return {
         **environment(),
         **numerics(),
-        "device": ctx.extract.device,
+        "device": ctx.device,
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
         "batch_size": ctx.extract.limit.used(ctx.extract.batch_size),  # after any back-off
         "wall_s": round(wall_s, 3),
         "images_extracted": ctx.stats["images"],  # this job's own forward passes
         "images_per_s": round(ctx.stats["images"] / seconds, 2) if seconds else None,
-        "peak_mem_mb": peak_memory_mb(ctx.extract.device),
+        "peak_mem_mb": peak_memory_mb(ctx.device),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
 from evalkit.batching import job_limits
@@ -39,6 +37,7 @@ from evalkit.core.rows import make_row, provenance
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
 from evalkit.data import DataConfig
 from evalkit.data.check import find_data
+from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
 from evalkit.publish.tracking import LogTarget
@@ -117,11 +116,11 @@ class RunSpec:
 
     @property
     def resolved_device(self) -> str:
-        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return self.device or default_device()
 
     @property
     def resolved_dtype(self) -> str:
-        return self.dtype or ("bf16" if self.resolved_device.startswith("cuda") else "fp32")
+        return self.dtype or default_dtype(self.resolved_device)
 
     def backbone_options(self, seed: int) -> BackboneOptions:
         """How to build a backbone for the job of ``seed`` (random weights come from it)."""
@@ -155,23 +154,9 @@ class RunSpec:
             read_only=self.read_only_cache,
         )
         data = DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
-        ctx = TaskContext(data=data, extract=extract, seed=seed)
+        ctx = TaskContext(data=data, extract=extract, seed=seed, device=self.resolved_device)
         ctx.identities = identities if identities is not None else {}
         return ctx
-
-
-def check_device(device: str):
-    """A device torch knows and this machine has."""
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise EvalkitError(
-            f"unknown --device {device!r}: expected cpu, cuda or cuda:<index>"
-        ) from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise EvalkitError(f"--device {device}: this machine has no CUDA device (use --device cpu)")
-    if kind not in ("cpu", "cuda"):
-        raise EvalkitError(f"--device {device}: evalkit runs on cpu or cuda")
 
 
 @dataclass
@@ -407,7 +392,7 @@ def _run_task(
             f"(see `evalkit plan`; --force runs it anyway)"
         )
     start = time.perf_counter()
-    reset_peak_memory(ctx.extract.device)  # this job's peak, not the run's
+    reset_peak_memory(ctx.device)  # this job's peak, not the run's
     ctx.artifacts = Path(out_dir) / "pictures"
     rows = []
     with job_limits() as limits:

@@ -241,11 +241,18 @@ class TaskContext:
     data: DataConfig = field(default_factory=DataConfig)
     extract: ExtractSettings = field(default_factory=ExtractSettings)
     seed: int = 0
+    device: str | None = None  # where the job computes (None: the extraction settings' device)
     stats: dict[str, Any] = field(default_factory=lambda: {"images": 0, "seconds": 0.0, "data": {}})
     artifacts: Path | None = None  # where tasks write pictures (set by the runner)
     identities: dict[str, str] = field(default_factory=dict)  # shared by the jobs of one run
     predictions: Path | None = None  # where to write per-image outputs (--save-predictions)
     request_key: str | None = None  # the job's key before its backbone loads (set by the runner)
+
+    def __post_init__(self):
+        """One device for the whole job: the context's, which extraction follows."""
+        self.device = self.device or self.extract.device
+        if self.extract.device != self.device:
+            self.extract = dataclasses.replace(self.extract, device=self.device)
 
     def save_predictions(self, columns: dict[str, list]):
         """Write one row per image (``columns``: name → values) as Parquet, when asked for;

@@ -12,35 +12,11 @@ cores, so fewer workers are used there (see ``decode_workers``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 
 import torch
 
-CPUS_PER_GPU = 12  # what a Slurm job asks per GPU: ~11 decoding workers and the driver
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask, capped by Slurm's per-task count."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit():
-        cpus = min(cpus or 1, int(slurm))
-    return max(cpus or 1, 1)
-
-
-def cpus_per_rank() -> int:
-    """This rank's share of the node's CPUs (torchrun starts ``LOCAL_WORLD_SIZE`` ranks)."""
-    return max(available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-
-
-def decode_workers(device: str) -> int:
-    """Worker processes for a loader feeding ``device``: on a GPU every core of this rank but
-    one; on a CPU at most 8, since the forward uses the same cores. (Callers use none for a
-    couple of batches, where starting a worker, about a second, costs more than it saves.)"""
-    if torch.device(device).type == "cuda":
-        return max(cpus_per_rank() - 1, 1)
-    return min(8, cpus_per_rank())
+from evalkit.device import decode_workers
 
 
 def loader_options(device: str, workers: int) -> dict:

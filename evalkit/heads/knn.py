@@ -20,11 +20,11 @@ on any CPU or GPU, duplicate and near-duplicate training rows included.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
+
+from evalkit.device import fast_bf16
 
 TEMPERATURE = 0.07
 QUERY_BLOCK = 1024  # queries per rough product
@@ -248,21 +248,6 @@ def _product(queries: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return queries @ columns
     finally:
         flags.allow_bf16_reduced_precision_reduction = kept
-
-
-def fast_bf16(device: torch.device) -> bool:
-    """Whether bf16 products outrun fp32 ones here: on a GPU, or a CPU with bf16 instructions
-    (AVX-512 BF16 or AMX); elsewhere bf16 is emulated and slower."""
-    return device.type == "cuda" or _cpu_has_bf16()
-
-
-@functools.cache
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def vote(

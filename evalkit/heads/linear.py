@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from evalkit.device import fast_bf16, gpu_free_bytes
 from evalkit.heads.kept_logits_fit import KeptLogitsFit
 from evalkit.heads.logistic import (
     BLOCK,
@@ -184,20 +185,12 @@ def _keeps_logits(rows: FeatureRows, classes: int, keep_logits: bool | None, dev
 def keep_logits_budget(device: torch.device) -> int:
     """Bytes a fit may hold for kept logits: ``KEEP_LOGITS_BYTES``, or half the free memory
     of the fit's GPU when that is more."""
-    return max(KEEP_LOGITS_BYTES, free_device_bytes(device) // 2)
-
-
-def free_device_bytes(device: torch.device | str) -> int:
-    """The free memory of a GPU; 0 for any other device."""
-    device = torch.device(device)
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    return max(KEEP_LOGITS_BYTES, gpu_free_bytes(device) // 2)
 
 
 def _low_precision(rows: FeatureRows) -> bool:
     """bf16 passes between exact points: resident fp32 rows on a device where bf16 products
     are fast (a GPU; a CPU with AVX-512 BF16 or AMX)."""
-    from evalkit.heads.knn import fast_bf16
-
     if not (LOW_PRECISION_PASSES and rows.resident):
         return False
     x, _ = next(iter(rows.chunks()))

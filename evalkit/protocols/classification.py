@@ -17,8 +17,9 @@ from evalkit.backbones.base import POOLS, build_transform
 from evalkit.cache.features import FeatureRequest, FeatureSet
 from evalkit.core.task import LAYERS, Stage, Task, extraction_stage, one_of, resolve_pool, setting
 from evalkit.data import open_dataset
-from evalkit.data.feeding import decode_workers, loader_options
+from evalkit.data.feeding import loader_options
 from evalkit.data.shifted import open_scored
+from evalkit.device import decode_workers, gpu_free_bytes
 from evalkit.errors import EvalkitError
 from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, hits
@@ -137,7 +138,7 @@ def choose_l2(path, held_hits: dict[float, int]):
 def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels of every image of ``dataset``, in batches, fed and cast as feature
     extraction is (the same workers, pinned memory and autocast)."""
-    device, size = ctx.extract.device, ctx.extract.batch_size
+    device, size = ctx.device, ctx.extract.batch_size
     workers = ctx.extract.workers
     if workers is None:
         workers = decode_workers(device) if len(dataset) > 2 * size else 0
@@ -199,7 +200,7 @@ class ProbeData:
     def build(cls, train, test, task, device: str, classes: int) -> ProbeData:
         """``test`` may be None when only training rows (and ``rows_of``) are wanted."""
         dim = train.take([0]).shape[-1] if len(train) else 0
-        budget = task.resident_budget(linear.free_device_bytes(device))
+        budget = task.resident_budget(gpu_free_bytes(device))
         resident = linear.resident_bytes(len(train), dim, classes) <= budget
         data = cls(train, test, "resident" if resident else "streamed", device)
         if resident:

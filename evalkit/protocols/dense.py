@@ -97,7 +97,7 @@ class DenseSettings(Task):
     def new_head(self, feats: CachedGrids, ctx) -> torch.nn.Module:
         """This task's head for these grids, initialised from the seed alone."""
         dims = [g.shape[1] for g in feats.take([0])]
-        return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.extract.device)
+        return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.device)
 
     def head_schedule(self, seed: int):
         """``train_head``'s schedule for the trainer (the backbone-in-the-loop mode)."""
@@ -124,7 +124,7 @@ class DenseSettings(Task):
             warmup=min(50, self.steps // 10),
             seed=ctx.seed,
         )
-        train(head, step_loss, n, config, device=ctx.extract.device, progress=ctx.extract.progress)
+        train(head, step_loss, n, config, device=ctx.device, progress=ctx.extract.progress)
         return head
 
 

@@ -100,7 +100,7 @@ class FinetuneRun:
                 batches,
                 loss_fn,
                 schedule,
-                device=ctx.extract.device,
+                device=ctx.device,
                 progress=ctx.extract.progress,
             )
         groups = decayed_groups(
@@ -112,7 +112,7 @@ class FinetuneRun:
             loss_fn,
             task.schedule(ctx.seed),
             out=self.out,
-            device=ctx.extract.device,
+            device=ctx.device,
             progress=ctx.extract.progress,
             groups=groups,
         )
@@ -133,7 +133,7 @@ def end_to_end(
     dims = probe_dims(tower, task, layers=layers, pool=pool, dense=dense)
     head = seeded_build(lambda: head_factory(dims), ctx.seed)
     model = EndToEnd(tower, head, layers=layers, pool=pool, dense=dense, frozen=frozen)
-    model = model.to(ctx.extract.device)
+    model = model.to(ctx.device)
     out = None if frozen else checkpoint_dir(task, backbone, ctx)
     return FinetuneRun(model, backbone.info.depth, out)
 

@@ -48,7 +48,7 @@ class Scorer:
         feats = ctx.features(backbone, train, split=task.train_split, request=request)
         classes = len(train.classes)
         fit_idx, held_idx = stratified_holdout(feats.labels, task.holdout, seed=ctx.seed)
-        data = ProbeData.build(feats, None, task, ctx.extract.device, classes)
+        data = ProbeData.build(feats, None, task, ctx.device, classes)
         l2, init, _, _ = task.select_l2(data, fit_idx, held_idx, classes)
         train_idx = None if refit_all else fit_idx
         model = fit_logistic(
@@ -107,7 +107,7 @@ class Scorer:
     @torch.no_grad()
     def logits_of(self, images: torch.Tensor) -> torch.Tensor:
         """Logits of a batch of images prepared as ``transform`` prepares them."""
-        images = images.to(self.ctx.extract.device)
+        images = images.to(self.ctx.device)
         if self.tuned is not None:
             return self.tuned.model(images).float()
         probe, model, request = self.probe

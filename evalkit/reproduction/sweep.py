@@ -27,7 +27,7 @@ from pathlib import Path
 
 import tomllib
 
-from evalkit.data.feeding import CPUS_PER_GPU
+from evalkit.device import CPUS_PER_GPU
 from evalkit.errors import EvalkitError
 
 EXECUTORS = ("local", "slurm", "submitit-local")

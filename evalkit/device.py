@@ -1,0 +1,100 @@
+"""What evalkit asks of the machine, in one place: the device a run uses when none is named
+(``EVALKIT_DEVICE``, else ``cuda`` where there is one, else ``cpu``; the same rule for
+``evalkit run``, ``evalkit plan`` and ``evalkit.run()``) and its dtype (bf16 on a GPU, fp32
+on a CPU), whether a named device exists, the free memory of a device, whether bf16 products
+are fast on it, and how many decoding workers may feed it. No task, head or planner asks the
+machine anything itself."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from evalkit.errors import EvalkitError
+
+
+def default_device() -> str:
+    """``EVALKIT_DEVICE`` when set, else ``cuda`` where a GPU is visible, else ``cpu``."""
+    return os.environ.get("EVALKIT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: str) -> str:
+    """bf16 on a GPU, where its products are fast and its memory scarce; fp32 elsewhere."""
+    return "bf16" if torch.device(device).type == "cuda" else "fp32"
+
+
+def check_device(device: str):
+    """A device torch knows and this machine has."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise EvalkitError(
+            f"unknown --device {device!r}: expected cpu, cuda or cuda:<index>"
+        ) from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise EvalkitError(f"--device {device}: this machine has no CUDA device (use --device cpu)")
+    if kind not in ("cpu", "cuda"):
+        raise EvalkitError(f"--device {device}: evalkit runs on cpu or cuda")
+
+
+def free_bytes(device: str) -> int | None:
+    """Free memory of ``device``: a GPU's (None where CUDA is missing), or the host's available
+    RAM for ``cpu``."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def gpu_free_bytes(device: torch.device | str) -> int:
+    """The free memory of a GPU; 0 for any other device (budgets that only a GPU enlarges)."""
+    device = torch.device(device)
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 products outrun fp32 ones here: on a GPU, or a CPU with bf16 instructions
+    (AVX-512 BF16 or AMX); elsewhere bf16 is emulated and slower."""
+    return device.type == "cuda" or _cpu_has_bf16()
+
+
+@functools.cache
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+CPUS_PER_GPU = 12  # what a Slurm job asks per GPU: ~11 decoding workers and the driver
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by Slurm's per-task count."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit():
+        cpus = min(cpus or 1, int(slurm))
+    return max(cpus or 1, 1)
+
+
+def cpus_per_rank() -> int:
+    """This rank's share of the node's CPUs (torchrun starts ``LOCAL_WORLD_SIZE`` ranks)."""
+    return max(available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+
+
+def decode_workers(device: str) -> int:
+    """Worker processes for a loader feeding ``device``: on a GPU every core of this rank but
+    one; on a CPU at most 8, since the forward uses the same cores. (Callers use none for a
+    couple of batches, where starting a worker, about a second, costs more than it saves.)"""
+    if torch.device(device).type == "cuda":
+        return max(cpus_per_rank() - 1, 1)
+    return min(8, cpus_per_rank())
