@@ -154,7 +154,6 @@ class Calibration(LinearClassifier):
             higher_is_better=not lower,
             stderr=stderr,
             n=n,
-            seeds=[ctx.seed],
             extra=extra,
         )
 

@@ -131,7 +131,6 @@ class Depth(DenseSettings):
                 higher_is_better=metric not in LOWER_IS_BETTER,
                 stderr=mean_stderr(values),
                 n=len(per_image),
-                seeds=[ctx.seed],
                 extra=extra,
             )
 

@@ -133,7 +133,6 @@ class Distillation(LinearClassifier):
                 value,
                 stderr=accuracy_stderr(right[kind]),
                 n=n,
-                seeds=[ctx.seed],
                 extra=extra,
             )
         paired = 100.0 * (right["distilled"].double() - right["label_only"].double())  # same images
@@ -142,11 +141,10 @@ class Distillation(LinearClassifier):
             top1["distilled"] - top1["label_only"],
             stderr=mean_stderr(paired.numpy()),
             n=n,
-            seeds=[ctx.seed],
             extra=extra,
         )
         for kind, value in agreement.items():
-            yield Metric(f"agreement/{kind}", value, n=n, seeds=[ctx.seed], extra=extra)
+            yield Metric(f"agreement/{kind}", value, n=n, extra=extra)
 
     def _augment(self, backbone, teacher):
         """Training views at the teacher's resolution and normalisation: inception crop, flip."""

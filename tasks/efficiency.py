@@ -121,14 +121,12 @@ class EfficiencyAblation(Task):
             yield Metric(
                 f"images_per_s/{name}",
                 rate,
-                seeds=[ctx.seed],
                 extra={**extra, "per_round": rates[name], **self.utilisation(name, rate, ctx)},
             )
             yield Metric(
                 f"final_loss/{name}",
                 losses[name],
                 higher_is_better=False,
-                seeds=[ctx.seed],
                 extra=extra,
             )
         # Rounds alternate the variants, so each round's ratio cancels the machine's drift
@@ -139,7 +137,6 @@ class EfficiencyAblation(Task):
             statistics.median(ratios),
             std=spread,
             stderr=spread / math.sqrt(len(ratios)) if spread is not None else None,
-            seeds=[ctx.seed],
             n=len(ratios),
             extra={**extra, "ratio": f"{first} / {second}", "per_round": ratios},
         )

@@ -75,9 +75,7 @@ class KNN(FrozenClassification):
                 save_classifications(ctx, logits, test.labels, test_set, space, kind="votes")
             for t in reported_ks(classes):
                 hits = scored_hits(logits, test.labels, space, t)
-                yield Metric(
-                    f"top{t}/k={k}", percent(hits), n=len(test), seeds=[ctx.seed], extra=extra
-                )
+                yield Metric(f"top{t}/k={k}", percent(hits), n=len(test), extra=extra)
 
     def train_chunks(self, train):
         """(features, labels) of at most ``chunk`` training rows at a time."""

@@ -92,7 +92,6 @@ class LinearProbe(LinearClassifier):
                 percent(row_hits),
                 stderr=accuracy_stderr(row_hits),
                 n=len(test.labels),
-                seeds=[ctx.seed],
                 extra=extra,
             )
 
@@ -111,6 +110,5 @@ def finetuned_classification(task: LinearProbe, backbone, ctx):
             percent(row_hits),
             stderr=accuracy_stderr(row_hits),
             n=len(labels),
-            seeds=[ctx.seed],
             extra=tuned.extra,
         )

@@ -141,7 +141,6 @@ class Segmentation(FinetuneSettings, DenseSettings):
                 scores[metric],
                 stderr=stderr.get(metric),
                 n=len(val_set),
-                seeds=[ctx.seed],
                 extra=extra,
             )
 

@@ -135,14 +135,12 @@ class QKNormStability(SmallTraining):
                 f"final_loss/{variant}/lr={lr:g}",
                 run["final"],
                 higher_is_better=False,
-                seeds=[ctx.seed],
                 extra=extra,
             )
             yield Metric(
                 f"max_attention_logit/{variant}/lr={lr:g}",
                 logits[-1],
                 higher_is_better=False,
-                seeds=[ctx.seed],
                 extra=extra,
             )
         sensitivity = sum(finals.values()) / len(finals) - min(finals.values())
@@ -150,7 +148,6 @@ class QKNormStability(SmallTraining):
             f"lr_sensitivity/{variant}",
             sensitivity,
             higher_is_better=False,
-            seeds=[ctx.seed],
             extra={"final_loss_by_lr": {f"{k:g}": v for k, v in finals.items()}},
         )
 
@@ -265,7 +262,6 @@ class QKNormLR(SmallTraining):
                         f"final_loss/{variant}/{size}",
                         finals[size][variant],
                         higher_is_better=False,
-                        seeds=[ctx.seed],
                         extra=extra,
                     )
                 )
@@ -273,7 +269,6 @@ class QKNormLR(SmallTraining):
                 Metric(
                     f"gain/{size}",
                     finals[size]["lowered"] - finals[size]["kept"],
-                    seeds=[ctx.seed],
                     extra={"lrs": lrs, "note": note},
                 )
             )

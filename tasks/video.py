@@ -161,7 +161,6 @@ class VideoClassification(Task):
                 100.0 * right.double().mean().item(),
                 n=len(right),
                 stderr=accuracy_stderr(right),
-                seeds=[ctx.seed],
                 extra=extra,
             )
 

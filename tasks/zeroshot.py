@@ -175,7 +175,6 @@ class ZeroShot(Task):
                 100.0 * right.double().mean().item(),
                 n=len(right),
                 stderr=accuracy_stderr(right),
-                seeds=[ctx.seed],
                 extra=extra,
             )
 

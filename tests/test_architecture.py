@@ -430,3 +430,21 @@ def test_every_fault_of_the_mutation_pass_still_applies():
 
     stale = [f.name for f in FAULTS if (ROOT / f.path).read_text().count(f.old) != 1]
     assert not stale, stale
+
+
+def test_the_runner_records_the_seed_a_task_did_not_name(tmp_path, data_cache):
+    """A task need not write ``seeds``: the runner records the job's own, so a task that
+    forgets it cannot write rows whose ``seeds`` contradict their ``seed``."""
+    import evalkit
+
+    rows = evalkit.run(
+        "imagenet-knn",
+        "fake",
+        data="embedded",
+        seeds=(3,),
+        out=tmp_path,
+        cache_dir=data_cache,
+        progress=False,
+        overrides=["ks=1"],
+    )
+    assert {(r["seed"], tuple(r["seeds"])) for r in rows} == {(3, (3,))}

@@ -42,7 +42,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "std": metric.std,
         "higher_is_better": metric.higher_is_better,
         "n": metric.n,
-        "seeds": metric.seeds,
+        "seeds": list(metric.seeds) if metric.seeds is not None else [ctx.seed],
         "seed": ctx.seed,
         "config": task.config(),
         "config_hash": hash_json(task.config()),

@@ -131,7 +131,7 @@ class Metric:
     stderr: float | None = None  # standard error of the value
     std: float | None = None  # standard deviation over the metric's own seeds
     n: int | None = None
-    seeds: list[int] = field(default_factory=lambda: [0])
+    seeds: list[int] | None = None  # the seeds the value pools; None: the job's own seed
     extra: dict[str, Any] = field(default_factory=dict)
 
 
