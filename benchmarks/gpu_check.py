@@ -151,7 +151,7 @@ def collective(device: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from evalkit.models.vit22b import build, config
-    from evalkit.parallel.plan import apply_fsdp, apply_tensor_parallel
+    from evalkit.parallel.sharding import apply_fsdp, apply_tensor_parallel
 
     kind = torch.device(device).type
     backend = "nccl" if kind == "cuda" else "gloo"
@@ -315,7 +315,7 @@ def finetune_step(device: str) -> dict:
 def vit22b_forward(device: str) -> dict:
     """MFU and peak memory of a forward of the built-in family, against the plan."""
     from evalkit import load_backbone
-    from evalkit.parallel.planner import plan
+    from evalkit.parallel.sizing import sizing
     from evalkit.tasks.efficiency import device_peak_tflops
 
     _, _, _, size, batch = SIZES[device]
@@ -326,7 +326,7 @@ def vit22b_forward(device: str) -> dict:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     seconds = timed(lambda: backbone.extract(images.to(getattr(torch, _TORCH[dtype]))), device)
-    predicted = plan(cfg, dtype=dtype)
+    predicted = sizing(cfg, dtype=dtype)
     flops = predicted.flops_per_image * batch
     peak = device_peak_tflops(device)
     out = {

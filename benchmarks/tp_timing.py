@@ -14,7 +14,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from evalkit import distributed as mesh
 from evalkit.models.vit22b import ViT, config, init_value
 from evalkit.parallel.load import RandomSource, materialize
-from evalkit.parallel.plan import apply_tensor_parallel
+from evalkit.parallel.sharding import apply_tensor_parallel
 
 
 def model_for(width: int, depth: int, parallel: bool, layout) -> ViT:

@@ -35,7 +35,7 @@ from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Rule, Stage, one_o
 from evalkit.data import open_dataset
 from evalkit.metrics import accuracy_stderr, mean_stderr
 from evalkit.models.vit22b import build, config
-from evalkit.parallel.planner import forward_flops, training_flops
+from evalkit.parallel.sizing import forward_flops, training_flops
 from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer

@@ -23,7 +23,7 @@ import torch
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Stage, Task, one_of, setting
 from evalkit.models.vit22b import build, config
-from evalkit.parallel.planner import training_flops
+from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
 from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
@@ -160,7 +160,7 @@ class EfficiencyAblation(Task):
     def utilisation(self, name: str, images_per_s: float, ctx) -> dict:
         """Model FLOPs utilisation: training FLOPs done per second (3× the forward pass's, the
         usual count) over the device's dense bf16 peak; measured on GPUs only."""
-        from evalkit.parallel.planner import forward_flops
+        from evalkit.parallel.sizing import forward_flops
 
         device = ctx.device
         peak = self.peak_tflops or device_peak_tflops(device)

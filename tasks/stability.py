@@ -22,7 +22,7 @@ import torch
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Stage, Task, setting
 from evalkit.heads.train import seeded_build
 from evalkit.models.vit22b import SIZES, build, config
-from evalkit.parallel.planner import training_flops
+from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
 from evalkit.training.loop import Diverged, Schedule, fit
 from evalkit.training.pretrain import Classifier

@@ -18,7 +18,7 @@ from evalkit import distributed as mesh
 from evalkit.checkpoints import SafetensorsSource
 from evalkit.models.vit22b import ViT, build, config, init_value
 from evalkit.parallel.load import RandomSource, materialize
-from evalkit.parallel.plan import apply_fsdp, apply_tensor_parallel
+from evalkit.parallel.sharding import apply_fsdp, apply_tensor_parallel
 
 SWITCHES = {
     "default": {},

@@ -251,7 +251,7 @@ def test_plan_prints_the_paper_scale_figures_without_running(capsys, monkeypatch
 def test_plan_counts_the_flops_of_each_stage(capsys, monkeypatch):
     from evalkit.heads.linear import path_flops
     from evalkit.models.vit22b import config
-    from evalkit.parallel.planner import forward_flops, human
+    from evalkit.parallel.sizing import forward_flops, human
 
     monkeypatch.setenv("COLUMNS", "200")
     per_image = forward_flops(config("b"))  # at its own 224 px
@@ -308,10 +308,11 @@ def test_the_probe_is_planned_resident_where_half_the_gpu_holds_it(
 
 
 def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monkeypatch):
-    from evalkit.core import plan
 
-    tiny = plan.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
-    monkeypatch.setattr(plan.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny))
+    from evalkit.core import costs
+
+    tiny = costs.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
+    monkeypatch.setattr(costs.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny))
     args = [
         "run",
         "--task",

@@ -49,7 +49,7 @@ def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
 def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_env, capsys):
     from evalkit.heads.linear import path_flops
     from evalkit.models.vit22b import config
-    from evalkit.parallel.planner import forward_flops
+    from evalkit.parallel.sizing import forward_flops
 
     args = [
         "reproduce",

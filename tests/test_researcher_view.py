@@ -449,7 +449,7 @@ def test_log_mlflow_without_options_lands_where_mlflow_ui_looks(tmp_path, data_c
 
 
 def test_one_rule_picks_the_device_for_run_plan_and_the_api(monkeypatch, data_cache):
-    from evalkit.core.plan import plan_run
+    from evalkit.core.costs import plan_run
     from evalkit.core.runner import RunSpec, resolve_task
     from evalkit.data import DataConfig
 
@@ -464,7 +464,7 @@ def test_one_rule_picks_the_device_for_run_plan_and_the_api(monkeypatch, data_ca
     def budget_here(device, *args):
         raise Planned(device)
 
-    monkeypatch.setattr("evalkit.core.plan.Budget.here", budget_here)
+    monkeypatch.setattr("evalkit.core.costs.Budget.here", budget_here)
     config = DataConfig(source="embedded", cache=data_cache)
     with pytest.raises(Planned, match="cuda:3"):  # plan budgets the device run would use
         plan_run(resolve_task("imagenet-knn"), "fake", config, {})

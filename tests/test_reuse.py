@@ -119,13 +119,13 @@ def test_data_identity_follows_links_and_counts_hidden_images(tmp_path):
 
 
 def test_sweep_reruns_a_job_whose_data_or_weights_changed(cli_env, tmp_path):
-    from evalkit.reproduction.sweep import Job, Plan, finished
+    from evalkit.reproduction.sweep import Job, Sweep, finished
 
     for split, count in (("train", 2), ("val", 1)):
         for c in "ab":
             for i in range(count):
                 _image(tmp_path / "data" / "imagenet" / split / c / f"{i}.png", 10 + i)
-    plan = Plan(
+    plan = Sweep(
         jobs=(),
         out=tmp_path / "rows",
         run_args=("--data", "folder", "--data-dir", str(tmp_path / "data")),

@@ -100,9 +100,9 @@ def test_sweep_errors(cli_env):
 
 
 def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(cli_env, tmp_path):
-    from evalkit.reproduction.sweep import Job, Plan, finished, job_rows, request_key
+    from evalkit.reproduction.sweep import Job, Sweep, finished, job_rows, request_key
 
-    plan = Plan(jobs=(), out=tmp_path, run_args=("--data", "embedded"))
+    plan = Sweep(jobs=(), out=tmp_path, run_args=("--data", "embedded"))
     key = request_key(plan, Job("imagenet-linear", "vit22b"), {})
     assert key == request_key(plan, Job("imagenet-linear", "vit22b/22b"), {})
     row = {"task": "imagenet-linear", "backbone": "vit22b/22b", "seed": 0, "request_key": key}

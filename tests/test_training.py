@@ -249,7 +249,7 @@ def test_qk_norm_lr_compares_kept_and_lowered_learning_rates(fake, ctx, tmp_path
 
 
 def test_model_flops_utilisation_by_hand(ctx):
-    from evalkit.parallel.planner import forward_flops
+    from evalkit.parallel.sizing import forward_flops
     from evalkit.tasks.efficiency import EfficiencyAblation
 
     task = EfficiencyAblation(size="test", image=32, peak_tflops=2.0)

@@ -17,9 +17,9 @@ from evalkit.models.vit22b import SIZES, build, config
 
 
 def test_22b_planner_counts_match_the_paper():
-    from evalkit.parallel.planner import plan
+    from evalkit.parallel.sizing import sizing
 
-    p = plan(config("22b"), tp=8, dtype="bf16")
+    p = sizing(config("22b"), tp=8, dtype="bf16")
     assert p.block_matrices == 48 * (4 * 6144**2 + 2 * 6144 * 24576) == 21_743_271_936
     assert abs(p.encoder / 21.743e9 - 1) < 1e-3
     assert 0.4e9 < p.head < 0.5e9  # the MAP head, counted apart (docs/protocols.md, "Architecture")

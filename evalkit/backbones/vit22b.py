@@ -141,7 +141,7 @@ def _build_sharded(cfg, opts: BackboneOptions, layout) -> vit.ViT:
     with torch.device("meta"):
         model = vit.ViT(cfg).to(dtype)
     if layout.tp_size > 1:
-        from evalkit.parallel.plan import apply_tensor_parallel
+        from evalkit.parallel.sharding import apply_tensor_parallel
 
         apply_tensor_parallel(model, layout.mesh["tp"])
     if opts.fsdp:
@@ -149,14 +149,14 @@ def _build_sharded(cfg, opts: BackboneOptions, layout) -> vit.ViT:
             raise EvalkitError(
                 "--fsdp shards over data-parallel ranks: launch more processes than --tp"
             )
-        from evalkit.parallel.plan import apply_fsdp
+        from evalkit.parallel.sharding import apply_fsdp
 
         apply_fsdp(model, layout.mesh["dp"])
     return model.to_empty(device=opts.device)
 
 
 def _check_can_run(size: str, cfg, opts: BackboneOptions, layout, *, has_weights: bool):
-    from evalkit.parallel.planner import plan
+    from evalkit.parallel.sizing import sizing
 
     if not has_weights and size in PAPER_SIZES and not opts.random_init:
         raise EvalkitError(
@@ -165,7 +165,7 @@ def _check_can_run(size: str, cfg, opts: BackboneOptions, layout, *, has_weights
             f"a smaller size ({SMALL_SIZES})"
         )
     shards = layout.tp_size * (layout.dp_size if opts.fsdp else 1)
-    need = plan(cfg, tp=layout.tp_size, dtype=opts.dtype).bytes_total // shards
+    need = sizing(cfg, tp=layout.tp_size, dtype=opts.dtype).bytes_total // shards
     have = free_bytes(opts.device)
     if have is not None and need > 0.9 * have:
         raise EvalkitError(

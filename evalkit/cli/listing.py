@@ -124,7 +124,7 @@ def cmd_backbones(args, console) -> int:
     from rich.table import Table
 
     from evalkit.models import vit22b
-    from evalkit.parallel.planner import plan, report
+    from evalkit.parallel.sizing import report, sizing
 
     family, _, size = args.spec.partition("/")
     size = size or "22b"
@@ -135,7 +135,7 @@ def cmd_backbones(args, console) -> int:
         )
     cfg = vit22b.config(size)
     table = Table(show_header=False, box=None)
-    for label, value in report(f"vit22b/{size}", cfg, plan(cfg, tp=args.tp, dtype=args.dtype)):
+    for label, value in report(f"vit22b/{size}", cfg, sizing(cfg, tp=args.tp, dtype=args.dtype)):
         table.add_row(label, value)
     console.print(table)
     return 0

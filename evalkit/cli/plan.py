@@ -96,7 +96,7 @@ def cmd_plan(args, console) -> int:
     from rich.table import Table
 
     from evalkit.cache.identity import cache_root
-    from evalkit.core.plan import (
+    from evalkit.core.costs import (
         feeding_rates,
         human,
         parse_target,
@@ -108,7 +108,7 @@ def cmd_plan(args, console) -> int:
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
     from evalkit.device import default_device, default_dtype
-    from evalkit.parallel.planner import human as flops
+    from evalkit.parallel.sizing import human as flops
 
     task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())

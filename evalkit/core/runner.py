@@ -7,7 +7,7 @@ weights are random: a job is its own inputs), and a fresh ``TaskContext`` per jo
 provenance counts only its own images. A job is identified by the key of its ``job_spec`` (task
 and settings, backbone and options, weights, dtypes, data, seed); a job's rows are appended
 together when it finishes, and a rerun skips a job whose metrics are all on disk under that key
-unless ``rerun`` is set. A job that ``evalkit.core.plan`` says does not fit this
+unless ``rerun`` is set. A job that ``evalkit.core.costs`` says does not fit this
 machine is refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
 a job that crashed resumes from its finished shards.
 """
@@ -30,8 +30,8 @@ from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.core.catalog import TASKS, resolve_task
+from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
-from evalkit.core.plan import auto_batch_size, unfit
 from evalkit.core.results import Row, append_rows, load_rows, rows_file
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete

@@ -55,7 +55,7 @@ class PaperRun:
 
     def reproduction(self, resources) -> tuple[Reproduction, list[EffectRow]]:
         """The reproduction with its sweep plan set, and the rows it covers."""
-        from evalkit.reproduction.sweep import Plan
+        from evalkit.reproduction.sweep import Sweep
 
         for model in {**self.weights, **self.backbones}:
             if model not in PAPER_BACKBONES:
@@ -74,7 +74,7 @@ class PaperRun:
         alone = replace(resources, gpus=min(resources.gpus, 1), nodes=1, tp=1, fsdp=False)
         jobs = tuple(replace(j, resources=alone) if j.backbone == "none" else j for j in jobs)
         data = ("--data", "auto", *(("--data-dir", str(self.data_dir)) if self.data_dir else ()))
-        job.plan = Plan(jobs=jobs, out=job.runs, run_args=data, resources=resources)
+        job.plan = Sweep(jobs=jobs, out=job.runs, run_args=data, resources=resources)
         return job, effects
 
     def missing_weights(self, job: Reproduction, effects: list[EffectRow]) -> list[str]:
@@ -88,7 +88,7 @@ def estimate(
 ) -> list[dict]:
     """Per row: its jobs' FLOPs from the tasks' plans (split sizes from ``data_dir`` when the
     data is there, else the dataset cards) and, on ``target``, each job's placement."""
-    from evalkit.core.plan import plan_inputs, stage_flops
+    from evalkit.core.costs import plan_inputs, stage_flops
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
 
@@ -119,7 +119,7 @@ def place(task, backbone: str, config, target) -> dict:
     """Where one job fits on ``target``: GPUs, nodes, and what stops it when nothing does."""
     import math
 
-    from evalkit.core.plan import placement, plan_inputs
+    from evalkit.core.costs import placement, plan_inputs
 
     def inputs_of(tp: int, dp: int):
         try:
@@ -162,7 +162,7 @@ def placement_table(estimates: list[dict], target, utilisation: float) -> str:
 
 def compute_table(estimates: list[dict], gpu: Accelerator) -> str:
     """Markdown: each row's runs, FLOPs and GPU-hours, and the total."""
-    from evalkit.parallel.planner import human
+    from evalkit.parallel.sizing import human
 
     head = f"GPU-hours at {gpu.utilisation:.0%} of an {gpu.name}'s {gpu.peak_tflops:g} TFLOP/s"
     lines = [

@@ -71,7 +71,7 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Sweep:
     jobs: tuple[Job, ...]
     out: Path = Path("results/sweep")
     run_args: tuple[str, ...] = ()  # options every job's `evalkit run` gets (--data, ...)
@@ -126,7 +126,7 @@ class Plan:
         return [sys.executable, "-m", "evalkit", *args]
 
 
-def plan_from_args(tasks, backbones, seeds, overrides=(), weights=None, **plan) -> Plan:
+def plan_from_args(tasks, backbones, seeds, overrides=(), weights=None, **plan) -> Sweep:
     """Every (task, backbone, seed) of the lists, with the same settings."""
     if not tasks or not backbones:
         raise EvalkitError("a sweep needs at least one --task and one --backbone (or --plan FILE)")
@@ -134,10 +134,10 @@ def plan_from_args(tasks, backbones, seeds, overrides=(), weights=None, **plan) 
         Job(t, b, s, tuple(overrides), weights)
         for t, b, s in itertools.product(tasks, backbones, seeds)
     )
-    return Plan(jobs=jobs, **plan)
+    return Sweep(jobs=jobs, **plan)
 
 
-def plan_from_toml(path: Path, **plan) -> Plan:
+def plan_from_toml(path: Path, **plan) -> Sweep:
     """A TOML plan: ``[[jobs]]`` tables; top-level ``out`` and ``run_args`` may be given."""
     try:
         spec = tomllib.loads(Path(path).read_text())
@@ -171,14 +171,14 @@ def plan_from_toml(path: Path, **plan) -> Plan:
     if "out" in spec:
         plan["out"] = Path(spec["out"])
     plan["run_args"] = (*tuple(spec.get("run_args", ())), *plan.get("run_args", ()))
-    return Plan(jobs=tuple(jobs), **plan)
+    return Sweep(jobs=tuple(jobs), **plan)
 
 
 def _listed(value) -> list:
     return list(value) if isinstance(value, list) else [value]
 
 
-def check(plan: Plan):
+def check(plan: Sweep):
     """Unknown task names and settings fail before anything starts."""
     from evalkit.core.runner import resolve_task
 
@@ -186,7 +186,7 @@ def check(plan: Plan):
         resolve_task(job.task, job.overrides)
 
 
-def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
+def finished(plan: Sweep, job: Job, read: dict | None = None) -> bool:
     """Rows of every metric of ``job`` are already under the plan's output folder."""
     from evalkit.core.runner import resolve_task
     from evalkit.core.task import rows_complete
@@ -195,7 +195,7 @@ def finished(plan: Plan, job: Job, read: dict | None = None) -> bool:
     return rows_complete(expected, job_rows(plan, job, read))
 
 
-def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
+def job_rows(plan: Sweep, job: Job, read: dict | None = None) -> list[dict]:
     """The newest row of each metric of ``job`` under the plan's output folder: rows whose
     request key is the one the job's run would give them (task and settings, backbone and
     options, weights content, dtypes, libraries, data files, seed). ``read`` keeps each rows
@@ -215,7 +215,7 @@ def job_rows(plan: Plan, job: Job, read: dict | None = None) -> list[dict]:
     return list(newest.values())
 
 
-def request_key(plan: Plan, job: Job, identities: dict, task=None) -> str:
+def request_key(plan: Sweep, job: Job, identities: dict, task=None) -> str:
     """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``); ``task``
     is the job's task when the caller has resolved it already."""
     from evalkit.cache.identity import spec_key
@@ -227,7 +227,7 @@ def request_key(plan: Plan, job: Job, identities: dict, task=None) -> str:
     return spec_key(request_spec(spec, task, job.backbone, ctx), length=16)
 
 
-def job_run_spec(plan: Plan, job: Job):
+def job_run_spec(plan: Sweep, job: Job):
     """The ``RunSpec`` of a job's ``evalkit run`` line, as far as its key goes: the job's own
     fields and the plan's run options that reach the key (other options do not change it)."""
     import argparse
@@ -263,12 +263,12 @@ def job_run_spec(plan: Plan, job: Job):
     )
 
 
-def pending(plan: Plan) -> list[Job]:
+def pending(plan: Sweep) -> list[Job]:
     read = {}
     return [job for job in plan.jobs if not finished(plan, job, read)]
 
 
-def run_local(plan: Plan, jobs: list[Job], echo=print) -> list[tuple[Job, int]]:
+def run_local(plan: Sweep, jobs: list[Job], echo=print) -> list[tuple[Job, int]]:
     """Each job in its own process, one after another; returns (job, exit code) pairs."""
     results = []
     for number, job in enumerate(jobs, 1):
@@ -277,7 +277,7 @@ def run_local(plan: Plan, jobs: list[Job], echo=print) -> list[tuple[Job, int]]:
     return results
 
 
-def submit(plan: Plan, jobs: list[Job], *, cluster: str):
+def submit(plan: Sweep, jobs: list[Job], *, cluster: str):
     """One submitit job array per kind of resources (``cluster``: slurm or local); returns
     submitit's jobs in the order of ``jobs``."""
     import submitit
@@ -315,13 +315,13 @@ def _parameters(r: Resources, cluster: str) -> dict:
     return params
 
 
-def batch_script(plan: Plan, jobs: list[Job]) -> str:
+def batch_script(plan: Sweep, jobs: list[Job]) -> str:
     """The Slurm batch script of each job array, as submitit would write it, each followed by
     the command each of its array tasks runs (``--dry-run``)."""
     return "\n".join(_array_script(plan, r, group) for r, group in plan.groups(jobs).items())
 
 
-def _array_script(plan: Plan, r: Resources, jobs: list[Job]) -> str:
+def _array_script(plan: Sweep, r: Resources, jobs: list[Job]) -> str:
     from submitit.slurm.slurm import _make_sbatch_string
 
     script = _make_sbatch_string(

@@ -168,7 +168,7 @@ def shard(model: Classifier, *, fsdp: bool) -> Classifier:
     family's plan, and FSDP2 over ``dp`` (``fsdp``); else data parallel with whole copies."""
     layout = distributed.current()
     if layout.tp_size > 1:
-        from evalkit.parallel.plan import apply_tensor_parallel
+        from evalkit.parallel.sharding import apply_tensor_parallel
 
         apply_tensor_parallel(model.vit, layout.mesh["tp"])
     if fsdp:
@@ -178,7 +178,7 @@ def shard(model: Classifier, *, fsdp: bool) -> Classifier:
             )
         from torch.distributed.fsdp import fully_shard
 
-        from evalkit.parallel.plan import apply_fsdp
+        from evalkit.parallel.sharding import apply_fsdp
 
         apply_fsdp(model.vit, layout.mesh["dp"])
         fully_shard(model, mesh=layout.mesh["dp"])

@@ -188,13 +188,13 @@ def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
     family, _, variant = spec.partition("/")
     if family == "vit22b":
         from evalkit.models import vit22b
-        from evalkit.parallel.planner import plan
+        from evalkit.parallel.sizing import sizing
 
         size = variant or "22b"
         if size not in vit22b.SIZES:
             raise EvalkitError(f"unknown vit22b size {size!r}")
         cfg = vit22b.config(size)
-        p = plan(cfg, tp=tp, dtype=dtype)
+        p = sizing(cfg, tp=tp, dtype=dtype)
         return Shape(
             spec,
             cfg.width,

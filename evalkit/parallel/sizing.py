@@ -1,9 +1,9 @@
-"""Memory and compute planner for the ViT-22B family: built on the meta device, so it reports
+"""Memory and compute sizing of the ViT-22B family: built on the meta device, so it reports
 the full 22B model without allocating a byte of weights (``evalkit backbones info vit22b``).
 
 Counts follow docs/protocols.md, "Architecture": the paper's 21,743M is the blocks' weight matrices;
 embeddings, norms and biases are listed on top, and the MAP head separately. Per-rank bytes
-use the tensor-parallel plan of ``evalkit.parallel.plan``. Activation memory is an estimate of
+use the tensor-parallel plan of ``evalkit.parallel.sharding``. Activation memory is an estimate of
 the inference peak inside one block (tensors alive at once, attention scores materialised, as
 without a fused kernel); FLOPs count multiply-adds as two.
 """
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.parallel.plan import check_divisible, sharded_dim
+from evalkit.parallel.sharding import check_divisible, sharded_dim
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
-class Plan:
+class Sizing:
     block_matrices: int
     encoder: int
     head: int
@@ -32,7 +32,7 @@ class Plan:
     dtype: str
 
 
-def plan(cfg, *, tp: int = 1, dtype: str = "bf16") -> Plan:
+def sizing(cfg, *, tp: int = 1, dtype: str = "bf16") -> Sizing:
     from evalkit.models.vit22b import ViT
 
     check_divisible(cfg, tp)
@@ -43,7 +43,7 @@ def plan(cfg, *, tp: int = 1, dtype: str = "bf16") -> Plan:
     per_rank = sum(
         p.numel() // (tp if sharded_dim(name) is not None else 1) for name, p in params.items()
     )
-    return Plan(
+    return Sizing(
         block_matrices=sum(
             p.numel() for n, p in params.items() if n.startswith("blocks.") and p.dim() == 2
         ),
@@ -98,7 +98,7 @@ def count(n: int) -> str:
     return f"{short}  ({n:,})"
 
 
-def report(name: str, cfg, p: Plan) -> list[tuple[str, str]]:
+def report(name: str, cfg, p: Sizing) -> list[tuple[str, str]]:
     """(label, value) lines for the CLI."""
     lines = [
         (
