@@ -468,3 +468,16 @@ def test_one_rule_picks_the_device_for_run_plan_and_the_api(monkeypatch, data_ca
     config = DataConfig(source="embedded", cache=data_cache)
     with pytest.raises(Planned, match="cuda:3"):  # plan budgets the device run would use
         plan_run(resolve_task("imagenet-knn"), "fake", config, {})
+
+
+def test_compare_explains_baselines_too_old_to_say_their_data(three_classes, tmp_path, capsys):
+    out = three_classes[0]
+    old = tmp_path / "old"
+    old.mkdir()
+    for path in out.glob("*.jsonl"):  # as an evalkit that did not record the data wrote them
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        lines = [json.dumps({k: v for k, v in r.items() if k != "dataset"}) for r in rows]
+        (old / path.name).write_text("\n".join(lines) + "\n")
+    assert main(["compare", str(old), str(out), "--tolerance", "0"]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "do not record the data they were computed on" in text and "--update-baselines" in text

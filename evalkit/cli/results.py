@@ -312,9 +312,8 @@ def cmd_compare(args, console) -> int:
     if args.tolerances and not given.is_file():
         raise EvalkitError(f"no tolerances file {given}")
     tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
-    records = compare(
-        load_rows([args.base]), load_rows([args.new]), tolerance=tolerance, one_sided=args.one_sided
-    )
+    base = load_rows([args.base])
+    records = compare(base, load_rows([args.new]), tolerance=tolerance, one_sided=args.one_sided)
     table = Table()
     for column in ("task", "data", "backbone", "metric", "base", "new", "delta", "status"):
         table.add_column(column, overflow="fold")  # names are folded, never cut
@@ -346,6 +345,14 @@ def cmd_compare(args, console) -> int:
         return 0
     bad = [r for r in records if r["status"] in FAILING]
     console.print(verdict(records, args.one_sided), highlight=False)
+    if any(r["status"] == "missing" for r in records) and (old := unrecorded(base)):
+        console.print(
+            f"note: {old} baseline row(s) do not record the data they were computed on (an "
+            "older evalkit wrote them), so no new row can match them: check the new rows, then "
+            "refresh the baselines with --update-baselines",
+            highlight=False,
+            soft_wrap=True,
+        )
     return 1 if bad and args.fail_on_regression else 0
 
 
@@ -363,6 +370,11 @@ def verdict(records: list[dict], one_sided: bool) -> str:
     )
     parts += [f"{missing} baseline row(s) missing from the new rows"] if missing else []
     return "; ".join(parts) or "no changes beyond tolerance"
+
+
+def unrecorded(rows: list[dict]) -> int:
+    """Rows that do not say what data they were computed on (stand-in or real)."""
+    return sum(not isinstance(row.get("dataset"), dict) for row in rows)
 
 
 def write_report(path: Path, text: str):
