@@ -315,8 +315,8 @@ def finetune_step(device: str) -> dict:
 def vit22b_forward(device: str) -> dict:
     """MFU and peak memory of a forward of the built-in family, against the plan."""
     from evalkit import load_backbone
+    from evalkit.device import peak_tflops
     from evalkit.parallel.sizing import sizing
-    from evalkit.tasks.efficiency import device_peak_tflops
 
     _, _, _, size, batch = SIZES[device]
     dtype = "bf16" if device == "cuda" else "fp32"
@@ -328,7 +328,7 @@ def vit22b_forward(device: str) -> dict:
     seconds = timed(lambda: backbone.extract(images.to(getattr(torch, _TORCH[dtype]))), device)
     predicted = sizing(cfg, dtype=dtype)
     flops = predicted.flops_per_image * batch
-    peak = device_peak_tflops(device)
+    peak = peak_tflops(device)
     out = {
         "model": f"vit22b/{size}",
         "batch": batch,

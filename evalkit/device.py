@@ -98,3 +98,22 @@ def decode_workers(device: str) -> int:
     if torch.device(device).type == "cuda":
         return max(cpus_per_rank() - 1, 1)
     return min(8, cpus_per_rank())
+
+
+PEAK_TFLOPS = {  # dense bf16 TFLOP/s from the data sheets, by a part of the card's name
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10": 125.0,
+}
+
+
+def peak_tflops(device: str) -> float | None:
+    """The data-sheet dense bf16 peak of this GPU (None on a CPU or an unknown card)."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Stage, Task, one_of, setting
+from evalkit.device import peak_tflops
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
@@ -36,15 +37,6 @@ VARIANTS = {
     "parallel": {"parallel": {"parallel": True}, "sequential": {"parallel": False}},
 }
 # Dense bf16 peak TFLOP/s by device name, for model FLOPs utilisation (vendors' data sheets).
-PEAK_TFLOPS = {
-    "H200": 989.0,
-    "H100 PCIe": 756.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10": 125.0,
-}
 PAPER = {
     "biases": "~+3% utilisation without biases",
     "parallel": "~15% faster with parallel blocks",
@@ -163,7 +155,7 @@ class EfficiencyAblation(Task):
         from evalkit.parallel.sizing import forward_flops
 
         device = ctx.device
-        peak = self.peak_tflops or device_peak_tflops(device)
+        peak = self.peak_tflops or peak_tflops(device)
         if not peak:
             why = "no GPU" if not device.startswith("cuda") else "peak unknown: --set peak_tflops"
             return {"mfu": None, "mfu_note": f"not measured ({why})"}
@@ -205,10 +197,3 @@ class EfficiencyAblation(Task):
             progress=ctx.extract.progress,
         )
         return sum(e["loss"] for e in log[-10:]) / len(log[-10:])
-
-
-def device_peak_tflops(device: str) -> float | None:
-    if not device.startswith("cuda") or not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name(torch.device(device))
-    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
