@@ -15,8 +15,8 @@ from benchmarks.bench_extraction import TensorImages
 from benchmarks.common import peak_rss_mb, report
 from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-from evalkit.heads.dense import LinearSegmentation, UperNetSegmentation
-from evalkit.protocols.dense import tap_layers
+from evalkit.heads.decoders import LinearSegmentation, UperNetSegmentation
+from evalkit.protocols.grids import tap_layers
 
 
 def train_steps(head, grids_for, steps: int, batch: int, n: int) -> float:

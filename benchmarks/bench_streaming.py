@@ -58,8 +58,8 @@ def lit_steps(feats) -> None:
 
 
 def video_steps(feats) -> None:
+    from evalkit.heads.temporal import HeadConfig, build_head
     from evalkit.heads.train import ShardedOrder, ShardReader
-    from evalkit.heads.video import HeadConfig, build_head
 
     order = ShardedOrder.of(feats.starts, torch.ones(len(feats), dtype=torch.bool), 64, 0)
     reader = ShardReader(feats, 2 * order.window, resident=False)

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.common import best_time, report
 from evalkit import load_backbone
-from evalkit.data.video import (
+from evalkit.data.clips import (
     Sampling,
     VideoClips,
     frame_indices,
@@ -27,7 +27,7 @@ from evalkit.data.video import (
     render_clip,
     write_clip,
 )
-from evalkit.heads.video import HeadConfig, build_head
+from evalkit.heads.temporal import HeadConfig, build_head
 
 CLIPS, FRAMES, FPS = 8, 300, 30
 

@@ -231,14 +231,14 @@ FAULTS = (
     ),
     Fault(
         "video segment frames at the start",
-        "evalkit/data/video.py",
+        "evalkit/data/clips.py",
         "offset = (segment + 0.5) / sampling.segments",
         "offset = segment / sampling.segments",
         ("tests/test_video.py",),
     ),
     Fault(
         "video stride ignored",
-        "evalkit/data/video.py",
+        "evalkit/data/clips.py",
         "return [start + i * sampling.stride for i in range(t)], False",
         "return [start + i for i in range(t)], False",
         ("tests/test_video.py",),

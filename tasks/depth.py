@@ -26,11 +26,12 @@ import torch
 
 from evalkit.core.task import Metric, one_of, setting
 from evalkit.data import open_dataset
-from evalkit.data.dense import DEPTH, frame_size
+from evalkit.data.dense_layouts import DEPTH, frame_size
 from evalkit.errors import EvalkitError
-from evalkit.heads.dense import DEPTH_HEADS, DPTDepth, LinearDepth
+from evalkit.heads.decoders import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr
-from evalkit.protocols.dense import (
+from evalkit.protocols.finetuning import end_to_end
+from evalkit.protocols.grids import (
     DenseSettings,
     colour_depth,
     dense_features,
@@ -39,7 +40,6 @@ from evalkit.protocols.dense import (
     save_picture_grid,
     tap_layers,
 )
-from evalkit.protocols.finetuning import end_to_end
 from evalkit.protocols.predictions import image_ids
 from evalkit.training.loop import sampled_batches
 

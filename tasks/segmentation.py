@@ -30,10 +30,11 @@ import torch.nn.functional as F
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, Stage, one_of, setting
 from evalkit.data import open_dataset
-from evalkit.data.dense import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
-from evalkit.heads.dense import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
+from evalkit.data.dense_layouts import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
+from evalkit.heads.decoders import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
-from evalkit.protocols.dense import (
+from evalkit.protocols.finetuning import FinetuneSettings, end_to_end, finetune_extra
+from evalkit.protocols.grids import (
     DenseSettings,
     colour_labels,
     dense_features,
@@ -43,7 +44,6 @@ from evalkit.protocols.dense import (
     save_picture_grid,
     tap_layers,
 )
-from evalkit.protocols.finetuning import FinetuneSettings, end_to_end, finetune_extra
 from evalkit.protocols.predictions import image_ids
 from evalkit.training.loop import sampled_batches
 

@@ -36,11 +36,11 @@ from evalkit.core.task import (
     setting,
 )
 from evalkit.data import open_dataset
-from evalkit.data.video import MODES, Sampling, split_status
+from evalkit.data.clips import MODES, Sampling, split_status
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import Standardizer
+from evalkit.heads.temporal import HEADS, HeadConfig, build_head
 from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
-from evalkit.heads.video import HEADS, HeadConfig, build_head
 from evalkit.metrics import accuracy_stderr, reported_ks
 from evalkit.protocols.predictions import save_classifications
 

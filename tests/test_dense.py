@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from evalkit.backbones.base import Preprocess
-from evalkit.data.dense import DEPTH, ADE20k, DepthFolder, SceneSet, write_scene_set
+from evalkit.data.dense_layouts import DEPTH, ADE20k, DepthFolder, SceneSet, write_scene_set
 from evalkit.errors import EvalkitError
 from evalkit.metrics import IGNORE, confusion_matrix, depth_errors, eval_crop, segmentation_scores
 
@@ -173,7 +173,7 @@ def test_embedded_sets_use_the_real_layouts(tmp_path):
 
 
 def test_hashed_subsets_are_nested_and_seeded():
-    from evalkit.protocols.dense import hashed_subset, tap_layers
+    from evalkit.protocols.grids import hashed_subset, tap_layers
 
     names = [f"img{i}.jpg" for i in range(160)]
     small, large = hashed_subset(names, 1 / 16, 0), hashed_subset(names, 1 / 8, 0)
@@ -198,7 +198,12 @@ def test_sparse_resize_averages_returns():
 
 
 def test_heads_output_shapes():
-    from evalkit.heads.dense import DPTDepth, LinearDepth, LinearSegmentation, UperNetSegmentation
+    from evalkit.heads.decoders import (
+        DPTDepth,
+        LinearDepth,
+        LinearSegmentation,
+        UperNetSegmentation,
+    )
 
     grids = [torch.randn(2, 32, 4, 4) for _ in range(4)]
     assert LinearSegmentation([32] * 4, 150)(grids).shape == (2, 150, 4, 4)
@@ -284,7 +289,7 @@ def test_depth_over_the_cache_budget_and_its_per_image_predictions(cli_env, smal
 
 
 def test_window_starts_cover_the_image_with_the_last_flush():
-    from evalkit.data.dense import window_starts
+    from evalkit.data.dense_layouts import window_starts
 
     assert window_starts(512, 512, 341) == [0]
     assert window_starts(683, 512, 341) == [0, 171]
@@ -292,7 +297,7 @@ def test_window_starts_cover_the_image_with_the_last_flush():
 
 
 def test_sliding_windows_keep_the_aspect_and_stitch_by_averaging(tmp_path):
-    from evalkit.data.dense import SlidingWindows
+    from evalkit.data.dense_layouts import SlidingWindows
     from evalkit.tasks.segmentation import windowed
 
     Image.new("RGB", (150, 100), (200, 10, 10)).save(tmp_path / "wide.png")
@@ -344,7 +349,7 @@ def test_sliding_window_evaluation_in_every_mode(cli_env, small_scenes):
 
 
 def test_mmseg_training_views_are_seeded_crops_with_labels_alike(tmp_path):
-    from evalkit.data.dense import scale_crop_flip
+    from evalkit.data.dense_layouts import scale_crop_flip
 
     Image.new("RGB", (90, 60), (120, 130, 140)).save(tmp_path / "a.png")
     dataset = type(
@@ -386,7 +391,7 @@ def test_mmseg_augmentation_in_the_loop_is_recorded(cli_env, small_scenes):
 
 
 def test_frames_keep_their_aspect(tmp_path):
-    from evalkit.data.dense import frame_size
+    from evalkit.data.dense_layouts import frame_size
 
     Image.new("RGB", (1920, 1280)).save(tmp_path / "waymo.png")
     Image.new("RGB", (480, 640)).save(tmp_path / "portrait.png")

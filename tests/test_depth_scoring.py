@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from evalkit.core.runner import resolve_task
-from evalkit.data.dense import DEPTH, DepthFolder
+from evalkit.data.dense_layouts import DEPTH, DepthFolder
 from evalkit.errors import EvalkitError
 
 PLAIN = SimpleNamespace(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))

@@ -401,7 +401,7 @@ def test_probabilities_of_logits_are_their_softmax():
 def test_the_segmentation_picture_names_its_columns(tmp_path):
     import numpy as np
 
-    from evalkit.protocols.dense import TITLE_HEIGHT, save_picture_grid
+    from evalkit.protocols.grids import TITLE_HEIGHT, save_picture_grid
 
     tile = np.zeros((32, 48, 3), np.uint8)
     path = save_picture_grid([[tile, tile, tile]], tmp_path / "grid.png")

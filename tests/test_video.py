@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("av")
 
-from evalkit.data.video import (  # noqa: E402
+from evalkit.data.clips import (  # noqa: E402
     PADDED,
     UNREADABLE,
     Sampling,
@@ -133,7 +133,7 @@ def _mkv_with_long_audio(path, frames: int, fps: int = 8, audio_seconds: float =
 
 
 def test_a_clip_whose_audio_outlasts_it_counts_its_own_frames(tmp_path):
-    from evalkit.data.video import VideoClips, probe
+    from evalkit.data.clips import VideoClips, probe
 
     path = _mkv_with_long_audio(tmp_path / "a" / "clip.mkv", 12)
     assert probe(path) == 12  # 24 from the container's 3 s at 8 fps
@@ -205,8 +205,8 @@ def _trend_sequences(n=256, frames=8, dim=16, seed=0):
     "kind, at_least, at_most", [("temporal", 0.9, 1.0), ("attentive", 0.9, 1.0), ("mean", 0.0, 0.7)]
 )
 def test_only_heads_that_see_frame_order_learn_a_trend(kind, at_least, at_most):
+    from evalkit.heads.temporal import HeadConfig, build_head
     from evalkit.heads.train import TrainConfig, train
-    from evalkit.heads.video import HeadConfig, build_head
 
     x, y = _trend_sequences()
     xt, yt = _trend_sequences(seed=1)
@@ -261,7 +261,7 @@ def test_task_end_to_end_lists_bad_clips_and_reuses_cached_frames(fake, ctx, tmp
 
 def test_a_clip_with_one_undecodable_view_is_dropped_whole(fake, ctx, tmp_path, monkeypatch):
     from evalkit.data import DataConfig
-    from evalkit.data.video import Unreadable, VideoClips
+    from evalkit.data.clips import Unreadable, VideoClips
     from evalkit.tasks.video import VideoClassification
 
     root = _two_motions(tmp_path / "data" / "kinetics400", train=3)

@@ -32,8 +32,8 @@ from evalkit import distributed
 from evalkit.batching import BatchLimit
 from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
+from evalkit.data.clips import split_status
 from evalkit.data.feeding import loader_options
-from evalkit.data.video import split_status
 from evalkit.device import decode_workers
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar

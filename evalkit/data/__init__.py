@@ -76,7 +76,7 @@ DATASETS.add(
 DATASETS.add(
     "jft", "evalkit.data.multilabel:JFT", "multi-label images for pretraining (jft/<split>.jsonl)"
 )
-DATASETS.add("ade20k", "evalkit.data.dense:ADE20K", "ADEChallengeData2016 (SceneParsing)")
+DATASETS.add("ade20k", "evalkit.data.dense_layouts:ADE20K", "ADEChallengeData2016 (SceneParsing)")
 for _name, _what in (
     ("imagenet-v2", "ImageNet-v2 matched frequency (class-index folders)"),
     ("imagenet-r", "ImageNet-R renditions (200 WordNet-id folders)"),
@@ -87,16 +87,18 @@ for _name, _what in (
     DATASETS.add(_name, f"evalkit.data.shifted:{_name.upper().replace('-', '_')}", _what)
 for _name in ("kinetics400", "kinetics600", "kinetics700"):
     DATASETS.add(
-        _name, f"evalkit.data.video:{_name.upper()}", f"{_name} clips (class folders or CSV)"
+        _name, f"evalkit.data.clips:{_name.upper()}", f"{_name} clips (class folders or CSV)"
     )
 DATASETS.add(
     "imagenet-c",
     "evalkit.data.corrupted:IMAGENET_C",
     "ImageNet-C (<corruption>/<severity>/<class>/<image>)",
 )
-DATASETS.add("moments", "evalkit.data.video:MOMENTS", "Moments in Time clips (class folders)")
+DATASETS.add("moments", "evalkit.data.clips:MOMENTS", "Moments in Time clips (class folders)")
 for _name in ("waymo", "kitti", "nyu"):
-    DATASETS.add(_name, f"evalkit.data.dense:{_name.upper()}", f"{_name} depth, flattened layout")
+    DATASETS.add(
+        _name, f"evalkit.data.dense_layouts:{_name.upper()}", f"{_name} depth, flattened layout"
+    )
 
 
 def default_data_root() -> Path | None:
