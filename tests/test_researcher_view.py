@@ -414,6 +414,16 @@ def test_the_segmentation_picture_names_its_columns(tmp_path):
 # 7. MLflow's default store ----------------------------------------------------------------
 
 
+def test_the_mlflow_extra_installs_what_its_default_store_needs():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {re.split(r"[<>=\[ ]", requirement)[0] for requirement in extras["mlflow"]}
+    assert {"mlflow-skinny", "sqlalchemy", "alembic"} <= names  # sqlite:///mlflow.db runs on them
+
+
 def test_log_mlflow_without_options_lands_where_mlflow_ui_looks(tmp_path, data_cache, monkeypatch):
     from mlflow.tracking import MlflowClient
 
