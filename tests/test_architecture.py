@@ -432,19 +432,15 @@ def test_every_fault_of_the_mutation_pass_still_applies():
     assert not stale, stale
 
 
-def test_the_runner_records_the_seed_a_task_did_not_name(tmp_path, data_cache):
-    """A task need not write ``seeds``: the runner records the job's own, so a task that
-    forgets it cannot write rows whose ``seeds`` contradict their ``seed``."""
-    import evalkit
+def test_the_runner_records_the_seed_a_task_did_not_name():
+    """A task need not write ``seeds``: the row records the job's own, so a task that forgets
+    it cannot write rows whose ``seeds`` contradict their ``seed``."""
+    from evalkit.core.rows import make_row
+    from evalkit.core.runner import resolve_task
+    from evalkit.core.task import Metric, TaskContext
 
-    rows = evalkit.run(
-        "imagenet-knn",
-        "fake",
-        data="embedded",
-        seeds=(3,),
-        out=tmp_path,
-        cache_dir=data_cache,
-        progress=False,
-        overrides=["ks=1"],
-    )
-    assert {(r["seed"], tuple(r["seeds"])) for r in rows} == {(3, (3,))}
+    task = resolve_task("imagenet-knn")
+    ctx = TaskContext(seed=3)
+    info = evalkit.load_backbone("fake").info
+    row = make_row(task, info, Metric("top1/k=20", 50.0), ctx, key="k")
+    assert (row["seed"], row["seeds"]) == (3, [3])
