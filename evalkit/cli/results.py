@@ -315,8 +315,10 @@ def cmd_compare(args, console) -> int:
     base = load_rows([args.base])
     records = compare(base, load_rows([args.new]), tolerance=tolerance, one_sided=args.one_sided)
     table = Table()
-    for column in ("task", "data", "backbone", "metric", "base", "new", "delta", "status"):
+    for column in ("task", "data", "backbone"):
         table.add_column(column, overflow="fold")  # names are folded, never cut
+    for column in ("metric", "base", "new", "delta", "status"):
+        table.add_column(column, no_wrap=True)  # short: kept whole
     colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
 
     def fmt(v):
