@@ -114,9 +114,9 @@ def _near_duplicates(seed: int = 5):
 
 def _reference(train, labels, queries, k):
     """Brute force: every exact similarity, equal ones ordered by training index."""
-    from evalkit.heads.knn import Rows
+    from evalkit.heads.knn import GridRows
 
-    sims = Rows.of(queries).similarities(Rows.of(train).grid)
+    sims = GridRows.of(queries).similarities(GridRows.of(train).grid)
     cosine = F.normalize(queries.double(), dim=1) @ F.normalize(train.double(), dim=1).T
     assert (sims - cosine).abs().max() < 1e-6
     order = sims.sort(dim=1, descending=True, stable=True).indices[:, :k]

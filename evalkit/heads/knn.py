@@ -31,7 +31,7 @@ QUERY_BLOCK = 1024  # queries per rough product
 TRAIN_BLOCK = 4096  # training columns per rough product: 16 MB of fp32 similarities a block
 CANDIDATES = (2, 4)  # ranked exactly: 2k candidates, 4k for a query 2k cannot certify
 EXACT_BYTES = 2**21  # float64 candidate rows gathered at once when ranking them exactly
-GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see Rows)
+GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see GridRows)
 # How far a rough similarity of two unit vectors can be from the exact one. bf16: each entry
 # rounded to 8 significant bits (2·2^-9 of Σ|q_i·x_i| ≤ 1), the bf16 result rounded again
 # (2^-9). Both products also carry their float32 sums' rounding (dim·2^-24) and the float32
@@ -54,13 +54,13 @@ def nearest(
     if search == "auto":
         search = "bf16" if fast_bf16(queries.device) else "fp32"
     dtype = torch.float32 if search == "fp32" else torch.bfloat16
-    queries = Rows.of(queries)
+    queries = GridRows.of(queries)
     rough = queries.unit(dtype)
     blocks = [slice(s, s + block) for s in range(0, len(rough), block)]
     best: list[tuple | None] = [None] * len(blocks)
     offset = 0
     for features, labels in train_chunks:
-        chunk = Chunk(Rows.of(features.to(rough.device)), dtype)
+        chunk = Chunk(GridRows.of(features.to(rough.device)), dtype)
         labels = labels.to(rough.device)
         for i, part in enumerate(blocks):
             sims, index = chunk.top(queries[part], rough[part], k)
@@ -69,7 +69,7 @@ def nearest(
     return torch.cat([b[0] for b in best]).float(), torch.cat([b[2] for b in best])
 
 
-class Rows:
+class GridRows:
     """Feature rows as unit vectors on a grid of 2^-25 (int32), and their exact similarities:
     the product of two grid entries is an integer below 2^50, so every sum of such products is
     an integer that float64 holds exactly, in whatever order a BLAS, a thread count or a GPU
@@ -82,7 +82,7 @@ class Rows:
         self.grid = grid
 
     @classmethod
-    def of(cls, features: torch.Tensor) -> Rows:
+    def of(cls, features: torch.Tensor) -> GridRows:
         blocks = []
         for rows in features.float().split(TRAIN_BLOCK):
             norms = fixed_sum(rows.square()).sqrt().clamp_min(1e-12)
@@ -92,8 +92,8 @@ class Rows:
     def __len__(self) -> int:
         return len(self.grid)
 
-    def __getitem__(self, index) -> Rows:
-        return Rows(self.grid[index])
+    def __getitem__(self, index) -> GridRows:
+        return GridRows(self.grid[index])
 
     def unit(self, dtype: torch.dtype) -> torch.Tensor:
         """The unit rows in ``dtype`` (the rough product's), a block at a time."""
@@ -133,13 +133,13 @@ class Chunk:
     """One chunk of training rows, and its unit rows laid out column by column in the rough
     product's dtype."""
 
-    def __init__(self, rows: Rows, dtype: torch.dtype):
+    def __init__(self, rows: GridRows, dtype: torch.dtype):
         self.rows, self.columns = rows, rows.unit(dtype).T.contiguous()
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def top(self, queries: Rows, rough: torch.Tensor, k: int):
+    def top(self, queries: GridRows, rough: torch.Tensor, k: int):
         """The k rows of highest exact similarity to each query (similarities, chunk index)."""
         widths = [min(times * k, len(self)) for times in CANDIDATES]
         rough_top, candidates = self.rough_top(rough, widths[-1])
@@ -181,12 +181,12 @@ class Chunk:
             best = found
         return best
 
-    def ranked(self, queries: Rows, candidates: torch.Tensor, k: int):
+    def ranked(self, queries: GridRows, candidates: torch.Tensor, k: int):
         """Of each query's candidates, the k of highest exact similarity, ties by index."""
         candidates = candidates.sort(dim=1).values
         return ordered_top(queries.similarities(self.rows.grid, candidates), candidates, k)
 
-    def exhaustive(self, queries: Rows, k: int):
+    def exhaustive(self, queries: GridRows, k: int):
         """The k rows of highest exact similarity over the whole chunk, ties by index."""
         best = None
         for start in range(0, len(self), TRAIN_BLOCK):
