@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from evalkit.heads.logistic import (
-    BLOCK,
-    LOW,
+    BLOCK_ROWS,
+    LOW_PRECISION,
     FeatureRows,
     FitInfo,
     LinearModel,
@@ -73,8 +73,8 @@ class KeptLogitsFit:
     ):
         self.rows, self.model, self.l2, self.path_logits = rows, model, l2, logits
         self.forward = forward.float()  # T: fp32 maps (the fit's state stays fp64)
-        self.low = rows.low_precision_rows(LOW) if low_precision else None
-        self.low_columns = rows.low_precision_columns(LOW) if low_precision else None
+        self.low = rows.low_precision_rows(LOW_PRECISION) if low_precision else None
+        self.low_columns = rows.low_precision_columns(LOW_PRECISION) if low_precision else None
         self.pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
         self.iterations = self.evaluations = self.low_passes = self.exact_at = 0
         self.exact_grad_max = math.inf
@@ -147,10 +147,14 @@ class KeptLogitsFit:
         grad_w = grad_w.clone()
         # the residual's change in bf16, its rows padded with zeros to whole blocks (as the
         # columns are); one batched product, then the blocks' parts added in order (fp64)
-        change = self._buffer("change", LOW, (len(self.low_columns) * BLOCK, residual.shape[1]))
+        change = self._buffer(
+            "change", LOW_PRECISION, (len(self.low_columns) * BLOCK_ROWS, residual.shape[1])
+        )
         torch.sub(residual, reference, out=change[: self.rows.n])
-        changes = change.view(len(self.low_columns), BLOCK, -1)
-        parts = self._buffer("parts", LOW, (len(changes), self.rows.dim, changes.shape[2]))
+        changes = change.view(len(self.low_columns), BLOCK_ROWS, -1)
+        parts = self._buffer(
+            "parts", LOW_PRECISION, (len(changes), self.rows.dim, changes.shape[2])
+        )
         for part in torch.bmm(self.low_columns, changes, out=parts):
             grad_w += part
         self.low_passes += 1
@@ -191,7 +195,7 @@ class KeptLogitsFit:
     def _line(self, step_w: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
         """Z = X·dW + db, in the products' precision (fp32, or fp64 for fp64 rows)."""
         low = self.low is not None and not self.full_line
-        step = step_w.to(LOW if low else self.compute)
+        step = step_w.to(LOW_PRECISION if low else self.compute)
         line = self._buffer("low line" if low else "line", step.dtype)
         if low:
             torch.matmul(self.low, step, out=line)
@@ -336,6 +340,6 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _row_sums(values: torch.Tensor) -> torch.Tensor:
     """Sum over the rows (dim 0), block by block in a fixed order whatever the thread count:
     each block's sum in the values' precision, then the blocks' sums in fp64."""
-    whole = len(values) - len(values) % BLOCK
-    sums = values[:whole].view(-1, BLOCK, *values.shape[1:]).sum(1).double().sum(0)
+    whole = len(values) - len(values) % BLOCK_ROWS
+    sums = values[:whole].view(-1, BLOCK_ROWS, *values.shape[1:]).sum(1).double().sum(0)
     return sums + values[whole:].sum(0).double() if whole < len(values) else sums

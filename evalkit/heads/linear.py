@@ -37,8 +37,8 @@ import torch
 from evalkit.device import fast_bf16, gpu_free_bytes
 from evalkit.heads.kept_logits_fit import KeptLogitsFit
 from evalkit.heads.logistic import (
-    BLOCK,
-    LOW,
+    BLOCK_ROWS,
+    LOW_PRECISION,
     TOL,
     FeatureRows,
     LinearModel,
@@ -77,7 +77,7 @@ class Standardizer:
         """The same statistics from one pass over chunks (sums in float64)."""
         count, total, squares = 0, 0.0, 0.0
         for chunk in chunks:
-            for x in chunk.split(BLOCK):  # fp64 a block at a time: no fp64 copy of the chunk
+            for x in chunk.split(BLOCK_ROWS):  # fp64 a block at a time: no fp64 copy of the chunk
                 x = x.double()
                 count, total, squares = count + len(x), total + x.sum(0), squares + x.pow(2).sum(0)
         mean = total / count
@@ -93,8 +93,8 @@ def _moment_pairs(rows: FeatureRows, low_precision: bool):
     """(Xᵀ, X) block by block for the rows' second moments: the bf16 copies, or the blocks
     in their products' precision."""
     if low_precision:
-        by_rows = rows.low_precision_rows(LOW, padded=True).view(-1, BLOCK, rows.dim)
-        yield from zip(rows.low_precision_columns(LOW), by_rows, strict=True)
+        by_rows = rows.low_precision_rows(LOW_PRECISION, padded=True).view(-1, BLOCK_ROWS, rows.dim)
+        yield from zip(rows.low_precision_columns(LOW_PRECISION), by_rows, strict=True)
         return
     for x, _ in blocks(rows):
         x = x.to(compute_dtype(x.dtype))
@@ -206,7 +206,7 @@ def kept_logits_bytes(rows: int, classes: int) -> int:
 
 
 def block_bytes(rows: int, dim: int, classes: int) -> int:
-    return min(rows, BLOCK) * (dim + 3 * classes) * 8
+    return min(rows, BLOCK_ROWS) * (dim + 3 * classes) * 8
 
 
 def resident_bytes(rows: int, dim: int, classes: int) -> int:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 TOL = 1e-6  # largest gradient entry at which a fit counts as converged
-BLOCK = 1024  # rows per block: bounds memory, fixes the summation order, and keeps each
+BLOCK_ROWS = 1024  # rows per block: bounds memory, fixes the summation order, and keeps each
 # fp32 product's own sum short (its rounding grows with the rows it adds; fp64 adds the blocks)
-LOW = torch.bfloat16  # the precision of the passes between exact points (kept_logits_fit)
+LOW_PRECISION = torch.bfloat16  # the precision of the passes between exact points (kept_logits_fit)
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,17 @@ class FeatureRows:
         key = (dtype, "rows")
         if key not in self.copies:
             x, _ = next(iter(self.chunks()))
-            self.copies[key] = x.new_zeros((self.n + -self.n % BLOCK, self.dim), dtype=dtype)
+            self.copies[key] = x.new_zeros((self.n + -self.n % BLOCK_ROWS, self.dim), dtype=dtype)
             self.copies[key][: self.n] = x
         return self.copies[key] if padded else self.copies[key][: self.n]
 
     def low_precision_columns(self, dtype: torch.dtype) -> torch.Tensor:
-        """The padded rows' blocks transposed, (blocks, features, ``BLOCK``), for one batched
+        """The padded rows' blocks transposed, (blocks, features, ``BLOCK_ROWS``), for one batched
         product Xᵀ·R over all blocks: copied on a CPU, whose bf16 products with a transposed
         operand are slower; on a GPU, a view."""
         key = (dtype, "columns")
         if key not in self.copies:
-            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, BLOCK, self.dim)
+            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, BLOCK_ROWS, self.dim)
             columns = by_rows.transpose(1, 2)
             self.copies[key] = columns if columns.is_cuda else columns.contiguous()
         return self.copies[key]
@@ -131,10 +131,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def blocks(rows: FeatureRows):
-    """The rows in blocks of at most ``BLOCK``, in their order."""
+    """The rows in blocks of at most ``BLOCK_ROWS``, in their order."""
     for x, y in rows.chunks():
-        for start in range(0, len(y), BLOCK):
-            yield x[start : start + BLOCK], y[start : start + BLOCK]
+        for start in range(0, len(y), BLOCK_ROWS):
+            yield x[start : start + BLOCK_ROWS], y[start : start + BLOCK_ROWS]
 
 
 @contextmanager

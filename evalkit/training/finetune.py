@@ -19,7 +19,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 
-BLOCK = re.compile(r"(?:^|\.)(?:blocks|resblocks|layers)\.(\d+)\.")
+BLOCK_INDEX = re.compile(r"(?:^|\.)(?:blocks|resblocks|layers)\.(\d+)\.")
 EMBEDDINGS = (
     "patch_embed",
     "pos_embed",
@@ -62,7 +62,7 @@ def backbone_module(backbone) -> torch.nn.Module:
 
 def layer_of(name: str, depth: int) -> int:
     """0 for the embeddings, i + 1 for block i, depth + 1 for everything after the blocks."""
-    if match := BLOCK.search(name):
+    if match := BLOCK_INDEX.search(name):
         return int(match.group(1)) + 1
     first = name.split(".")[0]
     return 0 if first in EMBEDDINGS else depth + 1
