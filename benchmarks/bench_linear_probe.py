@@ -32,9 +32,9 @@ import warnings
 import torch
 
 from benchmarks.common import report
+from evalkit.device import threads
 from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path
-from evalkit.heads.logistic import threads
 from evalkit.protocols.classification import DEFAULT_L2
 
 

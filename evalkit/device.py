@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -117,3 +119,34 @@ def peak_tflops(device: str) -> float | None:
         return None
     name = torch.cuda.get_device_name(torch.device(device))
     return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
+
+
+@contextmanager
+def threads(count: int):
+    """Torch's intra-op threads set to ``count`` inside the block. A CPU's threaded BLAS and
+    LAPACK routines split their sums by the thread count, and their last bits change with it:
+    the fits run such sums on one thread, and their passes over the rows on every thread
+    (on a GPU the setting touches only the host's threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def fetched_on_one_thread(loader) -> Iterator:
+    """The batches of ``loader``; when it has no worker processes, each is decoded in this
+    process on one torch thread: per-image ``ToTensor`` and ``Normalize`` are tiny ops that
+    several threads on busy cores run many times slower, and their results do not depend on
+    the thread count. The forward between fetches keeps every thread."""
+    batches: Iterator = iter(loader)
+    if getattr(loader, "num_workers", 0):
+        yield from batches
+        return
+    while True:
+        with threads(1):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch

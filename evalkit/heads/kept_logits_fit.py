@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from evalkit.device import threads
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
     LOW_PRECISION,
@@ -37,7 +38,6 @@ from evalkit.heads.logistic import (
     PathLogits,
     blocks,
     compute_dtype,
-    threads,
 )
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.device import fast_bf16, gpu_free_bytes
+from evalkit.device import fast_bf16, gpu_free_bytes, threads
 from evalkit.heads.kept_logits_fit import KeptLogitsFit
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
@@ -45,7 +45,6 @@ from evalkit.heads.logistic import (
     PathLogits,
     blocks,
     compute_dtype,
-    threads,
 )
 from evalkit.heads.streamed_fit import fit_streamed
 from evalkit.metrics import topk_hits

@@ -7,7 +7,6 @@ the thread count a fit runs its passes on."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -135,20 +134,6 @@ def blocks(rows: FeatureRows):
     for x, y in rows.chunks():
         for start in range(0, len(y), BLOCK_ROWS):
             yield x[start : start + BLOCK_ROWS], y[start : start + BLOCK_ROWS]
-
-
-@contextmanager
-def threads(count: int):
-    """Torch's intra-op threads set to ``count`` inside the block. A CPU's threaded BLAS and
-    LAPACK routines split their sums by the thread count, and their last bits change with it:
-    the fits run such sums on one thread, and their passes over the rows on every thread
-    (on a GPU the setting touches only the host's threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass

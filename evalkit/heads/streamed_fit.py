@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.heads.logistic import FeatureRows, FitInfo, LinearModel, loss_and_grad_of_rows, threads
+from evalkit.device import threads
+from evalkit.heads.logistic import FeatureRows, FitInfo, LinearModel, loss_and_grad_of_rows
 
 
 class _Converged(Exception):
