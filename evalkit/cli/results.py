@@ -312,8 +312,8 @@ def cmd_compare(args, console) -> int:
     if args.tolerances and not given.is_file():
         raise EvalkitError(f"no tolerances file {given}")
     tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
-    base = load_rows([args.base])
-    records = compare(base, load_rows([args.new]), tolerance=tolerance, one_sided=args.one_sided)
+    base, new = load_rows([args.base]), load_rows([args.new])
+    records = compare(base, new, tolerance=tolerance, one_sided=args.one_sided)
     table = Table()
     for column in ("task", "data", "backbone"):
         table.add_column(column, overflow="fold")  # names are folded, never cut
@@ -347,7 +347,8 @@ def cmd_compare(args, console) -> int:
         return 0
     bad = [r for r in records if r["status"] in FAILING]
     console.print(verdict(records, args.one_sided), highlight=False)
-    if any(r["status"] == "missing" for r in records) and (old := unrecorded(base)):
+    old = unrecorded(base)
+    if old and unrecorded(new) < len(new) and any(r["status"] == "missing" for r in records):
         console.print(
             f"note: {old} baseline row(s) do not record the data they were computed on (an "
             "older evalkit wrote them), so no new row can match them: check the new rows, then "
