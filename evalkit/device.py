@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -133,20 +132,3 @@ def threads(count: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def fetched_on_one_thread(loader) -> Iterator:
-    """The batches of ``loader``; when it has no worker processes, each is decoded in this
-    process on one torch thread: per-image ``ToTensor`` and ``Normalize`` are tiny ops that
-    several threads on busy cores run many times slower, and their results do not depend on
-    the thread count. The forward between fetches keeps every thread."""
-    batches: Iterator = iter(loader)
-    if getattr(loader, "num_workers", 0):
-        yield from batches
-        return
-    while True:
-        with threads(1):
-            batch = next(batches, None)
-        if batch is None:
-            return
-        yield batch

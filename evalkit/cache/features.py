@@ -34,7 +34,7 @@ from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
 from evalkit.data.clips import split_status
 from evalkit.data.feeding import loader_options
-from evalkit.device import decode_workers, fetched_on_one_thread
+from evalkit.device import decode_workers
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -372,7 +372,7 @@ def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> di
     total = sum(len(shards[i]) for i in todo)
     enabled = settings.progress and layout.main
     with ProgressBar(enabled, total, f"features {backbone.info.name}", status="rate") as advance:
-        for images, labels in fetched_on_one_thread(loader):
+        for images, labels in loader:
             pending.append(_forward(backbone, images, labels, request, settings))
             advance(len(labels))
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
