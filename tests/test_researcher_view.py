@@ -308,6 +308,16 @@ def test_the_table_names_its_interval_and_the_data(three_classes, capsys):
     assert "(sd/k): standard deviation over seeds" in text
 
 
+def test_a_cell_names_its_interval_and_its_count():
+    from evalkit.core.results import format_value
+
+    one = {"mean": 24.22, "std": 2.19, "interval": "se", "n": 384, "seeds": 1}
+    assert format_value(one) == "24.22 ± 2.19 (se, n=384)"
+    seeds = {"mean": 31.5, "std": 1.1, "interval": "sd", "n": 384, "seeds": 3}
+    assert format_value(seeds) == "31.50 ± 1.10 (sd/3)"
+    assert format_value({**one, "std": None}) == "24.22"
+
+
 def test_the_csv_holds_numbers(three_classes, capsys):
     import pandas as pd
 

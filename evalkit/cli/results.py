@@ -171,8 +171,8 @@ def legend(frame) -> str:
 
     cells = " ".join(str(v) for v in frame.values.ravel())
     shown = []
-    if "(se)" in cells:
-        shown.append(f"± … (se): {INTERVALS['se']}")
+    if "(se" in cells:
+        shown.append(f"± … (se, n): {INTERVALS['se']}, n of them")
     if "(sd/" in cells:
         shown.append(f"± … (sd/k): {INTERVALS['sd']}, k seeds")
     return f"\n{'; '.join(shown)}.\n" if shown else ""

@@ -267,11 +267,14 @@ def own_spread(row: Row) -> float | None:
     return row["std"] if row.get("std") is not None else row.get("stderr")
 
 
-def format_value(mean: float, std: float | None, kind: str | None = None, seeds: int = 1) -> str:
-    """``24.22 ± 2.19 (se)`` or ``24.22 ± 1.10 (sd/3)``: the interval's kind always shown."""
+def format_value(record: dict[str, Any]) -> str:
+    """An aggregated record's cell: ``24.22 ± 2.19 (se, n=384)`` (standard error over n test
+    items) or ``24.22 ± 1.10 (sd/3)`` (standard deviation over 3 seeds)."""
+    mean, std = record["mean"], record["std"]
     if std is None or math.isnan(std):
         return number(mean)
-    label = {"se": " (se)", "sd": f" (sd/{seeds})"}.get(kind or "", "")
+    n = f", n={record['n']}" if record.get("n") else ""
+    label = {"se": f" (se{n})", "sd": f" (sd/{record['seeds']})"}.get(record["interval"] or "", "")
     return f"{number(mean)} ± {number(std)}{label}"
 
 
@@ -299,7 +302,7 @@ def pivot_table(
         label = rec[index] + (
             " (random init)" if rec["random_init"] and index == "backbone" else ""
         )
-        cells[column][label] = format_value(rec["mean"], rec["std"], rec["interval"], rec["seeds"])
+        cells[column][label] = format_value(rec)
         for model, value in (
             (references or {}).get(rec["task"], {}).get(rec["metric"], {})
         ).items():
