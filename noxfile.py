@@ -88,6 +88,7 @@ def bench(session):
         "bench_corruption_fidelity",
         "bench_knn",
         "bench_dense_memory",
+        "bench_loader",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

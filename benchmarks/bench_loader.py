@@ -1,0 +1,206 @@
+"""How fast images can be fed: the evaluation preprocessing per CPU core on ImageNet-sized JPEGs,
+evalkit's path (PIL decode, torchvision resize and crop on PIL, ``ToTensor``, ``Normalize``: what
+a timm ViT-B/16's eval transform does) against the same steps on uint8 tensors (torchvision's
+``decode_jpeg`` and antialiased bicubic resize), with and without the normalisation left to the
+device, and the pixel difference of each from evalkit's tensor. Then the loader's steady-state
+rate with worker processes (started before the clock) against a bare forward of the backbone.
+
+The photos are real: the sample photos that ship inside scikit-learn (and scikit-image, when
+installed), cut into ``--images`` JPEGs of ImageNet-like sizes (shorter side 333–500 px, aspect
+3:4 to 4:3, quality 75–95) by seeded crops and rescales, written once under ``--folder``.
+Rounds interleave the paths, so a busy machine slows all of them alike; the figure is the
+median round. Run: ``python -m benchmarks.bench_loader [--images 2000] [--workers N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from benchmarks.common import report
+from evalkit.backbones.base import Preprocess, build_transform
+from evalkit.data.folder import load_rgb
+from evalkit.device import threads
+
+PRE = Preprocess()  # 224 px, crop 0.875 (resize 256), bicubic, ImageNet mean/std: a ViT-B/16's
+ROUNDS = 5
+
+
+def source_photos() -> list[np.ndarray]:
+    """The photos that ship inside installed packages, as RGB arrays."""
+    from sklearn.datasets import load_sample_images
+
+    photos = list(load_sample_images().images)
+    try:
+        from skimage import data
+
+        photos += [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
+    except ImportError:
+        pass
+    return photos
+
+
+def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[Path]:
+    """``count`` JPEGs cut from the source photos (written once; reused when present)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{i:05d}.jpg" for i in range(count)]
+    if all(p.exists() for p in paths):
+        return paths
+    rng = np.random.default_rng(seed)
+    photos = source_photos()
+    for path in paths:
+        photo = photos[rng.integers(len(photos))]
+        height, width = photo.shape[:2]
+        crop_h = int(height * rng.uniform(0.5, 1.0))
+        crop_w = min(width, int(crop_h * rng.uniform(0.75, 1.33)))
+        top, left = rng.integers(height - crop_h + 1), rng.integers(width - crop_w + 1)
+        piece = Image.fromarray(photo[top : top + crop_h, left : left + crop_w])
+        scale = rng.uniform(333, 500) / min(piece.size)
+        piece = piece.resize((round(piece.width * scale), round(piece.height * scale)))
+        piece.save(path, quality=int(rng.integers(75, 96)))
+    return paths
+
+
+def pil_path():
+    """evalkit's eval transform on a PIL image read by evalkit's reader."""
+    transform = build_transform(PRE)
+    return lambda path: transform(load_rgb(path))
+
+
+def tensor_path(normalise: bool):
+    """The same steps on uint8 tensors: decode_jpeg, antialiased bicubic resize of the shorter
+    side, centre crop; normalised here or (``normalise=False``) left to the device."""
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    from torchvision.transforms.v2 import functional as F
+
+    side = math.floor(PRE.size / PRE.crop_pct)
+    mean = torch.tensor(PRE.mean).view(3, 1, 1)
+    std = torch.tensor(PRE.std).view(3, 1, 1)
+
+    def load(path):
+        image = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+        image = F.resize(image, side, interpolation=F.InterpolationMode.BICUBIC, antialias=True)
+        image = F.center_crop(image, PRE.size)
+        if not normalise:
+            return image
+        return (image.float() / 255 - mean) / std
+
+    return load
+
+
+def per_core_rates(paths: list[Path]) -> dict[str, float]:
+    """Images per CPU-second of each path, one thread, median of interleaved rounds."""
+    paths_by_name = {
+        "pil": pil_path(),
+        "tensor": tensor_path(normalise=True),
+        "tensor_uint8": tensor_path(normalise=False),
+    }
+    seconds = {name: [] for name in paths_by_name}
+    with threads(1):
+        for _ in range(ROUNDS):
+            for name, load in paths_by_name.items():
+                start = time.process_time()
+                for path in paths:
+                    load(path)
+                seconds[name].append(time.process_time() - start)
+    return {name: round(len(paths) / statistics.median(s), 1) for name, s in seconds.items()}
+
+
+def pixel_difference(paths: list[Path]) -> dict[str, float]:
+    """The tensor path's difference from evalkit's, in normalised units (one 8-bit level is
+    about 0.017): largest and mean absolute."""
+    reference, candidate = pil_path(), tensor_path(normalise=True)
+    largest, total, count = 0.0, 0.0, 0
+    for path in paths:
+        difference = (candidate(path) - reference(path)).abs()
+        largest = max(largest, difference.max().item())
+        total, count = total + difference.sum().item(), count + difference.numel()
+    return {"max": round(largest, 4), "mean": float(f"{total / count:.2g}")}
+
+
+class Photos(torch.utils.data.Dataset):
+    def __init__(self, paths: list[Path], load):
+        self.paths, self.load = paths, load
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, index):
+        return self.load(self.paths[index])
+
+
+def loader_rate(paths: list[Path], load, workers: int, batch: int = 64) -> float:
+    """Steady-state img/s of a DataLoader with ``workers`` processes: the first batches (and
+    the workers' start) are before the clock."""
+    loader = torch.utils.data.DataLoader(
+        Photos(paths, load), batch_size=batch, num_workers=workers, prefetch_factor=4
+    )
+    batches = iter(loader)
+    for _ in zip(range(workers + 1), batches):  # every worker has started and delivered once
+        pass
+    start, images = time.perf_counter(), 0
+    for images_batch in batches:
+        images += len(images_batch)
+    if not images:
+        raise SystemExit(f"too few images for {workers} workers' steady state: raise --images")
+    return round(images / (time.perf_counter() - start), 1)
+
+
+def forward_rate(device: str) -> float:
+    """A bare ViT-B/16 forward's img/s on ``device`` (bf16 on a GPU), random weights."""
+    import timm
+
+    model = timm.create_model("vit_base_patch16_224", pretrained=False).eval().to(device)
+    batch = 64 if device.startswith("cuda") else 8
+    images = torch.zeros(batch, 3, PRE.size, PRE.size, device=device)
+    autocast = torch.autocast(torch.device(device).type, torch.bfloat16, enabled="cuda" in device)
+    with torch.inference_mode(), autocast:
+        model(images)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start, rounds = time.perf_counter(), 0
+        while time.perf_counter() - start < 3.0 or rounds < 2:
+            model(images)
+            rounds += 1
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return round(batch * rounds / (time.perf_counter() - start), 1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/evalkit-bench-jpegs"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    paths = make_jpegs(args.folder, args.images)
+    sample = paths[: min(300, len(paths))]
+    rates = per_core_rates(sample)
+    record = {
+        "images": len(paths),
+        "mean_kib": round(sum(p.stat().st_size for p in paths) / len(paths) / 1024, 1),
+        "per_core_img_s": rates,
+        "baseline": "pil",
+        "speedup_vs_pil": {k: round(v / rates["pil"], 2) for k, v in rates.items()},
+        "pixel_difference_tensor_vs_pil": pixel_difference(paths[:100]),
+        "loader_img_s": {
+            "pil": loader_rate(paths, pil_path(), args.workers),
+            "tensor_uint8": loader_rate(paths, tensor_path(normalise=False), args.workers),
+        },
+        "workers": args.workers,
+        "forward_img_s": {args.device: forward_rate(args.device)},
+        "target_speedup_per_core": 2.0,
+    }
+    report("loader", record)
+
+
+if __name__ == "__main__":
+    main()
