@@ -15,6 +15,7 @@ median round. Run: ``python -m benchmarks.bench_loader [--images 2000] [--worker
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import time
@@ -143,7 +144,7 @@ def loader_rate(paths: list[Path], load, workers: int, batch: int = 64) -> float
         Photos(paths, load), batch_size=batch, num_workers=workers, prefetch_factor=4
     )
     batches = iter(loader)
-    for _ in zip(range(workers + 1), batches):  # every worker has started and delivered once
+    for _ in itertools.islice(batches, workers + 1):  # every worker started and delivered
         pass
     start, images = time.perf_counter(), 0
     for images_batch in batches:

@@ -2,8 +2,8 @@
 sweep (docs/protocols.md, "Effect table"; ``evalkit.reproduction.rows`` holds the rows).
 
 The scaling rows compare the backbones standing for the paper's two models of each row
-(``reproduce.PAPER_BACKBONES``, weights from ``--weights MODEL=PATH``), the ablation rows train
-their own models at ``reproduce.PAPER_SETTINGS``. Every (task, backbone, settings) run is one
+(``scales.PAPER_BACKBONES``, weights from ``--weights MODEL=PATH``), the ablation rows train
+their own models at ``scales.PAPER_SETTINGS``. Every (task, backbone, settings) run is one
 job of an ``evalkit.reproduction.sweep`` plan on the real data (``--data-dir``), run here one after another or
 submitted to Slurm as a job array. Before anything runs, each row's compute is estimated from
 the tasks' plans (the forward passes of each stage, the planner's FLOPs per image) and written
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from evalkit.errors import EvalkitError
 from evalkit.reproduction.reproduce import Reproduction
-from evalkit.reproduction.rows import PAPER_BACKBONES, SCALES, EffectRow, selected
+from evalkit.reproduction.rows import EffectRow, selected
+from evalkit.reproduction.scales import PAPER_BACKBONES, SCALES
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.reproduction.rows import (
-    PAPER_BACKBONES,
-    SCALES,
-    SMALL,
-    EffectRow,
-    Measure,
-    Outcome,
-    Scale,
-    departures,
-    selected,
-)
+from evalkit.reproduction.rows import SMALL, EffectRow, Measure, Outcome, departures, selected
+from evalkit.reproduction.scales import PAPER_BACKBONES, SCALES, Scale
 from evalkit.reproduction.table import write_table
 
 
