@@ -155,6 +155,19 @@ def test_plan_states_an_expected_time(capsys, data_cache):
     assert re.search(r"expected time: about \d+ s of compute \(.*forward measured here", out), out
     assert main([*args, "--target", "gpus=1,gpu_gb=80,host_gb=100"]) == 0
     assert "expected time: unknown (no rate for this target" in capsys.readouterr().out
+    own_models = [
+        "plan",
+        "--task",
+        "qk-norm-stability",
+        "--backbone",
+        "none",
+        "--data",
+        "embedded",
+        "--cache-dir",
+        str(data_cache),
+    ]
+    assert main(own_models) == 0  # an ablation trains its own model: a block's product is timed
+    assert "matrix product measured here" in capsys.readouterr().out
 
 
 # 3. Errors before work -------------------------------------------------------------------

@@ -223,9 +223,10 @@ def rate_of(spec: str, shape: Shape, target: Target | None, device: str, dtype: 
         if not target.peak_tflops:
             return None
         return assumed(target.peak_tflops, max(target.gpus, 1), target.name)
-    if spec.partition("/")[0] == "vit22b":
+    backbone = None if spec.partition("/")[0] == "vit22b" else planning_backbone(spec)
+    if backbone is None or not backbone.info.pools:  # too large to build, or no forward
         return measured_matmul(shape, device, dtype)
-    return measured_forward(planning_backbone(spec), shape, device, dtype)
+    return measured_forward(backbone, shape, device, dtype)
 
 
 def split_sizes(

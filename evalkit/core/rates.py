@@ -43,8 +43,9 @@ def measured_forward(backbone, shape: Shape, device: str, dtype: str) -> Rate:
 
 def measured_matmul(shape: Shape, device: str, dtype: str) -> Rate:
     """The (tokens × width) · (width × 4·width) product of a ViT block's MLP, timed."""
-    tokens = (shape.image // max(shape.patch, 1)) ** 2
-    width = min(shape.embed_dim, 4096)  # the product's rate, not the model's memory
+    # a ViT-B/16's block where the backbone has no shape of its own (the ablations train theirs)
+    tokens = (shape.image // shape.patch) ** 2 if shape.patch and shape.image else 196
+    width = min(shape.embed_dim or 768, 4096)  # the product's rate, not the model's memory
     kind = torch.bfloat16 if dtype == "bf16" else torch.float32
     left = torch.randn(tokens, width, device=device, dtype=kind)
     right = torch.randn(width, 4 * width, device=device, dtype=kind)
