@@ -44,8 +44,10 @@ def check_device(device: str):
 def free_bytes(device: str) -> int | None:
     """Free memory of ``device``: a GPU's (None where CUDA is missing), or the host's available
     RAM for ``cpu``."""
-    if device.startswith("cuda"):
-        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    if torch.device(device).type == "cuda":
+        return (
+            torch.cuda.mem_get_info(torch.device(device))[0] if torch.cuda.is_available() else None
+        )
     try:
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f)
@@ -56,8 +58,7 @@ def free_bytes(device: str) -> int | None:
 
 def gpu_free_bytes(device: torch.device | str) -> int:
     """The free memory of a GPU; 0 for any other device (budgets that only a GPU enlarges)."""
-    device = torch.device(device)
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    return (free_bytes(str(device)) or 0) if torch.device(device).type == "cuda" else 0
 
 
 def fast_bf16(device: torch.device) -> bool:

@@ -30,7 +30,7 @@ from evalkit.data.dense_layouts import DEPTH, frame_size
 from evalkit.errors import EvalkitError
 from evalkit.heads.decoders import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr
-from evalkit.protocols.finetuning import end_to_end
+from evalkit.protocols.finetuning import dense_end_to_end
 from evalkit.protocols.grids import (
     DenseSettings,
     colour_depth,
@@ -38,7 +38,6 @@ from evalkit.protocols.grids import (
     picture_path,
     resize_to,
     save_picture_grid,
-    tap_layers,
 )
 from evalkit.protocols.predictions import image_ids
 from evalkit.training.loop import sampled_batches
@@ -178,16 +177,7 @@ class Depth(DenseSettings):
     def trained_in_loop(self, backbone, ctx, train_set, val_set):
         """Over the cache budget: the head trained with the frozen backbone in the loop, one
         batch of grids and sparse depth targets at a time."""
-        run = end_to_end(
-            self,
-            backbone,
-            ctx,
-            self.build_head,
-            dense=True,
-            pool="mean",
-            layers=tap_layers(backbone.info.depth),
-            frozen=True,
-        )
+        run = dense_end_to_end(self, backbone, ctx, frozen=True)
         height, width = (train_set.size,) * 2 if isinstance(train_set.size, int) else train_set.size
         side = (4 * (height // backbone.info.patch_size), 4 * (width // backbone.info.patch_size))
 

@@ -33,7 +33,7 @@ from evalkit.data import open_dataset
 from evalkit.data.dense_layouts import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
 from evalkit.heads.decoders import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
-from evalkit.protocols.finetuning import FinetuneSettings, end_to_end, finetune_extra
+from evalkit.protocols.finetuning import FinetuneSettings, dense_end_to_end, finetune_extra
 from evalkit.protocols.grids import (
     DenseSettings,
     colour_labels,
@@ -42,7 +42,6 @@ from evalkit.protocols.grids import (
     picture_path,
     resize_to,
     save_picture_grid,
-    tap_layers,
 )
 from evalkit.protocols.predictions import image_ids
 from evalkit.training.loop import sampled_batches
@@ -187,16 +186,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
 
     def train_end_to_end(self, backbone, ctx, sets, indices, *, frozen: bool):
         train_set, val_set = sets
-        run = end_to_end(
-            self,
-            backbone,
-            ctx,
-            self.build_head,
-            dense=True,
-            pool="mean",
-            layers=tap_layers(backbone.info.depth),
-            frozen=frozen,
-        )
+        run = dense_end_to_end(self, backbone, ctx, frozen=frozen)
         side = 4 * (self.image_size // backbone.info.patch_size)
 
         def collate(items):  # label maps read and resized per batch, never held for the split

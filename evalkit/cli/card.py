@@ -21,11 +21,12 @@ def add_card(sub) -> None:
 
 
 def cmd_card(args, console) -> int:
-    from evalkit.publish.card import check_publishable, push_card, write_card
+    from evalkit.publish.card import card_rows, check_publishable, push_card, write_card
 
-    path = write_card(args.results, args.model_id, args.out, args.backbone)
+    rows = card_rows(args.results, args.backbone)
+    path = write_card(rows, args.model_id, args.out)
     console.print(f"card: {path}")
     if args.push:
-        check_publishable(args.results, args.backbone, args.allow_stand_in)
+        check_publishable(rows, args.allow_stand_in)
         console.print(f"pushed: {push_card(path, args.model_id)}")
     return 0

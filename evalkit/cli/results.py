@@ -139,13 +139,12 @@ def records_text(rows, fmt: str) -> str:
 
     import pandas as pd
 
-    from evalkit.core.results import aggregate, run_spec
+    from evalkit.core.results import aggregate
 
-    finetuned = {run_spec(r): bool((r.get("config") or {}).get("finetune")) for r in rows}
     records = [
         {
             "task": r["task"],
-            "finetuned": finetuned[r["spec"][:6]],
+            "finetuned": r["finetuned"],
             "dataset": r["dataset"],
             "backbone": r["backbone"],
             "metric": r["metric"],

@@ -239,6 +239,7 @@ def _aggregated(spec: tuple, label: str, metric: str, members: list[Row]) -> dic
         "n": last.get("n"),
         "runs": len(values),
         "higher_is_better": members[0].get("higher_is_better", True),
+        "finetuned": bool((members[0].get("config") or {}).get("finetune")),
         "random_init": any(r.get("random_init") for r in members),
     }
 

@@ -49,8 +49,8 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "run_key": key,
         "request_key": ctx.request_key,
         "data_id": dict(ctx.stats["data"]),
-        "dataset": dataset_record(task, ctx),
-        "paper": paper_numbers(task, metric.metric, ctx),
+        "dataset": (dataset := dataset_record(task, ctx)),
+        "paper": dict(task.reference.get(metric.metric, {})) if dataset["own"] else {},
         **({"data_source": source} if (source := hub_source(task.config().get("dataset"))) else {}),
         "extra": metric.extra,
     }
@@ -66,14 +66,6 @@ def dataset_record(task: Task, ctx: TaskContext) -> dict:
         "own": names == resolve_task(task.name).datasets(),
         "stand_in": ctx.data.source == "embedded",
     }
-
-
-def paper_numbers(task: Task, metric: str, ctx: TaskContext) -> dict:
-    """The paper's numbers this row sits beside (model → value): the task's reference for
-    the metric, none when the row was computed on other data than the task's own."""
-    if not dataset_record(task, ctx)["own"]:
-        return {}
-    return dict(task.reference.get(metric, {}))
 
 
 def provenance(ctx: TaskContext, *, wall_s: float) -> dict:

@@ -135,6 +135,11 @@ class RunSpec:
             model_kwargs=dict(self.model_args),
         )
 
+    def data_config(self) -> DataConfig:
+        """Where the command's data is read from (embedded stand-ins under the cache folder)."""
+        root = Path(self.cache_dir or cache_root())
+        return DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
+
     def context(
         self, seed: int, identities: dict | None = None, batch_size: int = 0
     ) -> TaskContext:
@@ -153,8 +158,9 @@ class RunSpec:
             verify_cache=self.verify_cache,
             read_only=self.read_only_cache,
         )
-        data = DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
-        ctx = TaskContext(data=data, extract=extract, seed=seed, device=self.resolved_device)
+        ctx = TaskContext(
+            data=self.data_config(), extract=extract, seed=seed, device=self.resolved_device
+        )
         ctx.identities = identities if identities is not None else {}
         return ctx
 
@@ -213,11 +219,10 @@ def run(
 
 def data_found(tasks: list[Task], spec: RunSpec) -> list[str]:
     """One line per dataset the tasks read, every split opened (no image decoded)."""
-    config = spec.context(spec.seeds[0]).data
     reads = {}
     for task in tasks:
         reads |= task.reads()
-    return find_data(reads, config)
+    return find_data(reads, spec.data_config())
 
 
 def seeded_backbones(spec: RunSpec, name: str, on_backbone: Callable | None):

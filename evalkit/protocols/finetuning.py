@@ -138,6 +138,17 @@ def end_to_end(
     return FinetuneRun(model, backbone.info.depth, out)
 
 
+def dense_end_to_end(task, backbone, ctx, *, frozen: bool) -> FinetuneRun:
+    """A dense task's head (``task.build_head``) on the mean-pooled grids of the backbone's
+    four tapped layers, trained with the backbone in the loop (``frozen``: its weights kept)."""
+    from evalkit.protocols.grids import tap_layers
+
+    layers = tap_layers(backbone.info.depth)
+    return end_to_end(
+        task, backbone, ctx, task.build_head, dense=True, pool="mean", layers=layers, frozen=frozen
+    )
+
+
 def probe_dims(backbone, task, *, layers, pool: str, dense: bool) -> list[int]:
     """Feature widths of one forward pass at the task's resolution: the pooled width, or one
     per grid. A backbone whose position embeddings cannot take that resolution is refused."""

@@ -210,8 +210,7 @@ def local_paths(rows: list[Row]) -> set[str]:
     return found
 
 
-def write_card(results: Path, model_id: str, out: Path, backbone: str | None = None) -> Path:
-    rows = card_rows(results, backbone)
+def write_card(rows: list[Row], model_id: str, out: Path) -> Path:
     text = str(model_card(rows, model_id))
     leaked = sorted(path for path in local_paths(rows) if path in text)
     if leaked:
@@ -221,9 +220,9 @@ def write_card(results: Path, model_id: str, out: Path, backbone: str | None = N
     return out
 
 
-def check_publishable(results: Path, backbone: str | None, allow_stand_in: bool):
+def check_publishable(rows: list[Row], allow_stand_in: bool):
     """``--push`` refuses stand-in numbers (and rows that do not say their data) unless asked."""
-    refused = unverifiable(card_rows(results, backbone))
+    refused = unverifiable(rows)
     if refused and not allow_stand_in:
         raise EvalkitError(
             f"not pushed: {len(refused)} row(s) are on evalkit's embedded stand-in data or do "
