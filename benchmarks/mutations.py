@@ -267,8 +267,8 @@ FAULTS = (
     Fault(
         "preprocessing without normalisation",
         "evalkit/backbones/base.py",
-        "T.ToTensor(), T.Normalize(pre.mean, pre.std)])",
-        "T.ToTensor()])",
+        "return normalise(images, pre.mean, pre.std)",
+        "return images.float() / 255",
         ("tests/test_gate.py",),
     ),
 )

@@ -227,12 +227,12 @@ class Student:
         return t**2 * kl + self.task.label_weight * hard
 
     def to_student(self, images: torch.Tensor) -> torch.Tensor:
-        """The teacher's view at the student's size and normalisation (the same crop)."""
+        """The teacher's view at the student's size and normalisation (the same crop): uint8
+        pixels (an evaluation view) or images the teacher's normalisation made."""
         mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in self.normalisation)
         size = (self.task.student_image,) * 2
-        small = F.interpolate(
-            images * std + mean, size=size, mode="bilinear", antialias=True, align_corners=False
-        )
+        unit = images.float() / 255 if images.dtype == torch.uint8 else images * std + mean
+        small = F.interpolate(unit, size=size, mode="bilinear", antialias=True, align_corners=False)
         return (small - 0.5) / 0.5  # the family's normalisation
 
     @torch.no_grad()

@@ -45,6 +45,7 @@ NOT_IN_KEY = {
     "pretrained": "reaches the key as the cached file's content id (tests/test_hub.py)",
     "save_predictions": "writes a Parquet file beside the rows; the numbers do not change",
     "log": "sends rows and curves to trackers as well; the numbers do not change",
+    "pixels": "decoded views read back bit for bit (tests/test_feeding_views.py)",
 }
 BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
 
@@ -69,6 +70,7 @@ def test_every_run_option_reaches_the_key_or_says_why_not(cli_env, tmp_path):
         "data": {"data": "folder", "data_dir": tmp_path / "nothing"},
         "data_dir": {"data": "folder", "data_dir": tmp_path / "elsewhere"},
         "verify_data": {"verify_data": True},
+        "decoder": {"decoder": "pil"},
         "weights": {"backbones": "vit22b/test", "weights": str(vit22b_checkpoint(tmp_path))},
     }
     fields = {f.name for f in dataclasses.fields(RunSpec)}
@@ -119,7 +121,9 @@ class Nothing(Task):
 def test_the_run_key_covers_task_backbone_data_and_seed(cli_env):
     ctx = RunSpec(**BASE).context(0)
     spec = job_spec(Nothing(), load_backbone("fake").info, ctx)
-    assert set(spec) == {"task", "version", "config", "backbone", "cache_dtype", "data", "seed"}
+    assert set(spec) == {
+        *("task", "version", "config", "backbone", "cache_dtype", "decoder", "data", "seed")
+    }
     assert set(spec["backbone"]) == {
         "name",
         "weights",
@@ -276,7 +280,9 @@ def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
         DataConfig(source="embedded", cache=data_cache),
         transform=fake.transform(),
     )
-    settings = ExtractSettings(cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False)
+    settings = ExtractSettings(
+        cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False, pixels="decode"
+    )
     extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
     for shard in shard_files(tmp_path):  # old enough to be vouched for
         old = shard.stat().st_mtime_ns - 60 * 10**9

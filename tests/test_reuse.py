@@ -27,7 +27,8 @@ ROOT = Path(__file__).parents[1]
 # spec_key in the package fails the census below until it is listed here with its basis.
 REUSE_SITES = {
     ("evalkit/cache/features.py", "cache_key"): "feature_spec: backbone_spec + data + request",
-    ("evalkit/cache/features.py", "feature_spec"): "the subset's indices, inside feature_spec",
+    ("evalkit/cache/pixels.py", "subset_key"): "the subset's indices, in feature and pixel keys",
+    ("evalkit/cache/pixels.py", "pixel_store"): "data identity + view geometry/decoder + subset",
     ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",
     ("evalkit/core/runner.py", "run"): "request_spec (the sweep's skip)",
     ("evalkit/reproduction/sweep.py", "request_key"): "request_spec, as the runner",

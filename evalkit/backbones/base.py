@@ -11,12 +11,12 @@ unfolds them after (``evalkit.cache.features``), so an adapter only ever sees im
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from evalkit.data.views import Normalised, eval_view, normalise
 from evalkit.errors import EvalkitError
 
 # Every pool a backbone may offer, declared once; ``BackboneInfo.pools`` lists an adapter's own,
@@ -110,22 +110,39 @@ def text_tower(backbone) -> TextTower:
     return tower
 
 
-def build_transform(pre: Preprocess, *, train: bool = False, square: bool = False):
-    """PIL image → normalised tensor: resize the shorter side to size/crop_pct then centre-crop
-    (eval), or an inception crop with a flip (train). ``square`` resizes both sides to
-    size/crop_pct before the crop, as big_vision's few-shot evaluators do."""
+def build_transform(
+    pre: Preprocess,
+    *,
+    train: bool = False,
+    square: bool = False,
+    decoder: str = "pil",
+    normalised: bool = False,
+):
+    """How a backbone's images are prepared. Evaluation: resize the shorter side to
+    size/crop_pct (both sides with ``square``, as big_vision's few-shot evaluators do) and
+    centre-crop, giving uint8 pixels (``evalkit.data.views``) that ``model_input`` normalises
+    on the device; ``normalised`` returns the float tensor instead, for a reader whose images
+    never pass through ``extract``. Training: an inception crop with a flip, normalised."""
     from torchvision import transforms as T
 
+    if not train:
+        view = eval_view(pre.size, pre.crop_pct, pre.interpolation, square=square, decoder=decoder)
+        return Normalised(view, pre.mean, pre.std) if normalised else view
     mode = T.InterpolationMode(pre.interpolation)
-    if train:
-        resize = [T.RandomResizedCrop(pre.size, interpolation=mode), T.RandomHorizontalFlip()]
-    else:
-        side = math.floor(pre.size / pre.crop_pct)
-        resize = [
-            T.Resize((side, side) if square else side, interpolation=mode),
-            T.CenterCrop(pre.size),
+    return T.Compose(
+        [
+            T.RandomResizedCrop(pre.size, interpolation=mode),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(pre.mean, pre.std),
         ]
-    return T.Compose([*resize, T.ToTensor(), T.Normalize(pre.mean, pre.std)])
+    )
+
+
+def model_input(images: torch.Tensor, pre: Preprocess) -> torch.Tensor:
+    """What a backbone's forward reads: uint8 pixels normalised with the backbone's mean and
+    std where they are (on the device, after the copy); float images as they come."""
+    return normalise(images, pre.mean, pre.std)
 
 
 def pool_tokens(prefix: torch.Tensor | None, grid: torch.Tensor, pool: str) -> torch.Tensor:

@@ -19,6 +19,7 @@ from evalkit.backbones.base import (
     absolute_layers,
     build_transform,
     check_pool,
+    model_input,
     pool_tokens,
     random_init_id,
 )
@@ -82,6 +83,7 @@ class FakeBackbone:
 
     def extract(self, images, *, layers=(-1,), pool="cls", dense=False) -> Features:
         check_pool(self.info, pool)
+        images = model_input(images, self.info.preprocess)
         if self.delay:
             time.sleep(self.delay)
         outs = self.model.forward_layers(images)

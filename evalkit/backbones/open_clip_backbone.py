@@ -22,6 +22,7 @@ from evalkit.backbones.base import (
     build_transform,
     check_pool,
     count_params,
+    model_input,
     pool_tokens,
     random_init_id,
 )
@@ -68,6 +69,7 @@ class OpenClipBackbone:
 
     def extract(self, images, *, layers=(-1,), pool="cls", dense=False) -> Features:
         check_pool(self.info, pool)
+        images = model_input(images, self.info.preprocess)
         indices = absolute_layers(tuple(layers), self.info.depth)
         out = self.visual.forward_intermediates(
             images,

@@ -18,6 +18,7 @@ from evalkit.backbones.base import (
     Preprocess,
     build_transform,
     count_params,
+    model_input,
     pool_tokens,
     random_init_id,
     resolve_layers,
@@ -78,6 +79,7 @@ class TimmBackbone:
 
     def extract(self, images, *, layers=(-1,), pool="cls", dense=False) -> Features:
         indices = resolve_layers(self.info, layers, pool, map_head="attention-pool head")
+        images = model_input(images, self.info.preprocess)
         final, intermediates = self._forward(images, indices, need_final=pool == "map")
         if self._tokens:
             grids = [grid for grid, _ in intermediates]

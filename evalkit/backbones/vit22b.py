@@ -22,6 +22,7 @@ from evalkit.backbones.base import (
     Features,
     Preprocess,
     build_transform,
+    model_input,
     random_init_id,
     resolve_layers,
 )
@@ -66,6 +67,7 @@ class ViT22BBackbone:
 
     def extract(self, images, *, layers=(-1,), pool="map", dense=False) -> Features:
         indices = resolve_layers(self.info, layers, pool, map_head="MAP head")
+        images = model_input(images, self.info.preprocess)
         images = images.to(next(self.model.parameters()).dtype)
         tokens = self._forward(images, indices)
         prefix = self.model.cfg.prefix_tokens

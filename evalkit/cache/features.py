@@ -32,6 +32,7 @@ from evalkit import distributed
 from evalkit.batching import BatchLimit
 from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
+from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
 from evalkit.data.clips import split_status
 from evalkit.data.feeding import loader_options
 from evalkit.device import decode_workers
@@ -71,6 +72,7 @@ class ExtractSettings:
     progress: bool = True
     verify_cache: bool = False  # re-read every cached shard, whatever its stamp
     read_only: bool = False  # the cache is read, never written: what it lacks stays in memory
+    pixels: str = "auto"  # keep decoded views for the next backbone: auto | cache | decode
     # the batch that fits: halved on an out-of-memory error, kept for the run's later batches
     limit: BatchLimit = field(default_factory=BatchLimit, compare=False, repr=False)
 
@@ -206,7 +208,7 @@ def feature_spec(
         "storage": storage,
         "dataset": dataset_id,
         "split": split,
-        "subset": "all" if subset is None else spec_key(list(subset), length=64),
+        "subset": subset_key(subset),
     }
 
 
@@ -260,7 +262,9 @@ def extract_features(
         if folder and i not in unusable and files.shard_path(folder, i).exists()
     }
     writes_to = None if settings.read_only else folder
-    computed = _compute_missing(backbone, dataset, shards, done, request, settings, writes_to)
+    pixels = _pixels(dataset, settings, request, dataset_id, split, subset, len(indices))
+    feed = Feed(dataset, shards, settings, pixels)
+    computed = _compute_missing(backbone, feed, done, request, writes_to)
     distributed.barrier()  # every group's shards are on disk
     if folder is None:
         parts = [computed[i] for i in range(len(shards))]
@@ -294,25 +298,70 @@ def _check_labels(features: FeatureSet, dataset, indices: list[int], folder: Pat
         )
 
 
-def _compute_missing(backbone, dataset, shards, done, request, settings, folder) -> dict[int, dict]:
-    layout = distributed.current()
+def _pixels(dataset, settings, request, dataset_id, split, subset, n) -> PixelStore | None:
+    """The pixel cache of this extraction: images (not clips), one data-parallel group."""
+    if request.frames is not None or distributed.current().dp_size > 1:
+        return None
+    return pixel_store(
+        dataset, settings, dataset_id=dataset_id, split=split, subset_key=subset_key(subset), n=n
+    )
+
+
+@dataclass
+class Feed:
+    """Where a split's images come from: decoded by the loader, or read from the pixel cache
+    for the shards it holds (``cached``)."""
+
+    dataset: object
+    shards: list[list[int]]
+    settings: ExtractSettings
+    pixels: PixelStore | None = None
+    cached: set[int] = field(default_factory=set)
+
+    def order(self, todo: list[int]) -> list[int]:
+        """Shards whose views are cached first, then those to decode (the cached views are
+        checked only when there is something to compute)."""
+        if todo and self.pixels is not None and distributed.current().tp_rank == 0:
+            self.cached = self.pixels.ready(recheck=self.settings.verify_cache)
+        return [i for i in todo if i in self.cached] + [i for i in todo if i not in self.cached]
+
+    def batches(self, todo: list[int]) -> list[list[int]]:
+        size = self.settings.batch_size
+        return [
+            self.shards[i][j : j + size] for i in todo for j in range(0, len(self.shards[i]), size)
+        ]
+
+    def images(self, todo: list[int]):
+        """(images, labels) of the ``todo`` shards' batches, in that order."""
+        for index in (i for i in todo if i in self.cached):
+            yield from self.pixels.batches(index, self.settings.batch_size)
+        decode = [i for i in todo if i not in self.cached]
+        if decode:
+            options = loader_options(self.settings.device, _workers(self.settings, len(decode)))
+            batches = self.batches(decode)
+            yield from torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
+
+    def keep(self, index: int, images: list[torch.Tensor], labels: torch.Tensor):
+        """Keep a decoded shard's views for the next backbone (on the rank that writes)."""
+        if self.pixels is not None and index not in self.cached and distributed.current().writer:
+            self.pixels.save(index, torch.cat(images), labels)
+
+
+def _compute_missing(backbone, feed: Feed, done, request, folder) -> dict[int, dict]:
+    layout, shards, settings = distributed.current(), feed.shards, feed.settings
     if layout.dp_size > 1 and folder is None:
         raise EvalkitError(
             "data-parallel extraction shares its shards through the feature cache: drop "
             "--no-cache, or launch as many processes as --tp"
         )
     missing = [i for i in range(len(shards)) if i not in done]
-    todo = missing[layout.dp_rank :: layout.dp_size]
-    batches = [
-        shards[i][j : j + settings.batch_size]
-        for i in todo
-        for j in range(0, len(shards[i]), settings.batch_size)
-    ]
+    todo = feed.order(missing[layout.dp_rank :: layout.dp_size])
+    batches = feed.batches(todo)
     computed = {}
     if todo:
-        loader = _decoded_once(dataset, batches, settings, len(todo))
+        loader = _decoded_once(feed, todo)
         try:
-            computed = _run_loader(loader, backbone, shards, todo, request, settings, folder)
+            computed = _run_loader(loader, backbone, feed, todo, request, folder)
         except EvalkitError as exc:  # raised in a worker: keep only the original message
             message = str(exc).strip().splitlines()[-1].removeprefix(WORKER_PREFIX)
             raise EvalkitError(message) from None
@@ -326,22 +375,19 @@ def _compute_missing(backbone, dataset, shards, done, request, settings, folder)
     return computed
 
 
-def _decoded_once(dataset, batches: list, settings: ExtractSettings, shards: int):
-    """The batches of ``batches``, decoded once per tensor-parallel group: every rank of a
-    group runs the same forward on the same images, so the group's first rank decodes them
-    (with the loader's workers) and broadcasts each batch to the others."""
+def _decoded_once(feed: Feed, todo: list[int]):
+    """The batches of the ``todo`` shards, decoded once per tensor-parallel group: every rank
+    of a group runs the same forward on the same images, so the group's first rank decodes
+    them (with the loader's workers) and broadcasts each batch to the others."""
     layout = distributed.current()
-    loader = None
-    if layout.tp_rank == 0:
-        options = loader_options(settings.device, _workers(settings, shards))
-        loader = iter(torch.utils.data.DataLoader(dataset, batch_sampler=batches, **options))
+    loader = iter(feed.images(todo)) if layout.tp_rank == 0 else None
     if layout.tp_size == 1:
         yield from loader
         return
     group = layout.mesh["tp"].get_group()
-    for _ in batches:
+    for _ in feed.batches(todo):
         pair = next(loader) if loader is not None else (None, None)
-        yield tuple(distributed.broadcast_from_first(t, group, settings.device) for t in pair)
+        yield tuple(distributed.broadcast_from_first(t, group, feed.settings.device) for t in pair)
 
 
 def _gathers_weights(backbone) -> bool:
@@ -364,23 +410,26 @@ def _idle_forward(backbone, request: FeatureRequest, settings: ExtractSettings):
     _forward(backbone, images, torch.zeros(1, dtype=torch.long), request, settings)
 
 
-def _run_loader(loader, backbone, shards, todo, request, settings, folder) -> dict[int, dict]:
+def _run_loader(loader, backbone, feed: Feed, todo, request, folder) -> dict[int, dict]:
     """Compute the ``todo`` shards; each is written and let go when there is a cache (the
-    returned dict then maps its index to None), and kept in memory when there is none."""
-    computed, pending, shard_pos = {}, [], 0
-    layout = distributed.current()
+    returned dict then maps its index to None), and kept in memory when there is none. A
+    decoded shard's views go to the pixel cache, when there is one."""
+    computed, pending, views, shard_pos = {}, [], [], 0
+    layout, shards, settings = distributed.current(), feed.shards, feed.settings
     total = sum(len(shards[i]) for i in todo)
     enabled = settings.progress and layout.main
     with ProgressBar(enabled, total, f"features {backbone.info.name}", status="rate") as advance:
         for images, labels in loader:
             pending.append(_forward(backbone, images, labels, request, settings))
+            views.append(images)
             advance(len(labels))
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
                 shard = _merge(pending)
                 if folder is not None and layout.writer:
                     files.save_shard(folder, _place(folder, todo[shard_pos], shards), shard)
+                feed.keep(todo[shard_pos], views, shard["labels"])
                 computed[todo[shard_pos]] = shard if folder is None else None
-                pending, shard_pos = [], shard_pos + 1
+                pending, views, shard_pos = [], [], shard_pos + 1
     return computed
 
 

@@ -85,6 +85,14 @@ def add_data_arguments(run) -> None:
         help="feature/data cache (default: $EVALKIT_CACHE or ~/.cache/evalkit)",
     )
     run.add_argument(
+        "--pixels",
+        choices=("auto", "cache", "decode"),
+        default="auto",
+        help="keep each split's decoded, cropped images in the cache for the next backbone of "
+        "the same geometry: auto (where they take at most a quarter of the free disk), cache, "
+        "decode (never); also --set pixels=…",
+    )
+    run.add_argument(
         "--verify-cache",
         action="store_true",
         help="re-read every cached shard this run uses against its checksum, even when its "
@@ -106,6 +114,14 @@ def add_execution_arguments(run) -> None:
         type=int,
         default=None,
         help="data-loading processes (default: up to 8 on large data, none on small)",
+    )
+    run.add_argument(
+        "--decoder",
+        choices=("auto", "pil", "tensor"),
+        default="auto",
+        help="how image files are decoded and resized: tensor (JPEGs by torchvision on uint8, "
+        "within 2 levels of PIL per pixel; other files by PIL), pil, or auto (tensor where the "
+        "resize is bicubic or bilinear); also --set decoder=…",
     )
     run.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)"

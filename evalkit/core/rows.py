@@ -49,6 +49,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "run_key": key,
         "request_key": ctx.request_key,
         "data_id": dict(ctx.stats["data"]),
+        "decoder": ctx.stats.get("decoder"),  # of the image files read (None: no evaluation view)
         "dataset": (dataset := dataset_record(task, ctx)),
         "paper": dict(task.reference.get(metric.metric, {})) if dataset["own"] else {},
         **({"data_source": source} if (source := hub_source(task.config().get("dataset"))) else {}),

@@ -29,6 +29,7 @@ from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weig
 from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
+from evalkit.cache.pixels import PIXELS
 from evalkit.core.catalog import TASKS, resolve_task
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
@@ -37,12 +38,14 @@ from evalkit.core.rows import make_row, provenance
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
 from evalkit.data import DataConfig
 from evalkit.data.check import find_data
+from evalkit.data.views import DECODERS
 from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
 from evalkit.publish.tracking import LogTarget
 from evalkit.writes import writable
 
+RUN_SETTINGS = {"decoder": DECODERS, "pixels": PIXELS}  # also taken as --set key=value
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
 
 
@@ -81,6 +84,8 @@ class RunSpec:
     save_predictions: bool = False  # per-image outputs as Parquet beside the rows
     read_only_cache: bool = False  # set by the runner when the cache cannot be written
     log: tuple[str, ...] = ()  # experiment trackers, "wandb|mlflow|tensorboard[:key=value,...]"
+    decoder: str = "auto"  # how image files are decoded: auto | pil | tensor (evalkit.data.views)
+    pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
 
     def __post_init__(self):
         for name in ("tasks", "backbones", "seeds", "overrides", "log"):
@@ -88,7 +93,20 @@ class RunSpec:
             as_tuple = (value,) if isinstance(value, str | int) else tuple(value)
             object.__setattr__(self, name, as_tuple)
         object.__setattr__(self, "out", Path(self.out))
+        self._take_run_settings()
         self.check()
+
+    def _take_run_settings(self):
+        """``--set decoder=…`` and ``--set pixels=…`` name how the whole run reads images, not
+        a task setting: they become the spec's own fields."""
+        kept = []
+        for pair in self.overrides:
+            key, _, value = pair.partition("=")
+            if key.strip() in RUN_SETTINGS:
+                object.__setattr__(self, key.strip(), value.strip())
+            else:
+                kept.append(pair)
+        object.__setattr__(self, "overrides", tuple(kept))
 
     def check(self):
         """Refuse options that would fail later with a traceback or give a wrong number."""
@@ -108,6 +126,11 @@ class RunSpec:
             )
         if self.device is not None:
             check_device(self.device)
+        for name, allowed in RUN_SETTINGS.items():
+            if getattr(self, name) not in allowed:
+                raise EvalkitError(
+                    f"--{name} {getattr(self, name)}: expected one of {', '.join(allowed)}"
+                )
         for target in self.log:
             LogTarget.parse(target)
         bad_seeds = [s for s in self.seeds if not 0 <= s <= MAX_SEED]
@@ -157,9 +180,14 @@ class RunSpec:
             progress=self.progress,
             verify_cache=self.verify_cache,
             read_only=self.read_only_cache,
+            pixels=self.pixels,
         )
         ctx = TaskContext(
-            data=self.data_config(), extract=extract, seed=seed, device=self.resolved_device
+            data=self.data_config(),
+            extract=extract,
+            seed=seed,
+            device=self.resolved_device,
+            decoder=self.decoder,
         )
         ctx.identities = identities if identities is not None else {}
         return ctx
@@ -433,6 +461,7 @@ def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> 
         "model_args": dict(sorted(spec.model_args.items())),
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
+        "decoder": ctx.decoder,
         "libraries": library_versions(),
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,

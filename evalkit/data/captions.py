@@ -32,7 +32,7 @@ from PIL import Image
 
 from evalkit.cache.identity import files_identity, spec_key
 from evalkit.data import DataKind, verifies_content
-from evalkit.data.folder import IMAGE_SUFFIXES, load_rgb, to_rgb
+from evalkit.data.folder import IMAGE_SUFFIXES, read_image, to_rgb
 from evalkit.errors import EvalkitError
 
 UNREADABLE = -1  # the label of an image that could not be decoded
@@ -69,21 +69,20 @@ class ImageText(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int):
         try:
-            image = self._image(self.sources[index])
+            return self._image(self.sources[index]), index
         except (EvalkitError, OSError, ValueError):
             return self.transform(Image.new("RGB", (64, 64))), UNREADABLE
-        return self.transform(image), index
 
-    def _image(self, source) -> Image.Image:
+    def _image(self, source):
         if isinstance(source, Path):
-            return load_rgb(source)
+            return read_image(source, self.transform)
         if source[0] == "tar":
             with open(source[1], "rb") as f:
                 f.seek(source[2])
                 data = f.read(source[3])
             with Image.open(io.BytesIO(data)) as image:
-                return to_rgb(image)
-        return to_rgb(self._rows[source[2]]["image"])
+                return self.transform(to_rgb(image))
+        return self.transform(to_rgb(self._rows[source[2]]["image"]))
 
     def identity(self) -> str:
         extra = spec_key([self.captions, repr(self.transform)], length=16)

@@ -21,10 +21,15 @@ PIXEL_LIMIT_VARIABLE = "EVALKIT_MAX_IMAGE_PIXELS"  # PIL's decompression-bomb gu
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}
 
 
-def load_rgb(path: Path) -> Image.Image:
+def pixel_limit():
+    """PIL's decompression-bomb guard, raised to ``$EVALKIT_MAX_IMAGE_PIXELS`` when set."""
     limit = os.environ.get(PIXEL_LIMIT_VARIABLE)
     if limit:
         Image.MAX_IMAGE_PIXELS = int(limit)
+
+
+def load_rgb(path: Path) -> Image.Image:
+    pixel_limit()
     try:
         with Image.open(path) as image:
             return to_rgb(image)
@@ -39,6 +44,16 @@ def load_rgb(path: Path) -> Image.Image:
             "it; `evalkit check-data` with this run's --task, --set and data options lists "
             "every bad file"
         ) from exc
+
+
+def read_image(path: Path, transform=None):
+    """A reader's item from an image file: the transform's own ``read`` where it has one (an
+    evaluation view decodes the file itself, ``evalkit.data.views``), else the transform of
+    the PIL image."""
+    if transform is None:
+        return load_rgb(path)
+    reader = getattr(transform, "read", None)
+    return reader(path) if reader is not None else transform(load_rgb(path))
 
 
 WIDE_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})  # 16-bit data, 0–65535
@@ -75,8 +90,7 @@ class ImageFolder(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int):
         path, label = self.samples[index]
-        image = load_rgb(path)
-        return (self.transform(image) if self.transform else image), label
+        return read_image(path, self.transform), label
 
     def identity(self) -> str:
         """Every file's relative path, size and modification time (or its bytes, with

@@ -18,7 +18,7 @@ import torch
 
 from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind
-from evalkit.data.folder import load_rgb
+from evalkit.data.folder import read_image
 from evalkit.errors import EvalkitError
 
 STAND_IN_IMAGES = 3000
@@ -57,8 +57,7 @@ class MultiLabelImages(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         target = torch.zeros(len(self.classes))
         target[self.targets[i]] = 1.0
-        image = load_rgb(self.paths[i])
-        return (self.transform(image) if self.transform else image), target
+        return read_image(self.paths[i], self.transform), target
 
     def identity(self) -> str:
         return files_identity(self.paths, self.root, extra=json.dumps(self.targets))

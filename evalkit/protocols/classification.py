@@ -66,8 +66,9 @@ class FrozenClassification(Task):
         and the eval set's label space over the training classes (None for a split of the
         training dataset, whose labels are the training classes' indices, matched by name)."""
         request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
-        train = self.training_set(self.transform(backbone), ctx)
-        test, space = self.eval_set(train.classes, self.transform(backbone), ctx)
+        view = self.transform(backbone, ctx)
+        train = self.training_set(view, ctx)
+        test, space = self.eval_set(train.classes, view, ctx)
         features = [
             ctx.features(backbone, dataset, split=split, request=request)
             for split, dataset in ((self.train_split, train), (self.eval_split, test))
@@ -121,10 +122,11 @@ class FrozenClassification(Task):
         rows = inputs.sizes[self.train_split] + inputs.sizes[self.eval_split]
         return extraction_stage(inputs, rows, layers=len(self.layers))
 
-    def transform(self, backbone):
+    def transform(self, backbone, ctx):
+        """The evaluation view of the backbone's images, by the run's decoder."""
         if self.resize == "square":
-            return build_transform(backbone.info.preprocess, square=True)
-        return backbone.transform()
+            return ctx.decoded(build_transform(backbone.info.preprocess, square=True))
+        return ctx.decoded(backbone.transform())
 
 
 def choose_l2(path, held_hits: dict[float, int]):

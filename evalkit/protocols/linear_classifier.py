@@ -144,5 +144,6 @@ class FinetunedClassifier:
             "n_train": len(sampled),
             "num_classes": classes,
         }
-        eval_transform = build_transform(pre, square=task.resize == "square")
+        # the fine-tuned model's own forward reads them: normalised here, not by ``extract``
+        eval_transform = build_transform(pre, square=task.resize == "square", normalised=True)
         return cls(run.model, list(train.classes), eval_transform, extra)

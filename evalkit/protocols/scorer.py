@@ -44,7 +44,7 @@ class Scorer:
     @classmethod
     def _frozen(cls, task, backbone, ctx, refit_all: bool) -> Scorer:
         request = FeatureRequest(layers=task.layers, pool=resolve_pool(task.pool, backbone))
-        train = task.training_set(task.transform(backbone), ctx)
+        train = task.training_set(task.transform(backbone, ctx), ctx)
         feats = ctx.features(backbone, train, split=task.train_split, request=request)
         classes = len(train.classes)
         fit_idx, held_idx = stratified_holdout(feats.labels, task.holdout, seed=ctx.seed)
@@ -102,7 +102,11 @@ class Scorer:
     @property
     def transform(self):
         """The eval transform of the images the classifier reads."""
-        return self.tuned.eval_transform if self.tuned else self.task.transform(self.backbone)
+        return (
+            self.tuned.eval_transform
+            if self.tuned
+            else self.task.transform(self.backbone, self.ctx)
+        )
 
     @torch.no_grad()
     def logits_of(self, images: torch.Tensor) -> torch.Tensor:
