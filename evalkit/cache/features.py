@@ -34,8 +34,7 @@ from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
 from evalkit.data.clips import split_status
-from evalkit.data.feeding import loader_options
-from evalkit.device import decode_workers
+from evalkit.data.feeding import loader_options, loader_workers
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -337,8 +336,9 @@ class Feed:
             yield from self.pixels.batches(index, self.settings.batch_size)
         decode = [i for i in todo if i not in self.cached]
         if decode:
-            options = loader_options(self.settings.device, _workers(self.settings, len(decode)))
             batches = self.batches(decode)
+            workers = loader_workers(self.settings.workers, self.settings.device, len(batches))
+            options = loader_options(self.settings.device, workers)
             yield from torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
 
     def keep(self, index: int, images: list[torch.Tensor], labels: torch.Tensor):
@@ -436,13 +436,6 @@ def _run_loader(loader, backbone, feed: Feed, todo, request, folder) -> dict[int
 def _place(folder: Path, index: int, shards: list[list[int]]) -> files.Place:
     start = index * len(shards[0])  # every shard but the last is full
     return files.Place(folder.name, index, start, start + len(shards[index]))
-
-
-def _workers(settings: ExtractSettings, shards: int) -> int:
-    # Worker start-up costs about a second: only worth it beyond a couple of shards.
-    if settings.workers is not None:
-        return settings.workers
-    return decode_workers(settings.device) if shards > 2 else 0
 
 
 def _forward(backbone, images, labels, request: FeatureRequest, settings: ExtractSettings) -> dict:

@@ -113,7 +113,8 @@ def add_execution_arguments(run) -> None:
         "--workers",
         type=int,
         default=None,
-        help="data-loading processes (default: up to 8 on large data, none on small)",
+        help="data-loading processes (default: on a GPU every core of the rank but one, on a "
+        "CPU one per 8 cores; none for three batches or fewer)",
     )
     run.add_argument(
         "--decoder",

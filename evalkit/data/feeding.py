@@ -7,7 +7,9 @@ PIL worker decodes and resizes one to two hundred, so a GPU job wants every core
 CPUs of the process's affinity mask (what a Slurm allocation or ``taskset`` grants), capped by
 ``SLURM_CPUS_PER_TASK`` and shared by the ranks of one node, with one core left for the process
 that drives the device. On a CPU-only job the decoding competes with the forward for the same
-cores, so fewer workers are used there (see ``decode_workers``).
+cores, so fewer workers are used there (see ``decode_workers``); but even a small split is
+decoded in a worker, since per-image work in the main process contends with the forward's
+threads (``loader_workers``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,17 @@ from collections.abc import Callable, Iterator
 import torch
 
 from evalkit.device import decode_workers
+
+FEW_BATCHES = 3  # a loader of this many batches or fewer decodes in the process itself
+
+
+def loader_workers(requested: int | None, device: str, batches: int) -> int:
+    """``--workers`` when given; else ``decode_workers``, so that per-image work leaves the
+    process that runs the forward (its threads would contend with it), except for a few
+    batches, where starting a worker costs more than it saves."""
+    if requested is not None:
+        return requested
+    return decode_workers(device) if batches > FEW_BATCHES else 0
 
 
 def loader_options(device: str, workers: int) -> dict:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,14 @@ DECODERS = ("auto", "pil", "tensor")
 TENSOR_BOUND_LEVELS = 2  # the largest per-pixel difference from ``pil`` on ImageNet-sized photos
 TENSOR_INTERPOLATIONS = ("bicubic", "bilinear")  # where the uint8 resize matches PIL's filter
 TENSOR_MODES = ("RGB", "L")  # what decode_jpeg turns into the RGB PIL would
+
+# torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they are
+# what this version ships, and the tests pin their pixels to PIL's.
+warnings.filterwarnings(
+    "ignore",
+    message="The image decoding and encoding capabilities of TorchVision",
+    category=DeprecationWarning,
+)
 
 
 @dataclass(frozen=True)

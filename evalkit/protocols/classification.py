@@ -17,9 +17,9 @@ from evalkit.backbones.base import POOLS, build_transform
 from evalkit.cache.features import FeatureRequest, FeatureSet
 from evalkit.core.task import LAYERS, Stage, Task, extraction_stage, one_of, resolve_pool, setting
 from evalkit.data import open_dataset
-from evalkit.data.feeding import loader_options
+from evalkit.data.feeding import loader_options, loader_workers
 from evalkit.data.shifted import open_scored
-from evalkit.device import decode_workers, gpu_free_bytes
+from evalkit.device import gpu_free_bytes
 from evalkit.errors import EvalkitError
 from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, hits
@@ -141,9 +141,7 @@ def predict(model, dataset, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels of every image of ``dataset``, in batches, fed and cast as feature
     extraction is (the same workers, pinned memory and autocast)."""
     device, size = ctx.device, ctx.extract.batch_size
-    workers = ctx.extract.workers
-    if workers is None:
-        workers = decode_workers(device) if len(dataset) > 2 * size else 0
+    workers = loader_workers(ctx.extract.workers, device, -(-len(dataset) // size))
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=size, **loader_options(device, workers)
     )

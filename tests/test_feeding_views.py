@@ -1,0 +1,298 @@
+"""Feeding: evaluation views cross to the device as uint8 and are normalised there with the
+same bits; the tensor decoder stays within its bound of PIL's pixels and hands every file it
+does not reproduce to PIL; the pixel cache serves a second backbone of the same geometry with
+bitwise-equal features, and never costs a run its features."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from evalkit.backbones import BackboneOptions, load_backbone
+from evalkit.backbones.base import Preprocess, build_transform, model_input
+from evalkit.cache import pixels as pixel_cache
+from evalkit.cache.features import ExtractSettings, FeatureRequest, cache_key, extract_features
+from evalkit.data.folder import ImageFolder
+from evalkit.data.views import TENSOR_BOUND_LEVELS, EvalView, Normalised, eval_view
+from evalkit.errors import EvalkitError
+
+PRE = Preprocess()  # 224 px from 256, bicubic: a ViT-B/16's
+
+
+def photos() -> list[np.ndarray]:
+    from sklearn.datasets import load_sample_images
+
+    return list(load_sample_images().images)
+
+
+def photo_piece(seed: int, short: int = 375) -> Image.Image:
+    """A crop of a real photo at an ImageNet size."""
+    rng = np.random.default_rng(seed)
+    photo = photos()[seed % 2]
+    top, left = rng.integers(0, 100), rng.integers(0, 150)
+    piece = Image.fromarray(photo[top : top + 320, left : left + 420])
+    scale = short / min(piece.size)
+    return piece.resize((round(piece.width * scale), round(piece.height * scale)))
+
+
+def jpeg_bytes(image: Image.Image, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=options.pop("quality", 90), **options)
+    return buffer.getvalue()
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def view(decoder: str, pre: Preprocess = PRE) -> EvalView:
+    return eval_view(pre.size, pre.crop_pct, pre.interpolation, decoder=decoder)
+
+
+def test_uint8_normalised_on_the_device_is_the_float_transform_bit_for_bit():
+    from torchvision import transforms as T
+
+    image = photo_piece(0)
+    before = T.Compose(  # the evaluation transform every backbone had before views
+        [
+            T.Resize(256, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(224),
+            T.ToTensor(),
+            T.Normalize(PRE.mean, PRE.std),
+        ]
+    )(image)
+    pixels = build_transform(PRE)(image)
+    assert pixels.dtype == torch.uint8 and pixels.shape == (3, 224, 224)
+    assert torch.equal(model_input(pixels[None], PRE)[0], before)
+    assert torch.equal(build_transform(PRE, normalised=True)(image), before)
+
+
+def test_features_from_uint8_batches_equal_the_float_path(tmp_path):
+    fake = load_backbone("fake")
+    folder = class_folder(tmp_path / "data", count=6)
+    plain = ImageFolder(folder, fake.transform())
+    floats = ImageFolder(folder, Normalised(fake.transform(), (0.5,) * 3, (0.5,) * 3))
+    settings = ExtractSettings(batch_size=4, progress=False)
+    a = extract_features(fake, plain, request=FeatureRequest(), settings=settings, split="val")
+    b = extract_features(fake, floats, request=FeatureRequest(), settings=settings, split="val")
+    assert torch.equal(a.pooled, b.pooled)
+
+
+def test_the_tensor_decoder_is_within_its_bound_on_photos(tmp_path):
+    worst, total, count = 0, 0.0, 0
+    for seed in range(12):
+        path = write(tmp_path / f"{seed}.jpg", jpeg_bytes(photo_piece(seed, 333 + 15 * seed)))
+        reference, fast = view("pil").read(path).int(), view("tensor").read(path).int()
+        assert fast.shape == reference.shape == (3, 224, 224)
+        difference = (fast - reference).abs()
+        worst = max(worst, int(difference.max()))
+        total, count = total + float(difference.sum()), count + difference.numel()
+    assert worst <= TENSOR_BOUND_LEVELS
+    assert total / count < 0.05  # almost every pixel is the same
+
+
+def _cmyk(image):
+    return jpeg_bytes(image.convert("CMYK"))
+
+
+def _png(image):
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _palette(image):
+    buffer = io.BytesIO()
+    image.convert("P", palette=Image.Palette.ADAPTIVE).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _sixteen_bit(image):
+    buffer = io.BytesIO()
+    grey = np.asarray(image.convert("L"), dtype=np.uint16) * 257
+    Image.fromarray(grey).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", [_cmyk, _png, _palette, _sixteen_bit], ids=lambda f: f.__name__)
+def test_files_the_tensor_decoder_does_not_reproduce_take_the_pil_path(tmp_path, kind):
+    path = write(tmp_path / "image.bin", kind(photo_piece(1)))
+    assert torch.equal(view("tensor").read(path), view("pil").read(path))
+
+
+def test_a_jpeg_decode_jpeg_refuses_falls_back_to_pil(tmp_path, monkeypatch):
+    path = write(tmp_path / "a.jpg", jpeg_bytes(photo_piece(2)))
+
+    def refuses(self, data):
+        raise RuntimeError("unsupported marker")
+
+    monkeypatch.setattr(EvalView, "from_jpeg", refuses)
+    assert torch.equal(view("tensor").read(path), view("pil").read(path))
+
+
+@pytest.mark.parametrize("options", [{"progressive": True}, {"mode": "L"}, {"exif": True}], ids=str)
+def test_progressive_grey_and_rotated_jpegs_match_pil(tmp_path, options):
+    image = photo_piece(3)
+    if options.pop("mode", None):
+        image = image.convert("L")
+    if options.pop("exif", None):
+        exif = Image.Exif()
+        exif[0x0112] = 6  # "rotate 90°": neither path applies it
+        options["exif"] = exif.tobytes()
+    path = write(tmp_path / "a.jpg", jpeg_bytes(image, **options))
+    reference, fast = view("pil").read(path).int(), view("tensor").read(path).int()
+    assert fast.shape == reference.shape
+    assert int((fast - reference).abs().max()) <= TENSOR_BOUND_LEVELS
+
+
+def test_a_truncated_jpeg_is_the_same_one_line_error_by_either_decoder(tmp_path):
+    data = jpeg_bytes(photo_piece(4))
+    path = write(tmp_path / "broken.jpg", data[: len(data) // 2])
+    for decoder in ("pil", "tensor"):
+        with pytest.raises(EvalkitError, match="corrupt or unreadable image .*broken.jpg"):
+            view(decoder).read(path)
+
+
+def test_auto_picks_the_tensor_decoder_only_where_its_bound_holds():
+    assert view("auto").decoder == "tensor"
+    nearest = Preprocess(interpolation="nearest")
+    assert view("auto", nearest).decoder == "pil"
+    with pytest.raises(EvalkitError, match="decoder=tensor reproduces .* not nearest"):
+        view("tensor", nearest)
+
+
+def class_folder(root: Path, count: int, size: int = 60) -> Path:
+    for i in range(count):
+        piece = photo_piece(i).resize((size + 8 * i, size))
+        write(root / f"c{i % 2}" / f"{i}.jpg", jpeg_bytes(piece))
+    return root
+
+
+@pytest.fixture()
+def decodes(monkeypatch) -> list[Path]:
+    """The image files decoded from here on (the loader runs in this process)."""
+    decoded, real = [], EvalView.read
+    monkeypatch.setattr(
+        EvalView, "read", lambda self, path: decoded.append(path) or real(self, path)
+    )
+    return decoded
+
+
+def extract(backbone, folder: Path, cache: Path | None, pixels: str = "auto", decoder="auto"):
+    dataset = ImageFolder(folder, _decoding(backbone, decoder))
+    settings = ExtractSettings(
+        cache_dir=cache, batch_size=4, shard_size=4, progress=False, workers=0, pixels=pixels
+    )
+    return extract_features(
+        backbone, dataset, request=FeatureRequest(), settings=settings, split="val"
+    ).pooled
+
+
+def _decoding(backbone, decoder):
+    from evalkit.data.views import with_decoder
+
+    return with_decoder(backbone.transform(), decoder)
+
+
+def test_a_second_backbone_reads_the_views_and_gets_the_same_features(tmp_path, decodes):
+    folder = class_folder(tmp_path / "data", count=10)
+    first, second = (load_backbone("fake", BackboneOptions(seed=s)) for s in (0, 1))
+    extract(first, folder, tmp_path / "cache")
+    assert len(decodes) == 10
+    cached = extract(second, folder, tmp_path / "cache")
+    assert len(decodes) == 10  # every image came from the pixel cache
+    decoded = extract(second, folder, tmp_path / "other", pixels="decode")
+    assert len(decodes) == 20 and not (tmp_path / "other" / "pixels").exists()
+    assert torch.equal(cached, decoded)
+
+
+def test_another_geometry_or_decoder_decodes_again(tmp_path, decodes):
+    folder = class_folder(tmp_path / "data", count=4)
+    extract(load_backbone("fake"), folder, tmp_path / "cache")
+    larger = load_backbone("fake", BackboneOptions(model_kwargs={"img_size": 48}))
+    extract(larger, folder, tmp_path / "cache")
+    extract(load_backbone("fake"), folder, tmp_path / "cache", decoder="pil")
+    assert len(decodes) == 12
+    assert len(list((tmp_path / "cache" / "pixels").iterdir())) == 3
+
+
+def test_auto_keeps_views_only_where_they_fit(tmp_path, monkeypatch):
+    folder = class_folder(tmp_path / "data", count=4)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 10, 10))
+    extract(load_backbone("fake"), folder, tmp_path / "auto")
+    assert not (tmp_path / "auto" / "pixels").exists()
+    extract(load_backbone("fake"), folder, tmp_path / "asked", pixels="cache")
+    assert any((tmp_path / "asked" / "pixels").rglob("shard-*.safetensors"))
+
+
+def test_a_damaged_view_shard_is_decoded_again(tmp_path, capsys, decodes):
+    folder = class_folder(tmp_path / "data", count=8)
+    extract(load_backbone("fake"), folder, tmp_path / "cache")
+    shard = sorted((tmp_path / "cache" / "pixels").rglob("shard-00001.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-7])
+    extract(load_backbone("fake", BackboneOptions(seed=1)), folder, tmp_path / "cache")
+    assert len(decodes) == 8 + 4  # the damaged shard's images again, not the sound one's
+    assert "unusable" in capsys.readouterr().err
+
+
+def test_a_full_disk_for_views_warns_and_keeps_the_features(tmp_path, monkeypatch, capsys):
+    from evalkit.cache import shards
+
+    folder = class_folder(tmp_path / "data", count=8)
+    real = shards.save_shard
+
+    def full_for_views(folder, place, shard):
+        if "images" in shard:
+            raise EvalkitError(f"no space left on the device writing {folder}")
+        real(folder, place, shard)
+
+    monkeypatch.setattr(shards, "save_shard", full_for_views)
+    assert extract(load_backbone("fake"), folder, tmp_path / "cache").shape[0] == 8
+    assert capsys.readouterr().err.count("no longer kept") == 1
+
+
+def test_the_decoder_reaches_the_feature_key_and_the_row(cli_env, tmp_path):
+    from evalkit.core.runner import RunSpec, run
+
+    fake = load_backbone("fake")
+    keys = {
+        cache_key(
+            fake.info,
+            FeatureRequest(),
+            dtype="fp32",
+            dataset_id=ImageFolder(class_folder(tmp_path / "d", 2), _decoding(fake, d)).identity(),
+            split="val",
+            subset=None,
+        )
+        for d in ("pil", "tensor")
+    }
+    assert len(keys) == 2
+    spec = RunSpec(
+        tasks="imagenet-knn", backbones="fake", data="embedded", overrides=("decoder=pil",)
+    )
+    assert spec.decoder == "pil" and spec.overrides == ()
+    (result,) = run(spec)
+    assert {row["decoder"] for row in result.rows} == {"pil"}
+
+
+def test_a_bad_decoder_or_pixels_value_is_one_line(cli_env):
+    from evalkit.core.runner import RunSpec
+
+    with pytest.raises(EvalkitError, match="--pixels keep: expected one of auto, cache, decode"):
+        RunSpec(tasks="imagenet-knn", backbones="fake", overrides=("pixels=keep",))
+    with pytest.raises(EvalkitError, match="--decoder gpu: expected one of auto, pil, tensor"):
+        RunSpec(tasks="imagenet-knn", backbones="fake", decoder="gpu")
+
+
+def test_pixel_bytes_are_what_plan_counts():
+    assert pixel_cache.pixel_bytes(view("tensor"), 50_000) == 50_000 * 3 * 224 * 224
