@@ -159,8 +159,8 @@ class FakeCuda(TorchFunctionMode):
                 kwargs,
             )
         result = torch.Tensor.cpu(source) if name == "cuda" else func(*args, **kwargs)
-        if where == "cpu" and on_cuda(source) and result is source:
-            result = source.clone()  # a copy to host memory, as from a real device
+        if result is source and on_cuda(source) != (where == "cuda"):
+            result = source.clone()  # a copy across, as a real device makes: the source stays
         return mark(result, where == "cuda")
 
     @staticmethod
@@ -223,6 +223,18 @@ def _nccl_collective(original):
     return collective
 
 
+class _Stream:
+    """One stand-in stream: work on it is already done."""
+
+    def wait_stream(self, other):
+        pass
+
+
+def _record_stream(tensor, stream):
+    if not on_cuda(tensor):
+        raise RuntimeError("record_stream of a CPU tensor (it is for CUDA tensors)")
+
+
 @contextlib.contextmanager
 def fake_cuda(monkeypatch):
     """Within the block, ``cuda`` is a stand-in device with CUDA's placement rules."""
@@ -250,8 +262,17 @@ def fake_cuda(monkeypatch):
         "set_rng_state": lambda state, device=None: None,
         "seed_all": lambda: None,
     }
+    stream = _Stream()
+    answers |= {
+        "Stream": lambda device=None: stream,
+        "stream": lambda s: contextlib.nullcontext(),
+        "current_stream": lambda device=None: stream,
+    }
     for name, answer in answers.items():
         monkeypatch.setattr(torch.cuda, name, answer)
+    monkeypatch.setattr(torch.Tensor, "record_stream", _record_stream)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, device=None: self)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: False)
     # no stream to capture: the optimisers' graph-capture check asks the accelerator for one
     monkeypatch.setattr(
         torch.accelerator, "current_accelerator", lambda check_available=False: None

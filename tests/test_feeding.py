@@ -34,7 +34,16 @@ def test_workers_follow_the_cpus_a_job_has(monkeypatch):
     assert device.decode_workers("cuda") == 7  # 8 per rank, one kept to drive the GPU
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
     assert device.decode_workers("cuda:1") == 3
-    assert device.decode_workers("cpu") == 4  # the forward needs the same cores
+    assert device.decode_workers("cpu") == 1  # the forward keeps the rank's 4 cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert device.decode_workers("cpu") == 2  # one per 8 cores
+
+
+def test_even_a_small_split_is_decoded_outside_the_forwards_process(monkeypatch):
+    monkeypatch.setattr(device, "cpus_per_rank", lambda: 2)
+    assert feeding.loader_workers(None, "cpu", batches=21) == 1  # the README's job: 1,344 images
+    assert feeding.loader_workers(None, "cpu", batches=feeding.FEW_BATCHES) == 0
+    assert feeding.loader_workers(0, "cpu", batches=100) == 0  # --workers 0 is obeyed
 
 
 def test_slurm_asks_for_cpus_per_gpu():

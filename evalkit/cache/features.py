@@ -34,7 +34,7 @@ from evalkit.cache import shards as files
 from evalkit.cache.identity import library_versions, spec_key, write_json
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
 from evalkit.data.clips import split_status
-from evalkit.data.feeding import loader_options, loader_workers
+from evalkit.data.feeding import loader_options, loader_workers, on_device
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -419,9 +419,9 @@ def _run_loader(loader, backbone, feed: Feed, todo, request, folder) -> dict[int
     total = sum(len(shards[i]) for i in todo)
     enabled = settings.progress and layout.main
     with ProgressBar(enabled, total, f"features {backbone.info.name}", status="rate") as advance:
-        for images, labels in loader:
+        for host, images, labels in on_device(loader, settings.device):
             pending.append(_forward(backbone, images, labels, request, settings))
-            views.append(images)
+            views.append(host)
             advance(len(labels))
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
                 shard = _merge(pending)

@@ -14,7 +14,7 @@ threads (``loader_workers``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -73,3 +73,27 @@ def prefetched(batch: Callable, keys: list[tuple[int, int]], device: str) -> Cal
         return value
 
     return next_batch
+
+
+def on_device(batches: Iterable, device: str) -> Iterator[tuple]:
+    """(host images, device images, labels) of each (images, labels) batch. On a GPU each
+    batch is copied on a side stream while the previous one computes (from pinned memory, so
+    the copy runs beside the forward), and the compute stream waits for that copy alone."""
+    target = torch.device(device)
+    if target.type != "cuda":
+        for images, labels in batches:
+            yield images, images, labels
+        return
+    side, ahead = torch.cuda.Stream(target), None
+    for images, labels in batches:
+        with torch.cuda.stream(side):
+            pinned = images if images.is_pinned() else images.pin_memory()
+            moved = pinned.to(target, non_blocking=True)
+        if ahead is not None:
+            yield ahead
+        compute = torch.cuda.current_stream(target)
+        compute.wait_stream(side)
+        moved.record_stream(compute)  # its memory is the compute stream's once the copy is done
+        ahead = (images, moved, labels)
+    if ahead is not None:
+        yield ahead
