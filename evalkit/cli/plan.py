@@ -42,6 +42,7 @@ def add_plan(sub) -> None:
     plan.add_argument("--cache-dtype", choices=("fp32", "bf16", "fp16"))
     plan.add_argument("--batch-size", type=int, default=64)
     plan.add_argument("--tp", type=int, default=1)
+    plan.add_argument("--decoder", choices=("auto", "pil", "tensor"), default="auto")
     plan.add_argument(
         "--target",
         default="this",
@@ -104,7 +105,7 @@ def cmd_plan(args, console) -> int:
         rate_of,
         stage_flops,
     )
-    from evalkit.core.rates import expected_time
+    from evalkit.core.rates import expected_time, measured_decoding
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
     from evalkit.device import default_device, default_dtype
@@ -114,7 +115,7 @@ def cmd_plan(args, console) -> int:
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     options = {k: getattr(args, k) for k in ("device", "dtype", "cache_dtype", "batch_size", "tp")}
     target = None if args.target == "this" else parse_target(args.target)
-    stages, budget, sizes, shape = plan_run(
+    stages, budget, sizes, shape, images = plan_run(
         task, args.backbone, config, options | {"target": target}
     )
     run_device = args.device or default_device()
@@ -156,18 +157,22 @@ def cmd_plan(args, console) -> int:
         highlight=False,
     )
     device = args.device or ("cuda" if target is None and budget.device is not None else "cpu")
-    print_feeding(console, feeding_rates(shape, target, device))
+    decoding = measured_decoding(args.decoder, shape.image or 224)
+    rates = feeding_rates(shape, target, device, decoding.per_core)
+    print_feeding(console, rates, decoding)
+    print_pixels(console, images, shape.image or 224, budget.disk)
     for problem in budget.problems:
         console.print(f"[bold red]does not fit:[/] {problem}", highlight=False, soft_wrap=True)
     console.print(f"{'does not fit' if budget.problems else 'fits'} {budget.name}")
     return 0
 
 
-def print_feeding(console, rates: dict):
+def print_feeding(console, rates: dict, decoding):
     """The decode rate the loader is expected to reach per rank, beside the forward's."""
     line = (
-        f"feeding: {rates['workers']} decoding workers per rank, about "
-        f"{rates['decode']:,.0f} img/s decoded"
+        f"feeding: {rates['workers']} decoding workers per rank × {decoding.per_core:,.0f} img/s "
+        f"({decoding.decoder} decoder, one core, measured here on ImageNet-sized JPEGs), about "
+        f"{rates['decode']:,.0f} img/s"
     )
     if rates["forward"]:
         verdict = (
@@ -180,4 +185,26 @@ def print_feeding(console, rates: dict):
         line += f"; the forward takes about {rates['forward']:,.0f} img/s ({verdict})"
     console.print(
         line + " (estimates; benchmarks.gpu_check measures both)", highlight=False, soft_wrap=True
+    )
+
+
+def print_pixels(console, images: int, size: int, free: int | None):
+    """The disk the pixel cache of the splits' evaluation views takes, and whether ``--pixels
+    auto`` keeps it."""
+    from evalkit.cache.pixels import FREE_SHARE
+    from evalkit.core.costs import human
+
+    needed = images * 3 * size * size
+    kept = free is not None and needed <= FREE_SHARE * free
+    verdict = (
+        f"--pixels auto keeps it: at most {FREE_SHARE:.0%} of the free disk"
+        if kept
+        else f"--pixels auto does not keep it: over {FREE_SHARE:.0%} of the free disk; "
+        "--pixels cache does"
+    )
+    console.print(
+        f"pixel cache: {human(needed)} for {images:,} views at {size}² px, read by the next "
+        f"backbone of the same geometry ({verdict})",
+        highlight=False,
+        soft_wrap=True,
     )

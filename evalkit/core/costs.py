@@ -17,6 +17,7 @@ import os
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -250,9 +251,17 @@ def split_sizes(
     return {split: len(ds) for split, ds in opened.items()}, classes, "data on disk"
 
 
-def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], Budget, str, Shape]:
+class RunPlan(NamedTuple):
+    stages: list[Stage]
+    budget: Budget  # checked against the stages
+    sources: str  # where the split sizes came from
+    shape: Shape  # the backbone's
+    images: int  # in the splits the task reads
+
+
+def plan_run(task, backbone: str, config, options: dict) -> RunPlan:
     """The stages of ``task`` on ``backbone``, this machine's budget (checked), where the
-    split sizes came from, and the backbone's shape."""
+    split sizes came from, the backbone's shape and the images of the splits."""
     target, ranks = options.get("target"), options.get("tp") or 1
     device = options.get("device") or ("cuda" if target and target.gpus else default_device())
     dtype = options.get("dtype") or default_dtype(device)
@@ -266,7 +275,8 @@ def plan_run(task, backbone: str, config, options: dict) -> tuple[list[Stage], B
         f"{dtype}, tp={options.get('tp', 1)}",
         device_bytes=inputs.shape.weight_bytes_per_rank,
     )
-    return [weights, *stages], budget, sources, inputs.shape
+    images = sum(inputs.sizes.values())
+    return RunPlan([weights, *stages], budget, sources, inputs.shape, images)
 
 
 def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs, str]:
@@ -432,13 +442,11 @@ def placement(task, backbone: str, inputs_of, target: Target) -> tuple[int, list
     return TP_SIZES[-1], problems
 
 
-DECODE_IMG_S_PER_WORKER = 150  # an ImageNet JPEG decoded, resized and cropped by PIL, per core
-
-
-def feeding_rates(shape: Shape, target: Target | None, device: str) -> dict:
-    """Images per second a rank's decoding workers are expected to deliver, beside what the
-    device's forward is expected to take (None where the device's peak is unknown): where the
-    first is lower, the device waits for data. ``benchmarks.gpu_check`` measures both."""
+def feeding_rates(shape: Shape, target: Target | None, device: str, per_core: float) -> dict:
+    """Images per second a rank's decoding workers are expected to deliver at ``per_core``
+    images a second each (``rates.measured_decoding``), beside what the device's forward is
+    expected to take (None where the device's peak is unknown): where the first is lower, the
+    device waits for data. ``benchmarks.gpu_check`` measures both on a GPU."""
     from evalkit.device import CPUS_PER_GPU, cpus_per_rank, decode_workers
 
     if target is not None:
@@ -448,7 +456,7 @@ def feeding_rates(shape: Shape, target: Target | None, device: str) -> dict:
         workers = decode_workers(device)
         peak = 0.0
     forward = peak * 1e12 * ASSUMED_MFU / shape.flops_per_image if peak else None
-    return {"workers": workers, "decode": workers * DECODE_IMG_S_PER_WORKER, "forward": forward}
+    return {"workers": workers, "decode": workers * per_core, "forward": forward}
 
 
 AUTO_BATCH_CAP = 1024

@@ -73,6 +73,62 @@ def expected_time(flops: float, rate: Rate | None) -> str:
     )
 
 
+SAMPLE_PHOTO = "sample_data/grace_hopper.jpg"  # a 512×600 JPEG photo matplotlib ships
+DECODE_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class DecodeRate:
+    per_core: float  # images a second one core prepares
+    decoder: str  # the one the view resolved to
+
+
+def measured_decoding(decoder: str, size: int, interpolation: str = "bicubic") -> DecodeRate:
+    """Images per CPU-second the evaluation view of ``decoder`` prepares on this machine, on
+    ImageNet-sized JPEGs cut from a photo that ships inside matplotlib (one thread)."""
+    from evalkit.data.views import eval_view
+    from evalkit.device import threads
+
+    view = eval_view(size, 0.875, interpolation, decoder=decoder)
+    photos = _sample_jpegs()
+    prepare = view.from_jpeg if view.decoder == "tensor" else lambda data: view(_opened(data))
+    with threads(1):
+        prepare(photos[0])
+        count, start = 0, time.process_time()
+        while time.process_time() - start < DECODE_SECONDS or count < len(photos):
+            prepare(photos[count % len(photos)])
+            count += 1
+        seconds = time.process_time() - start
+    return DecodeRate(count / seconds, view.decoder)
+
+
+def _sample_jpegs() -> list[bytes]:
+    """Crops of matplotlib's sample photo at ImageNet's sizes (about 500×375, both ways), as
+    JPEG files of quality 90."""
+    import io
+    import os
+
+    import matplotlib
+    from PIL import Image
+
+    photo = Image.open(os.path.join(matplotlib.get_data_path(), SAMPLE_PHOTO)).convert("RGB")
+    crops = []
+    for box in ((0, 0, 512, 384), (0, 100, 384, 600), (50, 50, 500, 450), (0, 200, 512, 580)):
+        buffer = io.BytesIO()
+        photo.crop(box).save(buffer, "JPEG", quality=90)
+        crops.append(buffer.getvalue())
+    return crops
+
+
+def _opened(data: bytes):
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
 def _timed(step) -> tuple[int, float]:
     step()  # warm-up: first-call allocations and kernel choices are not the rate
     count, start = 0, time.perf_counter()
