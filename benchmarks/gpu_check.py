@@ -12,8 +12,9 @@ runs in CI). ``python -m benchmarks.gpu_check --device DEVICE --out FILE`` write
 4. ``collective`` — a one-rank process group (NCCL on a GPU, gloo on the CPU): an all-reduce,
    and a ``vit22b/test`` forward tensor-parallel (DTensor) and FSDP2-sharded against the plain
    model;
-5. ``feeding`` — images per second decoded by the loader evalkit builds (workers, pinned
-   memory) against a bare forward of the backbone on the device: below 1 the device waits;
+5. ``feeding`` — the loader's steady-state images/s on ImageNet-sized JPEGs by each decoder,
+   and from the pixel cache, against a bare forward of the backbone on the device (below 1 the
+   device waits), and the decoding cores a GPU needs without the pixel cache;
 6. ``extraction`` — evalkit's ``extract`` against a bare forward of the same timm model;
 7. ``finetune_step`` — one fine-tuning step under bf16 autocast with fp32 master weights;
 8. ``vit22b_forward`` — MFU of a ``vit22b/g`` forward (``vit22b/test`` on the CPU branch)
@@ -178,37 +179,33 @@ def collective(device: str) -> dict:
 
 
 def feeding(device: str, work: Path) -> dict:
-    """Loader images/s (evalkit's workers and pinned memory, decoding the embedded JPEGs)
-    against a bare forward of the timm backbone on the device, images/s."""
+    """The loader's steady-state images/s on ImageNet-sized JPEGs cut from real photos
+    (``benchmarks.bench_loader``; workers started before the clock), by each decoder and from
+    the pixel cache, against a bare bf16 forward of the timm backbone on the device; and the
+    decoding cores a GPU needs to keep up without the pixel cache."""
+    from benchmarks.bench_loader import loader_rate, make_jpegs, pixel_cache_rate, view_path
     from evalkit import load_backbone
-    from evalkit.core.task import TaskContext
-    from evalkit.data import DataConfig, open_dataset
-    from evalkit.data.feeding import loader_options
     from evalkit.device import decode_workers
 
     backbone = load_backbone(SIZES[device][0], device=device)
-    ctx = TaskContext(data=DataConfig(source="embedded", cache=work / "cache"))
-    dataset = open_dataset("imagenet", "train", ctx.data, transform=backbone.transform())
+    paths = make_jpegs(work / "jpegs", 2000 if device.startswith("cuda") else 192)
     workers = decode_workers(device)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=64, shuffle=False, **loader_options(device, workers)
-    )
-    start, seen = time.perf_counter(), 0
-    for images, _ in loader:
-        images.to(device, non_blocking=True)
-        seen += len(images)
-    loader_rate = seen / (time.perf_counter() - start)
+    loader = {d: loader_rate(paths, view_path(d), workers) for d in ("pil", "tensor")}
+    cached = pixel_cache_rate(paths[:256], work)["img_per_cpu_s"]
     batch = torch.randn(64, 3, 224, 224, device=device)
     autocast = torch.autocast(torch.device(device).type, torch.bfloat16, enabled=device != "cpu")
     with torch.inference_mode(), autocast:
         seconds = timed(lambda: backbone.model.forward_features(batch), device)
-    forward_rate = len(batch) / seconds
+    forward = len(batch) / seconds
     return {
         "workers": workers,
-        "images": seen,
-        "loader_img_s": round(loader_rate, 1),
-        "forward_img_s": round(forward_rate, 1),
-        "loader_vs_forward": round(loader_rate / forward_rate, 3),
+        "images": len(paths),
+        "loader_img_s": loader,
+        "pixel_cache_img_s_one_core": cached,
+        "forward_img_s": round(forward, 1),
+        "loader_vs_forward": {d: round(rate / forward, 3) for d, rate in loader.items()},
+        "pixel_cache_vs_forward": round(cached / forward, 3),
+        "cores_to_keep_up": {d: round(forward / (rate / workers), 1) for d, rate in loader.items()},
     }
 
 
