@@ -93,7 +93,9 @@ def test_cache_verify_finds_damage_that_kept_its_stamp(fake, data_cache, tmp_pat
     for shard in folder.glob("shard-*"):
         _age(shard)
     _extract(fake, data_cache, tmp_path)  # vouches for every stamp
-    victim, count = folder / "shard-00002.safetensors", len(list(folder.glob("shard-*")))
+    victim = folder / "shard-00002.safetensors"
+    count = len(list(tmp_path.glob("*/*/shard-*")))  # the features' and the decoded views'
+
     _rot_keeping_stamp(victim)
     assert not torch.equal(_extract(fake, data_cache, tmp_path).pooled, clean)  # the trade-off
     assert main(["cache", "verify", "--cache-dir", str(tmp_path), "--quiet"]) == 1

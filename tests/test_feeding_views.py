@@ -296,3 +296,17 @@ def test_a_bad_decoder_or_pixels_value_is_one_line(cli_env):
 
 def test_pixel_bytes_are_what_plan_counts():
     assert pixel_cache.pixel_bytes(view("tensor"), 50_000) == 50_000 * 3 * 224 * 224
+
+
+def test_the_cache_commands_list_verify_and_clear_the_views(tmp_path):
+    from evalkit.cache.features import clear_cache, list_cache, verify_cache
+
+    folder = class_folder(tmp_path / "data", count=8)
+    extract(load_backbone("fake"), folder, tmp_path / "cache")
+    (views,) = [e for e in list_cache(tmp_path / "cache") if e["area"] == "pixels"]
+    assert views["complete"] and views["shards"] == 2 and views["n"] == 8
+    assert views["backbone"] == "(pixels 32px bilinear, tensor)"
+    report = verify_cache(tmp_path / "cache", progress=False)
+    assert sum(r["bad"] for r in report) == 0 and len(report) == 2
+    assert clear_cache(tmp_path / "cache") == 2
+    assert not list_cache(tmp_path / "cache")

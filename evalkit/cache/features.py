@@ -509,10 +509,15 @@ def _write_meta(folder: Path, backbone: str, split: str, request, settings, n: i
     write_json(folder / META, meta)
 
 
+AREAS = ("features", "pixels")  # what the cache keeps: features, and decoded views (pixels.py)
+
+
 def list_cache(root: Path) -> list[dict]:
-    """One dict per cache entry: key, backbone, split, n, shards on disk, complete, bytes."""
+    """One dict per cache entry (features, then decoded views): key, area, backbone (the
+    views': their size and decoder), split, n, shards on disk, complete, bytes."""
     entries = []
-    for folder in sorted((Path(root) / "features").glob("*")):
+    folders = [f for area in AREAS for f in sorted((Path(root) / area).glob("*"))]
+    for folder in folders:
         meta_path = folder / META
         if not meta_path.exists():
             continue
@@ -521,6 +526,7 @@ def list_cache(root: Path) -> list[dict]:
         entries.append(
             {
                 "key": folder.name,
+                "area": folder.parent.name,
                 **meta,
                 "shards": len(on_disk),
                 "complete": (folder / files.MANIFEST).exists(),
@@ -541,7 +547,7 @@ def verify_cache(
     report = []
     with ProgressBar(progress, total, "verify cache", unit="shard") as advance:
         for entry in entries:
-            folder = Path(root) / "features" / entry["key"]
+            folder = Path(root) / entry["area"] / entry["key"]
             if "shard_size" not in entry:  # written before shards knew their place
                 report.append({**entry, "checked": 0, "bad": entry["shards"], "old": True})
                 advance(entry["shards"])
@@ -558,6 +564,6 @@ def clear_cache(root: Path, *, backbone: str | None = None) -> int:
     removed = 0
     for entry in list_cache(root):
         if backbone is None or entry["backbone"] == backbone:
-            shutil.rmtree(Path(root) / "features" / entry["key"])
+            shutil.rmtree(Path(root) / entry["area"] / entry["key"])
             removed += 1
     return removed

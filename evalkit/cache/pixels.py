@@ -88,6 +88,8 @@ class PixelStore:
             return
         try:
             files.save_shard(self.folder, self.wanted[index], {"images": images, "labels": labels})
+            if all(files.shard_path(self.folder, p.index).exists() for p in self.wanted):
+                files.write_manifest(self.folder, self.wanted, self.wanted[-1].stop)
         except EvalkitError as exc:
             self.writable = False
             warn(f"decoded images are no longer kept for the next backbone: {exc}")

@@ -46,8 +46,8 @@ def _list(root: Path, console):
             e["key"],
             e["backbone"],
             e["split"],
-            e["request"]["pool"],
-            str(e["request"]["layers"]),
+            e.get("request", {}).get("pool", "—"),  # decoded views have no pool or layers
+            str(e.get("request", {}).get("layers", "—")),
             str(e["n"]),
             str(e["shards"]),
             "yes" if e["complete"] else "partial",
