@@ -310,3 +310,19 @@ def test_the_cache_commands_list_verify_and_clear_the_views(tmp_path):
     assert sum(r["bad"] for r in report) == 0 and len(report) == 2
     assert clear_cache(tmp_path / "cache") == 2
     assert not list_cache(tmp_path / "cache")
+
+
+def test_every_image_reader_names_its_decoder_in_its_identity(tmp_path):
+    from evalkit.data.multilabel import MultiLabelImages
+
+    folder = class_folder(tmp_path / "data", count=2)
+    (folder / "train.jsonl").write_text(
+        '{"image": "c0/0.jpg", "labels": ["a"]}\n{"image": "c1/1.jpg", "labels": ["b"]}\n'
+    )
+    fake = load_backbone("fake")
+    for reader in (
+        lambda t: ImageFolder(folder, t, layout_hint=""),
+        lambda t: MultiLabelImages(folder, "train", t),
+    ):
+        ids = {reader(_decoding(fake, d)).identity() for d in ("pil", "tensor")}
+        assert len(ids) == 2

@@ -298,8 +298,10 @@ def _check_labels(features: FeatureSet, dataset, indices: list[int], folder: Pat
 
 
 def _pixels(dataset, settings, request, dataset_id, split, subset, n) -> PixelStore | None:
-    """The pixel cache of this extraction: images (not clips), one data-parallel group."""
-    if request.frames is not None or distributed.current().dp_size > 1:
+    """The pixel cache of this extraction: images (not clips), in a run of one process (ranks
+    would have to agree on which shards it holds before they split or broadcast batches)."""
+    layout = distributed.current()
+    if request.frames is not None or layout.dp_size > 1 or layout.tp_size > 1:
         return None
     return pixel_store(
         dataset, settings, dataset_id=dataset_id, split=split, subset_key=subset_key(subset), n=n
@@ -320,7 +322,7 @@ class Feed:
     def order(self, todo: list[int]) -> list[int]:
         """Shards whose views are cached first, then those to decode (the cached views are
         checked only when there is something to compute)."""
-        if todo and self.pixels is not None and distributed.current().tp_rank == 0:
+        if todo and self.pixels is not None:
             self.cached = self.pixels.ready(recheck=self.settings.verify_cache)
         return [i for i in todo if i in self.cached] + [i for i in todo if i not in self.cached]
 

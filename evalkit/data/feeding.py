@@ -86,6 +86,9 @@ def on_device(batches: Iterable, device: str) -> Iterator[tuple]:
         return
     side, ahead = torch.cuda.Stream(target), None
     for images, labels in batches:
+        if images.is_cuda:  # broadcast to this rank by its tensor-parallel group: already there
+            yield images, images, labels
+            continue
         with torch.cuda.stream(side):
             pinned = images if images.is_pinned() else images.pin_memory()
             moved = pinned.to(target, non_blocking=True)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from evalkit.cache.identity import files_identity
-from evalkit.data import DataKind
+from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import read_image
 from evalkit.errors import EvalkitError
 
@@ -60,7 +60,9 @@ class MultiLabelImages(torch.utils.data.Dataset):
         return read_image(self.paths[i], self.transform), target
 
     def identity(self) -> str:
-        return files_identity(self.paths, self.root, extra=json.dumps(self.targets))
+        """The files, their targets and the transform (how they are read: a decoder, a size)."""
+        extra = json.dumps(self.targets) + f"|{self.transform!r}"
+        return files_identity(self.paths, self.root, content=verifies_content(self), extra=extra)
 
 
 def open_multilabel(root: Path, split: str, *, source: str = "auto", transform=None, classes=None):
