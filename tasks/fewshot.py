@@ -17,7 +17,7 @@ import torch
 
 from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
-from evalkit.heads.linear import ridge_fewshot_accuracy
+from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
 
 
@@ -62,14 +62,22 @@ class FewShot(FrozenClassification):
         train, test, _, _ = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
         seeds = [ctx.seed + s for s in range(self.seeds)]
-        x_test, scores = test.pooled, []
+        x_test, hits = test.pooled, []
         for seed in seeds:
             pick = kshot_indices(train.labels, self.shots, seed=seed)
             shots = train.take(pick)  # reads only the shards that hold the shots
-            accuracy = ridge_fewshot_accuracy(
-                shots, train.labels[pick], x_test, test.labels, num_classes=num_classes, l2=self.l2
+            hits.append(
+                ridge_fewshot_hits(
+                    shots,
+                    train.labels[pick],
+                    x_test,
+                    test.labels,
+                    num_classes=num_classes,
+                    l2=self.l2,
+                )
             )
-            scores.append(100.0 * accuracy)
+        scores = [100.0 * h.double().mean().item() for h in hits]
+        save_shot_hits(ctx, torch.stack(hits, dim=1), test.labels)
         yield Metric(
             "top1",
             statistics.fmean(scores),
@@ -88,3 +96,16 @@ def kshot_indices(labels: torch.Tensor, shots: int, *, seed: int) -> torch.Tenso
         idx = torch.nonzero(labels == cls).squeeze(1)
         picks.append(idx[torch.randperm(len(idx), generator=gen)[:shots]])
     return torch.cat(picks)
+
+
+def save_shot_hits(ctx, hits: torch.Tensor, labels: torch.Tensor):
+    """Per test image (``--save-predictions``): its label, whether each seed's probe got it
+    right, and the share of seeds that did (whose mean over images × 100 is the top-1)."""
+    ctx.save_predictions(
+        {
+            "image": [str(i) for i in range(len(labels))],
+            "label": labels.tolist(),
+            "correct_by_seed": hits.tolist(),
+            "correct_share": hits.double().mean(dim=1).tolist(),
+        }
+    )

@@ -116,7 +116,15 @@ class Segmentation(FinetuneSettings, DenseSettings):
             predict, extra = self.frozen(backbone, ctx, train_set, val_set, subset)
         confusion, pictures, per_image, overlaps = self.evaluate(predict, val_set)
         scores = segmentation_scores(confusion)
-        ctx.save_predictions({"image": image_ids(val_set), **per_image})
+        intersections, unions = overlaps  # per image and class: mIoU recomputed exactly
+        ctx.save_predictions(
+            {
+                "image": image_ids(val_set),
+                **per_image,
+                "intersection": intersections.tolist(),
+                "union": unions.tolist(),
+            }
+        )
         extra |= {
             "head": self.head,
             "train_images": len(indices),

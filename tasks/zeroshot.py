@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed
-from evalkit.backbones.base import POOLS, text_tower
+from evalkit.backbones.base import POOLS, TextTower, text_tower
 from evalkit.cache.features import FeatureRequest, backbone_spec
 from evalkit.cache.identity import library_versions, spec_key
 from evalkit.checkpoints import checkpoint_id
@@ -227,6 +227,11 @@ class ZeroShot(Task):
             return None
         return spec_key({"tower": checkpoint_id(self.text_tower), "libraries": library_versions()})
 
+    def lacks(self, backbone) -> str | None:
+        if self.text_tower or isinstance(getattr(backbone, "text", None), TextTower):
+            return None
+        return f"{backbone.info.name} has no text tower (zero-shot needs one; LiT trains one)"
+
     def text_side(self, backbone, tower: LitText | None):
         """The text tower and the feature request whose embeddings share its space."""
         if tower is None:
@@ -272,6 +277,9 @@ class Lit(ZeroShot):
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger caption sets are streamed
 
     version = 2  # 2: batches shuffled across cache shards; captions drawn per step
+
+    def lacks(self, backbone) -> str | None:
+        return None  # it trains its own text tower
 
     def datasets(self) -> tuple[str, ...]:
         return (self.dataset, self.captions)

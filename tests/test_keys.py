@@ -46,6 +46,7 @@ NOT_IN_KEY = {
     "save_predictions": "writes a Parquet file beside the rows; the numbers do not change",
     "log": "sends rows and curves to trackers as well; the numbers do not change",
     "pixels": "decoded views read back bit for bit (tests/test_feeding_views.py)",
+    "zoo": "keeps per-image outputs and goes on past a failed cell; the numbers do not change",
 }
 BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
 

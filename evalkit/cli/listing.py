@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from evalkit.errors import EvalkitError
 
-LISTS = ("tasks", "backbones", "datasets", "settings", "models")
+LISTS = ("tasks", "suites", "backbones", "datasets", "settings", "models")
 
 
 def add_ls(sub) -> None:
     """list tasks, backbone families, datasets, a task's settings or a family's models"""
     ls = sub.add_parser(
         "ls",
-        help="list tasks, backbones, datasets, settings TASK, models timm|open_clip [PATTERN]",
+        help="list tasks, suites, backbones, datasets, settings TASK, models timm|open_clip "
+        "[PATTERN]",
     )
     ls.add_argument("what", nargs="?", choices=LISTS, default="tasks")
     ls.add_argument("name", nargs="?", help="settings: the task; models: timm or open_clip")
@@ -35,6 +36,8 @@ def cmd_ls(args, console) -> int:
         return _settings(args.name, console)
     if args.what == "models":
         return _models(args.name, args.pattern, console)
+    if args.what == "suites":
+        return _suites(console)
     if args.what == "tasks":
         from evalkit.core.catalog import TASKS as registry
 
@@ -56,6 +59,25 @@ def cmd_ls(args, console) -> int:
             "--set dataset=folder:PATH",
         )
     console.print(table)
+    return 0
+
+
+def _suites(console) -> int:
+    """Every suite: its name (as --task takes it), what it is for, its tasks, where it is from."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from evalkit.core.suites import PREFIX, USER_SUITES, all_suites
+
+    table = Table("--task", "what", "tasks", "from")
+    for suite in all_suites().values():
+        tasks = "\n".join(map(escape, suite.tasks))  # "task[key=value]" is not markup
+        table.add_row(PREFIX + suite.name, escape(suite.about), tasks, suite.source)
+    console.print(table)
+    console.print(
+        escape(f"your own: a TOML file of [suites.<name>] tables, named by ${USER_SUITES}"),
+        highlight=False,
+    )
     return 0
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from rich.markup import escape
+
 from evalkit.errors import EvalkitError
 
 
@@ -47,6 +49,15 @@ def add_compare(sub) -> None:
     )
     compare.add_argument(
         "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
+    )
+    compare.add_argument(
+        "--paired",
+        action="store_true",
+        help="judge each change by a paired test on the same images (needs both sides' "
+        "per-image outputs: --save-predictions): fail only where it is significant",
+    )
+    compare.add_argument(
+        "--level", type=float, default=0.05, help="--paired: the significance level (Holm)"
     )
     compare.add_argument(
         "--junit",
@@ -313,11 +324,15 @@ def cmd_compare(args, console) -> int:
     tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
     base, new = load_rows([args.base]), load_rows([args.new])
     records = compare(base, new, tolerance=tolerance, one_sided=args.one_sided)
+    if args.paired:
+        records = judged_paired(records, args)
     table = Table()
     for column in ("task", "data", "backbone"):
         table.add_column(column, overflow="fold")  # names are folded, never cut
     for column in ("metric", "base", "new", "delta", "status"):
         table.add_column(column, no_wrap=True)  # short: kept whole
+    if args.paired:
+        table.add_column("paired test (tolerance)", overflow="fold")
     colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
 
     def fmt(v):
@@ -334,6 +349,7 @@ def cmd_compare(args, console) -> int:
             fmt(rec["new"]),
             "–" if rec["delta"] is None else f"{rec['delta']:+.2f}",
             f"[{colours.get(status, 'white')}]{status}[/]",
+            *([paired_cell(rec)] if args.paired else []),
         )
     console.print(table)
     if args.junit:
@@ -356,6 +372,23 @@ def cmd_compare(args, console) -> int:
             soft_wrap=True,
         )
     return 1 if bad and args.fail_on_regression else 0
+
+
+def judged_paired(records: list[dict], args) -> list[dict]:
+    from evalkit.publish.leaderboard import folder_rows, paired_compare
+
+    if not 0 < args.level < 1:
+        raise EvalkitError(f"--level {args.level}: expected a probability between 0 and 1")
+    base, new = folder_rows([args.base]), folder_rows([args.new])
+    return paired_compare(records, base, new, level=args.level, one_sided=args.one_sided)
+
+
+def paired_cell(record: dict) -> str:
+    """What the paired test found, and the tolerance's own verdict beside it."""
+    tolerance = f" (tolerance: {record.get('tolerance_status', record['status'])})"
+    if "p_holm" in record:
+        return f"p = {record['p_holm']:.3g}, Holm{tolerance}"
+    return escape(record.get("paired", "–")) + tolerance
 
 
 def verdict(records: list[dict], one_sided: bool) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from evalkit.errors import EvalkitError
+
 
 def add_run(sub) -> None:
     run = sub.add_parser("run", help="run tasks on backbones and write result rows")
@@ -31,6 +33,12 @@ def add_jobs_arguments(run) -> None:
         default=[],
         help="e.g. timm/vit_tiny_patch16_224 (repeatable); tasks that train their own models "
         "(the ablations) need none",
+    )
+    run.add_argument(
+        "--zoo",
+        type=Path,
+        help="a TOML file of backbones to compare ([[backbone]] tables: name, and optionally "
+        "weights, pretrained, model_args), in place of --backbone",
     )
     run.add_argument("--weights", help="local checkpoint (.safetensors, .pt, .pth)")
     run.add_argument(
@@ -191,29 +199,121 @@ def log_run_args(log: list[str]) -> tuple[str, ...]:
 
 
 def cmd_run(args, console) -> int:
-    from rich.table import Table
-
     from evalkit.core import runner
 
-    spec = run_spec(args)
+    specs = zoo_specs(run_spec(args), args.zoo) if args.zoo else [run_spec(args)]
     if not is_main_process():
         console = quiet_console()
-    for name in spec.tasks:
+    for name in specs[0].tasks:
         if note := runner.alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
 
     def show_data(line: str):
         console.print(f"data: {line}", highlight=False, soft_wrap=True)
 
-    jobs = runner.run(spec, on_backbone=lambda b: warn_random_init(b, console), on_data=show_data)
-    cells = [summary_cells(row, skipped=job.skipped) for job in jobs for row in job.rows]
+    total, results = sum(cell_count(spec) for spec in specs), []
+    for spec in specs:
+        jobs = runner.run(
+            spec, on_backbone=lambda b: warn_random_init(b, console), on_data=show_data
+        )
+        for job in jobs:
+            results.append(job)
+            if total > 1:
+                console.print(cell_line(job, len(results), total), highlight=False, soft_wrap=True)
+    print_rows(console, results)
+    console.print(f"rows: {specs[0].out}/")
+    return report_failures(console, results, specs[0].out)
+
+
+def cell_count(spec) -> int:
+    return max(len(spec.backbones), 1) * len(spec.tasks) * len(spec.seeds)
+
+
+def cell_line(job, index: int, total: int) -> str:
+    """One line per finished cell of a zoo: its place, what it is and how it ended."""
+    why = f": {job.error or job.note}" if job.error or job.note else ""
+    return f"[{index}/{total}] {job.task} × {job.backbone} (seed {job.seed}): {job.status}{why}"
+
+
+def print_rows(console, results):
+    from rich.table import Table
+
+    cells = [summary_cells(row, skipped=job.skipped) for job in results for row in job.rows]
     noted = any(line[-1] for line in cells)  # a note column only when a row has a note
     table = Table("task", "backbone", "metric", "value", "n", *(["note"] if noted else []))
     for line in cells:
         table.add_row(*(line if noted else line[:-1]))
     console.print(table)
-    console.print(f"rows: {spec.out}/")
-    return 0
+
+
+def report_failures(console, results, out: Path) -> int:
+    """The zoo's failed cells, listed at the end (exit status 1 when there are any)."""
+    from evalkit.core.runner import FAILED
+
+    failed = [job for job in results if job.error]
+    if not failed:
+        return 0
+    console.print(
+        f"[bold red]{len(failed)} of {len(results)} cells failed[/] (recorded in {out / FAILED}; "
+        "a rerun of the same command redoes only these and the ones never run):",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for job in failed:
+        console.print(
+            f"  {job.task} × {job.backbone} (seed {job.seed}): {job.error}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return 1
+
+
+def zoo_specs(spec, path: Path) -> list:
+    """One spec per backbone of a zoo file, each with its own weights and options."""
+    import dataclasses
+
+    from evalkit.backbones.options import parse_model_args
+
+    if spec.backbones:
+        raise EvalkitError("--zoo lists the backbones: drop --backbone, or add them to the file")
+    return [
+        dataclasses.replace(
+            spec,
+            backbones=(entry["name"],),
+            weights=entry.get("weights"),
+            pretrained=bool(entry.get("pretrained", False)),
+            model_args=parse_model_args(
+                [f"{k}={v}" for k, v in entry.get("model_args", {}).items()]
+            ),
+            zoo=True,
+        )
+        for entry in read_zoo(path)
+    ]
+
+
+ZOO_KEYS = {"name", "weights", "pretrained", "model_args"}
+
+
+def read_zoo(path: Path) -> list[dict]:
+    """The ``[[backbone]]`` tables of a zoo file, checked: a name each, known keys only."""
+    import tomllib
+
+    try:
+        entries = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("backbone", [])
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise EvalkitError(f"--zoo {path}: cannot read it as TOML ({exc})") from None
+    if not entries:
+        raise EvalkitError(
+            f'--zoo {path}: no backbones (expected [[backbone]] tables with name = "...")'
+        )
+    for number, entry in enumerate(entries, 1):
+        unknown = set(entry) - ZOO_KEYS
+        if "name" not in entry or unknown:
+            what = f"unknown keys {sorted(unknown)}" if unknown else "no name"
+            raise EvalkitError(
+                f"--zoo {path}: backbone {number} has {what} (each takes {', '.join(sorted(ZOO_KEYS))})"
+            )
+    return entries
 
 
 def run_spec(args):
@@ -227,6 +327,7 @@ def run_spec(args):
     given["model_args"] = parse_model_args(args.model_args)
     given["seeds"] = tuple(args.seed or (0,))
     given["progress"] = not args.quiet
+    given["zoo"] = False  # a zoo file's specs are made by zoo_specs
     return RunSpec(**given)
 
 

@@ -6,16 +6,34 @@ the variant. Listing them imports nothing heavy; ``evalkit.core.runner.resolve_t
 
 from __future__ import annotations
 
+from evalkit.errors import EvalkitError
 from evalkit.registry import Registry
 
 TASKS = Registry("task", "evalkit.tasks")
 
 
 def resolve_task(name: str, overrides=()):
-    """The task registered as ``name`` (or an alias of it), with ``key=value`` overrides."""
-    entry = TASKS.get(name)
+    """The task registered as ``name`` (or an alias of it), with its bracketed settings
+    (``imagenet-linear[eval_split=imagenet-r]``, as suites list them) and then ``key=value``
+    overrides."""
+    base, inline = task_settings(name)
+    entry = TASKS.get(base)
     task = entry.load()(name=entry.canonical, **entry.params)
-    return task.with_overrides(list(overrides or ()))
+    return task.with_overrides([*inline, *(overrides or ())])
+
+
+def task_settings(name: str) -> tuple[str, list[str]]:
+    """``task[key=value,key=value]`` → (task, ["key=value", ...]); a plain name has none.
+    A value with commas (a tuple setting) is written with ``;`` between its items."""
+    base, bracket, rest = name.partition("[")
+    if not bracket:
+        return name, []
+    if not rest.endswith("]") or not rest[:-1].strip():
+        raise EvalkitError(
+            f"task {name!r}: expected task[key=value,...], e.g. imagenet-linear[eval_split=imagenet-r]"
+        )
+    pairs = [p.strip().replace(";", ",") for p in rest[:-1].split(",") if p.strip()]
+    return base.strip(), pairs
 
 
 TASKS.add(

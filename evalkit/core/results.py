@@ -380,6 +380,8 @@ def compare(
             "new": n["mean"] if n else None,
             "delta": None,
             "allowed": None,
+            "spec": key[0],
+            "higher_is_better": (b or n)["higher_is_better"],
         }
         if b is None:
             rec["status"] = "new"

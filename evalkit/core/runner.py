@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import os
 import tempfile
 import time
@@ -30,11 +31,12 @@ from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.cache.identity import cache_root, library_versions, spec_key
 from evalkit.cache.pixels import PIXELS
-from evalkit.core.catalog import TASKS, resolve_task
+from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
 from evalkit.core.results import Row, append_rows, load_rows, rows_file
 from evalkit.core.rows import make_row, provenance
+from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
 from evalkit.data import DataConfig
 from evalkit.data.check import find_data
@@ -43,7 +45,7 @@ from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
 from evalkit.publish.tracking import LogTarget
-from evalkit.writes import writable
+from evalkit.writes import appending, writable
 
 RUN_SETTINGS = {"decoder": DECODERS, "pixels": PIXELS}  # also taken as --set key=value
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
@@ -86,6 +88,7 @@ class RunSpec:
     log: tuple[str, ...] = ()  # experiment trackers, "wandb|mlflow|tensorboard[:key=value,...]"
     decoder: str = "auto"  # how image files are decoded: auto | pil | tensor (evalkit.data.views)
     pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
+    zoo: bool = False  # part of a comparison of backbones (set by --zoo; several --backbone)
 
     def __post_init__(self):
         for name in ("tasks", "backbones", "seeds", "overrides", "log"):
@@ -93,8 +96,15 @@ class RunSpec:
             as_tuple = (value,) if isinstance(value, str | int) else tuple(value)
             object.__setattr__(self, name, as_tuple)
         object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "tasks", expand(self.tasks))  # suite:<name> → its tasks
         self._take_run_settings()
         self.check()
+
+    @property
+    def is_zoo(self) -> bool:
+        """Part of a comparison of backbones: its cells keep per-image outputs for paired tests,
+        and a failing cell does not stop the others."""
+        return self.zoo or len(self.backbones) > 1
 
     def _take_run_settings(self):
         """``--set decoder=…`` and ``--set pixels=…`` name how the whole run reads images, not
@@ -195,13 +205,28 @@ class RunSpec:
 
 @dataclass
 class JobResult:
-    """One finished (task, backbone, seed): its rows, and whether they came from disk."""
+    """One finished (task, backbone, seed): its rows, and whether they came from disk; in a
+    zoo (several cells), a cell that failed carries its ``error`` and one that does not apply
+    to its backbone a ``note``, and neither stops the others."""
 
     task: str
     backbone: str
     seed: int
     rows: list[Row]
     skipped: bool
+    error: str | None = None
+    note: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.error:
+            return "failed"
+        if self.note:
+            return "not applicable"
+        return "skipped (rows on disk)" if self.skipped else "done"
+
+
+FAILED = "failed-cells.ndjson"  # a zoo's failed cells, beside its rows (not a rows file)
 
 
 def run(
@@ -220,29 +245,77 @@ def run(
     distributed.setup(spec.tp, device=spec.resolved_device)
     restore = run_numerics()
     identities = {}
+    zoo = spec.is_zoo or len(tasks) > 1
     try:
         for name in backbones:
-            for seed, backbone, batch in seeded_backbones(spec, name, on_backbone):
-                for task in tasks:
-                    ctx = spec.context(seed, identities, batch)
-                    ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
-                    with tracked_job(spec, task, name, seed) as log:
-                        rows, skipped = run_task(
-                            task,
-                            backbone,
-                            ctx,
-                            out_dir=spec.out,
-                            force=spec.force,
-                            rerun=spec.rerun,
-                            predictions=spec.save_predictions,
-                        )
-                        log.rows(rows)
-                        log.pictures(rows)
-                        log.artifact(ctx.predictions)
-                    yield JobResult(task.name, name, seed, rows, skipped)
+            yield from _backbone_cells(spec, name, tasks, identities, on_backbone, zoo)
     finally:
         restore()
         distributed.teardown()
+
+
+def _backbone_cells(spec: RunSpec, name: str, tasks: list[Task], identities, on_backbone, zoo):
+    """The cells of one backbone, seed by seed. A task that needs what the backbone lacks (a
+    text tower) is a cell that does not apply. In a zoo a failing cell is recorded in
+    ``<out>/failed-cells.ndjson`` and the zoo goes on; a backbone that does not load fails its cells."""
+    done = set()
+    try:
+        for seed, backbone, batch in seeded_backbones(spec, name, on_backbone):
+            for task in tasks:
+                done.add((task.name, seed))
+                if (lacking := task.lacks(backbone)) is not None:
+                    yield JobResult(task.name, name, seed, [], False, note=lacking)
+                elif not zoo:
+                    yield _cell(spec, task, name, (seed, backbone, batch), identities)
+                else:
+                    yield _guarded(spec, task, name, (seed, backbone, batch), identities)
+    except Exception as exc:
+        if not zoo:
+            raise
+        for seed in spec.seeds:
+            for task in tasks:
+                if (task.name, seed) not in done:
+                    yield failed_cell(spec, JobResult(task.name, name, seed, [], False), exc)
+
+
+def _guarded(spec: RunSpec, task: Task, name: str, seeded, identities) -> JobResult:
+    try:
+        return _cell(spec, task, name, seeded, identities)
+    except Exception as exc:  # noqa: BLE001 - in a zoo a failure is the cell's alone
+        return failed_cell(spec, JobResult(task.name, name, seeded[0], [], False), exc)
+
+
+def _cell(spec: RunSpec, task: Task, name: str, seeded, identities) -> JobResult:
+    seed, backbone, batch = seeded
+    ctx = spec.context(seed, identities, batch)
+    ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
+    with tracked_job(spec, task, name, seed) as log:
+        rows, skipped = run_task(
+            task,
+            backbone,
+            ctx,
+            out_dir=spec.out,
+            force=spec.force,
+            rerun=spec.rerun,
+            predictions=spec.save_predictions or spec.is_zoo,
+        )
+        log.rows(rows)
+        log.pictures(rows)
+        log.artifact(ctx.predictions)
+    return JobResult(task.name, name, seed, rows, skipped)
+
+
+def failed_cell(spec: RunSpec, result: JobResult, exc: Exception) -> JobResult:
+    """``result`` with the error of ``exc``, recorded in ``<out>/failed-cells.ndjson`` (by the
+    main process) for the leaderboard to name what is missing and why."""
+    error = str(exc) if isinstance(exc, EvalkitError) else f"{type(exc).__name__}: {exc}"
+    result = dataclasses.replace(result, error=error.strip().splitlines()[-1] if error else "")
+    if distributed.current().main:
+        record = {k: getattr(result, k) for k in ("task", "backbone", "seed", "error")}
+        record |= {"weights": spec.weights, "options": dict(spec.model_args)}
+        record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        appending(spec.out / FAILED, (json.dumps(record, sort_keys=True) + "\n").encode())
+    return result
 
 
 def data_found(tasks: list[Task], spec: RunSpec) -> list[str]:
@@ -330,7 +403,7 @@ def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:
 
 def alias_note(name: str) -> str | None:
     """A note when ``name`` is an alias, naming the real task."""
-    entry = TASKS.get(name)
+    entry = TASKS.get(task_settings(name)[0])
     return f"{name!r} is an alias of {entry.alias_of!r}" if entry.alias_of else None
 
 

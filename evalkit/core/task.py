@@ -183,6 +183,11 @@ class Task:
         default, every split of ``splits()`` of every dataset of ``datasets()``."""
         return {name: {split: split for split in self.splits()} for name in self.datasets()}
 
+    def lacks(self, backbone) -> str | None:
+        """Why this task does not apply to ``backbone`` (None when it does): a zoo records
+        such a cell as not applicable rather than failed."""
+        return None
+
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

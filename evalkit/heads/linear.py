@@ -278,6 +278,14 @@ def ridge_fewshot_accuracy(
     x_train, y_train, x_test, y_test, *, num_classes: int, l2: float
 ) -> float:
     """Top-1 of the closed-form least-squares probe, computed in float64."""
+    hits = ridge_fewshot_hits(x_train, y_train, x_test, y_test, num_classes=num_classes, l2=l2)
+    return hits.double().mean().item()
+
+
+def ridge_fewshot_hits(
+    x_train, y_train, x_test, y_test, *, num_classes: int, l2: float
+) -> torch.Tensor:
+    """Whether the closed-form least-squares probe gets each test image right (float64)."""
     x_train, x_test = x_train.double(), x_test.double()
     whiten = Standardizer.fit(x_train)
     design = _with_bias(whiten(x_train))
@@ -292,7 +300,7 @@ def ridge_fewshot_accuracy(
             design @ design.T + l2 * torch.eye(n, dtype=design.dtype), targets
         )
     predictions = (_with_bias(whiten(x_test)) @ weight).argmax(1)
-    return (predictions == y_test).double().mean().item()
+    return predictions == y_test
 
 
 def _with_bias(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,197 @@
+"""``evalkit leaderboard RESULTS``: ranks, intervals and paired tests of a zoo's rows, as a
+terminal table, Markdown, JSON or one self-contained HTML page with a ranks figure."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+FORMATS = ("terminal", "markdown", "json", "html")
+
+
+def add_leaderboard(sub) -> None:
+    board = sub.add_parser(
+        "leaderboard",
+        help="rank backbones per task and over a suite, with paired tests between every two",
+    )
+    board.add_argument("results", nargs="+", type=Path, help="rows folders or files")
+    board.add_argument("--format", choices=FORMATS, default="terminal")
+    board.add_argument("--output", type=Path, help="write here (default: standard output)")
+    board.add_argument(
+        "--level", type=float, default=0.05, help="significance level after Holm's correction"
+    )
+    board.add_argument("--seed", type=int, default=0, help="of the paired bootstrap's resamples")
+
+
+def cmd_leaderboard(args, console) -> int:
+    from evalkit.errors import EvalkitError
+    from evalkit.publish.leaderboard import leaderboard
+
+    if not 0 < args.level < 1:
+        raise EvalkitError(f"--level {args.level}: expected a probability between 0 and 1")
+    board = leaderboard(args.results, level=args.level, seed=args.seed)
+    if not board["tasks"]:
+        raise EvalkitError(f"no result rows under {', '.join(map(str, args.results))}")
+    if args.format == "terminal" and args.output is None:
+        print_terminal(console, board)
+        return 0
+    text = {"terminal": markdown, "markdown": markdown, "json": as_json, "html": page}[args.format](
+        board
+    )
+    if args.output is None:
+        print(text)
+    else:
+        from evalkit.writes import replacing
+
+        with replacing(args.output) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        console.print(f"leaderboard: {args.output}", highlight=False)
+    return 0
+
+
+def print_terminal(console, board: dict):
+    from rich.markup import escape as plain  # labels such as "timm/x [pool=mean]" are text
+    from rich.table import Table
+
+    for task in board["tasks"]:
+        arrow = "↑" if task["higher_is_better"] else "↓"
+        table = Table("rank", "backbone", f"{task['metric']} {arrow}", title=plain(task["task"]))
+        for cell in task["cells"]:
+            table.add_row(_rank(cell["rank"]), plain(cell["backbone"]), cell["shown"])
+        console.print(table)
+        for pair in task["pairs"]:
+            line = f"  {pair['a']} vs {pair['b']}: {pair['verdict']}"
+            console.print(plain(line), highlight=False, soft_wrap=True)
+    table = Table("mean rank", "backbone", "tasks", "missing", title="over all tasks")
+    for entry in board["overall"]:
+        table.add_row(
+            f"{entry['mean_rank']:.2f}",
+            plain(entry["backbone"]),
+            str(entry["tasks"]),
+            plain(", ".join(entry["missing"]) or "–"),
+        )
+    console.print(table)
+    for note in notes(board):
+        console.print(plain(note), highlight=False, soft_wrap=True)
+
+
+def notes(board: dict) -> list[str]:
+    lines = [
+        f"pairs: paired tests on the same images, p-values {board['correction']}; "
+        f"significant at {board['level']:g}"
+    ]
+    lines += [
+        f"failed cell: {f['task']} × {f['backbone']} (seed {f['seed']}): {f['error']}"
+        for f in board["failed"]
+    ]
+    return lines
+
+
+def _rank(rank: float) -> str:
+    return f"{rank:g}"
+
+
+def markdown(board: dict) -> str:
+    parts = ["# Leaderboard", ""]
+    parts += ["| mean rank | backbone | tasks | missing |", "|---|---|---|---|"]
+    for e in board["overall"]:
+        missing = ", ".join(e["missing"]) or "–"
+        parts.append(f"| {e['mean_rank']:.2f} | {e['backbone']} | {e['tasks']} | {missing} |")
+    for task in board["tasks"]:
+        arrow = "↑" if task["higher_is_better"] else "↓"
+        parts += ["", f"## {task['task']}", "", f"| rank | backbone | {task['metric']} {arrow} |"]
+        parts.append("|---|---|---|")
+        parts += [f"| {_rank(c['rank'])} | {c['backbone']} | {c['shown']} |" for c in task["cells"]]
+        parts += [""] + [f"- {p['a']} vs {p['b']}: {p['verdict']}" for p in task["pairs"]]
+    return "\n".join([*parts, "", *(f"_{note}_" for note in notes(board)), ""])
+
+
+def as_json(board: dict) -> str:
+    return json.dumps(board, indent=2, default=float) + "\n"
+
+
+PAGE_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:60em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em}"
+    "th{background:#f3f3f3}.sig{color:#064}.ns{color:#777}svg text{font-size:12px}"
+)
+
+
+def page(board: dict) -> str:
+    """One HTML page, nothing fetched: the overall table, the ranks figure (inline SVG), then
+    each task's table and pairs."""
+    body = [
+        "<h1>Leaderboard</h1>",
+        ranks_figure(board),
+        _table_html(
+            ["mean rank", "backbone", "tasks", "missing"],
+            [
+                [
+                    f"{e['mean_rank']:.2f}",
+                    e["backbone"],
+                    str(e["tasks"]),
+                    ", ".join(e["missing"]) or "–",
+                ]
+                for e in board["overall"]
+            ],
+        ),
+    ]
+    for task in board["tasks"]:
+        arrow = "↑" if task["higher_is_better"] else "↓"
+        body.append(f"<h2>{html.escape(task['task'])}</h2>")
+        rows = [[_rank(c["rank"]), c["backbone"], c["shown"]] for c in task["cells"]]
+        body.append(_table_html(["rank", "backbone", f"{task['metric']} {arrow}"], rows))
+        items = [
+            f'<li class="{"sig" if p.get("significant") else "ns"}">'
+            f"{html.escape(p['a'])} vs {html.escape(p['b'])}: {html.escape(p['verdict'])}</li>"
+            for p in task["pairs"]
+        ]
+        body.append(f"<ul>{''.join(items)}</ul>")
+    body += [f"<p><em>{html.escape(note)}</em></p>" for note in notes(board)]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>evalkit leaderboard</title><style>{PAGE_STYLE}</style></head>"
+        f"<body>{''.join(body)}</body></html>\n"
+    )
+
+
+def _table_html(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    lines = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
+
+
+def ranks_figure(board: dict) -> str:
+    """Each backbone's rank on every task (small dots) and its mean rank (a large one), rank 1
+    on the left."""
+    names = [e["backbone"] for e in board["overall"]]
+    most = max((len(t["cells"]) for t in board["tasks"]), default=1)
+    width, left, row_height = 640, 220, 28
+    height = row_height * len(names) + 40
+
+    def x(rank: float) -> float:
+        return left + (rank - 1) / max(most - 1, 1) * (width - left - 20)
+
+    marks = []
+    for i, entry in enumerate(board["overall"]):
+        y = 30 + i * row_height
+        marks.append(
+            f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{html.escape(entry["backbone"])}</text>'
+        )
+        for task in board["tasks"]:
+            for cell in task["cells"]:
+                if cell["backbone"] == entry["backbone"]:
+                    marks.append(f'<circle cx="{x(cell["rank"]):.1f}" cy="{y}" r="3" fill="#9ab"/>')
+        marks.append(f'<circle cx="{x(entry["mean_rank"]):.1f}" cy="{y}" r="7" fill="#246"/>')
+    ticks = "".join(
+        f'<text x="{x(r):.1f}" y="{height - 6}" text-anchor="middle">{r}</text>'
+        for r in range(1, most + 1)
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        'aria-label="ranks per task (small) and mean rank (large), 1 is best">'
+        f"{''.join(marks)}{ticks}</svg>"
+    )

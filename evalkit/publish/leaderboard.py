@@ -1,0 +1,321 @@
+"""The leaderboard of a zoo (``evalkit leaderboard RESULTS``): per task each backbone's value
+with its interval and rank, an aggregate rank over the tasks, and for every pair of backbones
+on every task a paired test on the same images (``evalkit.significance``), Holm-corrected over
+the task's pairs, so that an order the test set's noise could have made is said to be one.
+
+Ranks are per task on its headline metric (the first a task reports: top-1, mIoU, MSE, ...),
+lower-is-better metrics inverted, tied values sharing the mean of their places. The aggregate
+is the mean rank over the tasks a backbone has a value for; the tasks it lacks are named, and
+so are the cells a zoo recorded as failed. Pairs need the per-image outputs a zoo keeps
+(``--save-predictions``, on whenever several backbones run): without them, or on different
+images, a pair is reported as untested, never as a tie.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from evalkit.core.results import aggregate, dataset_label, format_value, load_rows, run_spec
+from evalkit.significance import LEVEL, Paired, holm, mcnemar, miou_of, paired_bootstrap
+
+FAILED = "failed-cells.ndjson"  # written by the runner beside a zoo's rows
+
+
+@dataclass
+class Cell:
+    """One backbone on one task: its headline value, the rows behind it, its rank."""
+
+    backbone: str
+    value: float
+    shown: str  # value ± interval, as tables show it
+    rows: list[dict]
+    rank: float = 0.0
+
+
+@dataclass
+class Board:
+    task: str
+    metric: str
+    higher_is_better: bool
+    cells: list[Cell] = field(default_factory=list)
+    pairs: list[dict] = field(default_factory=list)
+
+
+def leaderboard(paths, *, level: float = LEVEL, seed: int = 0) -> dict:
+    """The leaderboard of the rows under ``paths`` as one JSON-ready record."""
+    rows = folder_rows(paths)
+    boards = [_ranked(board) for board in _boards(rows)]
+    for board in boards:
+        board.pairs = paired_tests(board, level, seed)
+    backbones = sorted({cell.backbone for board in boards for cell in board.cells})
+    return {
+        "level": level,
+        "correction": "Holm, over each task's pairs",
+        "tasks": [_board_record(board) for board in boards],
+        "overall": overall(boards, backbones),
+        "failed": failed_cells(paths),
+    }
+
+
+def folder_rows(paths) -> list[dict]:
+    """Rows of each path, each marked with the folder its per-image outputs are under."""
+    rows = []
+    for path in map(Path, paths):
+        folder = path if path.is_dir() else path.parent
+        rows += [{**row, "_folder": str(folder)} for row in load_rows([path])]
+    return rows
+
+
+def _boards(rows: list[dict]) -> list[Board]:
+    """One board per task label (task and data), on the task's first reported metric."""
+    headline = {}
+    for row in rows:
+        headline.setdefault(task_label(row["task"], dataset_label(row)), row["metric"])
+    boards: dict[str, Board] = {}
+    for record in aggregate(rows):
+        label = task_label(record["task"], record["dataset"])
+        if record["metric"] != headline.get(label):
+            continue
+        board = boards.setdefault(label, Board(label, record["metric"], record["higher_is_better"]))
+        members = [
+            r for r in rows if r["metric"] == record["metric"] and run_spec(r) == record["spec"][:6]
+        ]
+        board.cells.append(Cell(record["backbone"], record["mean"], format_value(record), members))
+    return [boards[label] for label in sorted(boards)]
+
+
+def task_label(task: str, data: str) -> str:
+    """A board's name: the task and the data it ran on (a stand-in says so)."""
+    return f"{task} · {data}" if data else task
+
+
+def _ranked(board: Board) -> Board:
+    """Ranks 1 (best) … n, tied values sharing the mean of their places."""
+    sign = -1.0 if board.higher_is_better else 1.0
+    ordered = sorted(board.cells, key=lambda c: sign * c.value)
+    place = 0
+    for _, tied in itertools.groupby(ordered, key=lambda c: c.value):
+        tied = list(tied)
+        for cell in tied:
+            cell.rank = place + (len(tied) + 1) / 2
+        place += len(tied)
+    board.cells = ordered
+    return board
+
+
+def overall(boards: list[Board], backbones: list[str]) -> list[dict]:
+    """Each backbone's mean rank over the tasks it has a value for, best first."""
+    ranks, missing = defaultdict(list), defaultdict(list)
+    for board in boards:
+        present = {cell.backbone: cell.rank for cell in board.cells}
+        for name in backbones:
+            if name in present:
+                ranks[name].append(present[name])
+            else:
+                missing[name].append(board.task)
+    table = [
+        {
+            "backbone": name,
+            "mean_rank": round(float(np.mean(ranks[name])), 3),
+            "tasks": len(ranks[name]),
+            "missing": missing[name],
+        }
+        for name in backbones
+    ]
+    return sorted(table, key=lambda r: (r["mean_rank"], -r["tasks"], r["backbone"]))
+
+
+def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
+    """Every pair of the board's backbones: the paired test of A − B on their shared images,
+    p-values Holm-adjusted over the tested pairs, and the verdict at ``level``."""
+    results = []
+    for a, b in itertools.combinations(board.cells, 2):
+        test = _paired(board, a, b, seed)
+        results.append({"a": a.backbone, "b": b.backbone, "test": test})
+    tested = [r for r in results if isinstance(r["test"], Paired)]
+    for record, adjusted in zip(tested, holm([r["test"].p for r in tested]), strict=True):
+        record["p_holm"] = adjusted
+    return [_pair_record(r, board, level) for r in results]
+
+
+def _pair_record(result: dict, board: Board, level: float) -> dict:
+    test = result["test"]
+    record = {"a": result["a"], "b": result["b"]}
+    if not isinstance(test, Paired):
+        return record | {"verdict": f"untested: {test}"}
+    better_a = (test.difference > 0) == board.higher_is_better
+    winner, loser = (result["a"], result["b"]) if better_a else (result["b"], result["a"])
+    significant = result["p_holm"] <= level and test.difference != 0
+    verdict = (
+        f"{winner} > {loser} (p = {result['p_holm']:.3g})"
+        if significant
+        else f"no significant difference (p = {result['p_holm']:.3g})"
+    )
+    return record | {
+        "difference": test.difference,
+        "interval": test.interval,
+        "p": test.p,
+        "p_holm": result["p_holm"],
+        "test": test.test,
+        "images": test.images,
+        "significant": significant,
+        "verdict": verdict,
+    }
+
+
+def _paired(board: Board, a: Cell, b: Cell, seed: int) -> Paired | str:
+    """The paired test of two cells on their shared images, or why there is none."""
+    outputs = [per_image(cell) for cell in (a, b)]
+    if any(isinstance(o, str) for o in outputs):
+        return next(o for o in outputs if isinstance(o, str))
+    (ids_a, frame_a), (ids_b, frame_b) = outputs
+    if sorted(ids_a) != sorted(ids_b):
+        return "the two ran on different images"
+    order_b = {image: i for i, image in enumerate(ids_b)}
+    frame_b = frame_b.iloc[[order_b[image] for image in ids_a]].reset_index(drop=True)
+    return paired_on(board.metric, frame_a, frame_b, seed)
+
+
+def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
+    """The test a metric's per-image outputs allow: McNemar on per-image correctness, a paired
+    bootstrap of mIoU on intersections and unions or of a per-image mean."""
+    if "correct" in frame_a and metric.startswith("top1"):
+        return mcnemar(frame_a["correct"].to_numpy(), frame_b["correct"].to_numpy())
+    if "top5" in frame_a and "label_classes" in frame_a and metric.startswith("top5"):
+        return mcnemar(top5_right(frame_a), top5_right(frame_b))
+    if {"intersection", "union"} <= set(frame_a.columns) and metric == "miou":
+        parts = [
+            np.hstack([np.stack(f["intersection"]), np.stack(f["union"])])
+            for f in (frame_a, frame_b)
+        ]
+        return paired_bootstrap(*parts, miou_of, seed=seed)
+    if "correct_share" in frame_a and metric == "top1":  # few-shot: the share of seeds right
+        parts = [
+            100.0 * f["correct_share"].to_numpy(dtype=float)[:, None] for f in (frame_a, frame_b)
+        ]
+        return paired_bootstrap(*parts, _column_mean, seed=seed)
+    if metric in frame_a and pd_numeric(frame_a[metric]):  # a per-image value, mean = metric
+        parts = [f[metric].to_numpy(dtype=float)[:, None] for f in (frame_a, frame_b)]
+        return paired_bootstrap(*parts, _column_mean, seed=seed)
+    return f"no per-image outputs of {metric}"
+
+
+def top5_right(frame) -> np.ndarray:
+    """Whether any of an image's correct classes is among its top five."""
+    return np.array(
+        [bool(set(c) & set(t)) for c, t in zip(frame["label_classes"], frame["top5"], strict=True)]
+    )
+
+
+def pd_numeric(column) -> bool:
+    return np.issubdtype(column.dtype, np.number) or column.dtype == bool
+
+
+def _column_mean(parts: np.ndarray) -> float:
+    return float(parts[:, 0].mean())
+
+
+def per_image(cell: Cell):
+    """(image ids relative to their common folder, outputs) of the cell's first seed, or why
+    there are none."""
+    import pandas as pd
+
+    row = min(cell.rows, key=lambda r: r.get("seed", 0))
+    slug = f"{row['task']}--{row['backbone']}--s{row.get('seed', 0)}--{row.get('run_key')}"
+    path = Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet")
+    if not path.exists():
+        return f"no per-image outputs for {cell.backbone} (run the zoo with several backbones or --save-predictions)"
+    frame = pd.read_parquet(path)
+    return relative_ids(frame["image"].astype(str).tolist()), frame
+
+
+def relative_ids(ids: list[str]) -> list[str]:
+    """Image ids with the folder they share removed, so that runs on copies of a data set in
+    different places pair image by image."""
+    if len(ids) < 2 or not all(os.path.isabs(i) for i in ids):
+        return ids
+    common = os.path.commonpath(ids)
+    return [os.path.relpath(i, common) for i in ids]
+
+
+def failed_cells(paths) -> list[dict]:
+    """The cells a zoo recorded as failed (the latest record of each)."""
+    latest = {}
+    for path in map(Path, paths):
+        file = (path if path.is_dir() else path.parent) / FAILED
+        if not file.exists():
+            continue
+        for line in file.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            cell = ("task", "backbone", "seed", "weights", "options")
+            latest[json.dumps([record.get(k) for k in cell], sort_keys=True)] = record
+    return list(latest.values())
+
+
+def _board_record(board: Board) -> dict:
+    return {
+        "task": board.task,
+        "metric": board.metric,
+        "higher_is_better": board.higher_is_better,
+        "cells": [
+            {"backbone": c.backbone, "value": c.value, "shown": c.shown, "rank": c.rank}
+            for c in board.cells
+        ],
+        "pairs": board.pairs,
+    }
+
+
+def paired_compare(records: list[dict], base: list[dict], new: list[dict], **options) -> list[dict]:
+    """``compare``'s records judged by a paired test of BASE against NEW on the same images
+    where both kept per-image outputs: a change fails only when the test finds it at
+    ``level`` (Holm over the tested metrics), and the tolerance's own verdict is kept beside
+    it (``tolerance_status``); untested metrics keep the tolerance's verdict. ``options``:
+    level, one_sided, seed."""
+    level, seed = options.get("level", LEVEL), options.get("seed", 0)
+    tests = {}
+    for index, record in enumerate(records):
+        if record["base"] is None or record["new"] is None:
+            continue
+        cells = [
+            Cell(
+                side,
+                0.0,
+                "",
+                [
+                    r
+                    for r in rows
+                    if r["metric"] == record["metric"] and run_spec(r) == record["spec"]
+                ],
+            )
+            for side, rows in (("new", new), ("base", base))
+        ]
+        board = Board(record["task"], record["metric"], record["higher_is_better"])
+        tests[index] = _paired(board, *cells, seed)
+    tested = [i for i, t in tests.items() if isinstance(t, Paired)]
+    adjusted = dict(zip(tested, holm([tests[i].p for i in tested]), strict=True))
+    return [
+        _judged(record, tests.get(i), adjusted.get(i), level, options.get("one_sided", False))
+        for i, record in enumerate(records)
+    ]
+
+
+def _judged(record: dict, test, p_holm: float | None, level: float, one_sided: bool) -> dict:
+    record = {**record, "tolerance_status": record["status"]}
+    if not isinstance(test, Paired):
+        return record | ({"paired": f"untested: {test}"} if test else {})
+    gain = test.difference if record["higher_is_better"] else -test.difference
+    significant = p_holm <= level and test.difference != 0
+    status = "ok"
+    if significant:
+        status = "regression" if gain < 0 else ("improved" if one_sided else "changed-up")
+    return record | {"status": status, "p": test.p, "p_holm": p_holm, "paired": test.test}
