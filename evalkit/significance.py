@@ -109,3 +109,12 @@ def miou_of(parts: np.ndarray) -> float:
     intersections, unions = np.split(parts.sum(axis=0), 2)
     present = unions > 0
     return float(100.0 * (intersections[present] / unions[present]).mean())
+
+
+def ece_of(parts: np.ndarray, bins: int) -> float:
+    """ECE from per-image (confidence, correct) rows: equal-width bins, Σ_b (n_b/N)·|acc_b −
+    conf_b|, a confidence on an edge in the bin below it."""
+    confidence, correct = parts[:, 0], parts[:, 1]
+    index = np.clip(np.searchsorted(np.arange(1, bins + 1) / bins, confidence), 0, bins - 1)
+    gap = np.bincount(index, correct - confidence, minlength=bins)
+    return float(np.abs(gap).sum() / len(parts))

@@ -112,6 +112,7 @@ class Calibration(LinearClassifier):
         extra = {**scorer.extra, "temperature": temperature, "bins": self.bins}
         clean_logits, clean_labels = scorer.score(self.dataset, self.eval_split)
         clean = scores(clean_logits, clean_labels, temperature, self.bins)
+        save_confidences(ctx, clean_logits, clean_labels, temperature, self.bins)
         noise = {
             "clean": ece_bootstrap_stderr(torch.softmax(clean_logits, 1), clean_labels, self.bins)
         }
@@ -164,6 +165,24 @@ class Calibration(LinearClassifier):
 
         slug = f"{self.name}--{backbone.info.name}".replace("/", "_")
         return str(reliability_plot(diagrams, Path(ctx.artifacts) / f"{slug}.png"))
+
+
+def save_confidences(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature, bins: int):
+    """Per clean eval image (``--save-predictions``): its top-1 confidence, raw and temperature
+    scaled, and whether top-1 is right: what the ECEs are recomputed from (``bins`` wide)."""
+    confidence, predicted = torch.softmax(logits, 1).max(dim=1)  # as ``scores`` computes them
+    scaled = torch.softmax(logits / temperature, 1).max(dim=1).values
+    ctx.save_predictions(
+        {
+            "image": [str(i) for i in range(len(labels))],
+            "label": labels.tolist(),
+            "prediction": predicted.tolist(),
+            "correct": (predicted == labels).tolist(),
+            "confidence": confidence.tolist(),
+            "confidence_ts": scaled.tolist(),
+            "bins": [bins] * len(labels),
+        }
+    )
 
 
 def scores(logits: torch.Tensor, labels: torch.Tensor, temperature: float, bins: int) -> dict:

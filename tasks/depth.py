@@ -101,7 +101,7 @@ class Depth(DenseSettings):
         ctx.save_predictions(
             {
                 "image": [image_ids(val_set)[i] for i, _ in scored],
-                **{m: [e[m] for e in per_image] for m in DEPTH_METRICS},
+                **{m: [float(e[m]) for e in per_image] for m in DEPTH_METRICS},
             }
         )
         extra = {

@@ -107,10 +107,13 @@ def test_which_errors_are_about_memory(error, memory):
 
 
 def test_prediction_backs_off_and_gives_the_same_logits(fake, ctx, monkeypatch):
+    from evalkit.backbones.base import build_transform
     from evalkit.data import open_dataset
     from evalkit.protocols.classification import predict
 
-    data = open_dataset("imagenet", "val", ctx.data, transform=fake.transform())
+    # a fine-tuned model reads normalised images (its own forward, not a backbone's extract)
+    view = build_transform(fake.info.preprocess, normalised=True)
+    data = open_dataset("imagenet", "val", ctx.data, transform=view)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(24))
     model(torch.zeros(1, *data[0][0].shape))
     fitted, labels = predict(model, data, ctx)

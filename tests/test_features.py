@@ -35,7 +35,7 @@ def test_warm_cache_returns_identical_features(fake, data_cache, tmp_path):
     assert not cold.from_cache and warm.from_cache
     torch.testing.assert_close(cold.pooled, warm.pooled, rtol=0, atol=0)
     assert torch.equal(cold.labels, warm.labels)
-    [entry] = list_cache(tmp_path)
+    [entry] = [e for e in list_cache(tmp_path) if e["area"] == "features"]
     assert entry["complete"] and entry["n"] == len(dataset) and entry["shards"] == 4
 
 

@@ -152,7 +152,9 @@ def test_plan_states_an_expected_time(capsys, data_cache):
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(r"expected time: about \d+ s of compute \(.*forward measured here", out), out
+    # a busy machine measures a slower forward: minutes are as right as seconds
+    expected = r"expected time: about (\d+ min )?\d+ s of compute \(.*forward measured here"
+    assert re.search(expected, out), out
     assert main([*args, "--target", "gpus=1,gpu_gb=80,host_gb=100"]) == 0
     assert "expected time: unknown (no rate for this target" in capsys.readouterr().out
     own_models = [

@@ -289,3 +289,48 @@ class _Page(html.parser.HTMLParser):
     def handle_data(self, data):
         if "url(" in data:
             self.fetched.append(data)
+
+
+def _recomputed(task: str, metric: str, frame: pd.DataFrame) -> float:
+    """A metric from the per-image outputs alone, computed here."""
+    if metric == "miou":
+        inter, union = (np.stack(frame[c]).sum(0) for c in ("intersection", "union"))
+        return 100 * float((inter[union > 0] / union[union > 0]).mean())
+    if metric == "ece":
+        bins = int(frame["bins"][0])
+        index = np.minimum(np.ceil(frame["confidence"] * bins).astype(int) - 1, bins - 1)
+        gap = np.bincount(index.clip(0), frame["correct"] - frame["confidence"], minlength=bins)
+        return float(np.abs(gap).sum() / len(frame))
+    if "correct_share" in frame:
+        return 100 * float(frame["correct_share"].mean())
+    if metric in frame:
+        return float(frame[metric].mean())
+    return 100 * float(frame["correct"].mean())
+
+
+@pytest.mark.parametrize(
+    "task,metric,settings",
+    [
+        ("imagenet-linear", "top1", ("l2_grid=0.1,0.01",)),
+        ("imagenet-knn", "top1/k=20", ()),
+        ("imagenet-5shot", "top1", ()),
+        ("imagenet-ece", "ece", ("l2_grid=0.1",)),
+        ("ade20k-1/16", "miou", ("steps=1", "image_size=32")),
+        # depth: tests/test_dense.py recomputes MSE from its per-image outputs
+        ("kinetics400", "top1", ("steps=2",)),
+    ],
+)
+def test_per_image_outputs_recompute_every_familys_metric(cli_env, task, metric, settings):
+    spec = RunSpec(
+        tasks=(task,),
+        backbones=("fake",),
+        data="embedded",
+        out="runs",
+        save_predictions=True,
+        overrides=settings,
+    )
+    (result,) = list(run(spec))
+    (row,) = [r for r in result.rows if r["metric"] == metric]
+    slug = f"{row['task']}--fake--s0--{row['run_key']}".replace("/", "_")
+    frame = pd.read_parquet(cli_env / "runs" / "predictions" / f"{slug}.parquet")
+    assert _recomputed(task, metric, frame) == pytest.approx(row["value"], rel=1e-9, abs=1e-12)

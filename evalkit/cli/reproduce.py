@@ -225,7 +225,7 @@ def add_sweep_command(sub) -> None:
     sweep.add_argument(
         "--plan", type=Path, help="a TOML plan of [[jobs]] (instead of --task/--backbone)"
     )
-    sweep.add_argument("--task", action="append", default=[])
+    sweep.add_argument("--task", action="append", default=[], help="a task or suite:<name>")
     sweep.add_argument("--backbone", action="append", default=[])
     sweep.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -242,6 +242,7 @@ def add_sweep_command(sub) -> None:
 
 
 def cmd_sweep(args, console) -> int:
+    from evalkit.core.suites import expand
     from evalkit.reproduction import sweep
 
     try:
@@ -261,7 +262,7 @@ def cmd_sweep(args, console) -> int:
         sweep.plan_from_toml(args.plan, **common)
         if args.plan
         else sweep.plan_from_args(
-            args.task, args.backbone, seeds, args.overrides, args.weights, **common
+            expand(args.task), args.backbone, seeds, args.overrides, args.weights, **common
         )
     )
     sweep.check(plan)

@@ -23,7 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.core.results import aggregate, dataset_label, format_value, load_rows, run_spec
-from evalkit.significance import LEVEL, Paired, holm, mcnemar, miou_of, paired_bootstrap
+from evalkit.significance import (
+    LEVEL,
+    Paired,
+    ece_of,
+    holm,
+    mcnemar,
+    miou_of,
+    paired_bootstrap,
+)
 
 FAILED = "failed-cells.ndjson"  # written by the runner beside a zoo's rows
 
@@ -84,11 +92,15 @@ def _boards(rows: list[dict]) -> list[Board]:
         if record["metric"] != headline.get(label):
             continue
         board = boards.setdefault(label, Board(label, record["metric"], record["higher_is_better"]))
-        members = [
-            r for r in rows if r["metric"] == record["metric"] and run_spec(r) == record["spec"][:6]
-        ]
-        board.cells.append(Cell(record["backbone"], record["mean"], format_value(record), members))
+        rows_of = members(rows, record["spec"], record["metric"])
+        board.cells.append(Cell(record["backbone"], record["mean"], format_value(record), rows_of))
     return [boards[label] for label in sorted(boards)]
+
+
+def members(rows: list[dict], spec: tuple, metric: str) -> list[dict]:
+    """The rows of one aggregated record: its run spec (task, backbone, weights, options,
+    settings, data) and metric, every seed."""
+    return [r for r in rows if r["metric"] == metric and run_spec(r) == spec[:6]]
 
 
 def task_label(task: str, data: str) -> str:
@@ -196,6 +208,15 @@ def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
             for f in (frame_a, frame_b)
         ]
         return paired_bootstrap(*parts, miou_of, seed=seed)
+    if metric in ("ece", "ece_ts") and "confidence" in frame_a:
+        column, bins = (
+            ("confidence" if metric == "ece" else "confidence_ts"),
+            int(frame_a["bins"][0]),
+        )
+        parts = [
+            np.column_stack([f[column], f["correct"].astype(float)]) for f in (frame_a, frame_b)
+        ]
+        return paired_bootstrap(*parts, lambda p: ece_of(p, bins), seed=seed)
     if "correct_share" in frame_a and metric == "top1":  # few-shot: the share of seeds right
         parts = [
             100.0 * f["correct_share"].to_numpy(dtype=float)[:, None] for f in (frame_a, frame_b)
@@ -287,16 +308,7 @@ def paired_compare(records: list[dict], base: list[dict], new: list[dict], **opt
         if record["base"] is None or record["new"] is None:
             continue
         cells = [
-            Cell(
-                side,
-                0.0,
-                "",
-                [
-                    r
-                    for r in rows
-                    if r["metric"] == record["metric"] and run_spec(r) == record["spec"]
-                ],
-            )
+            Cell(side, 0.0, "", members(rows, record["spec"], record["metric"]))
             for side, rows in (("new", new), ("base", base))
         ]
         board = Board(record["task"], record["metric"], record["higher_is_better"])
