@@ -334,3 +334,29 @@ def test_per_image_outputs_recompute_every_familys_metric(cli_env, task, metric,
     slug = f"{row['task']}--fake--s0--{row['run_key']}".replace("/", "_")
     frame = pd.read_parquet(cli_env / "runs" / "predictions" / f"{slug}.parquet")
     assert _recomputed(task, metric, frame) == pytest.approx(row["value"], rel=1e-9, abs=1e-12)
+
+
+def test_every_per_image_kind_gets_its_paired_test():
+    from evalkit.publish.leaderboard import paired_on
+
+    rng = np.random.default_rng(1)
+    n = 60
+
+    def frames(**columns):
+        return [pd.DataFrame({k: v[i] for k, v in columns.items()}) for i in (0, 1)]
+
+    union = rng.integers(1, 50, size=(2, n, 4))
+    inter = np.minimum(union, rng.integers(0, 50, size=(2, n, 4)))
+    a, b = frames(intersection=[list(x) for x in inter], union=[list(x) for x in union])
+    seg = paired_on("miou", a, b, seed=0)
+    expected = [100 * (i.sum(0) / u.sum(0)).mean() for i, u in zip(inter, union, strict=True)]
+    assert seg.difference == pytest.approx(expected[0] - expected[1]) and seg.interval
+    confidence = rng.uniform(0, 1, size=(2, n))
+    correct = rng.uniform(0, 1, size=(2, n)) < confidence
+    a, b = frames(confidence=confidence, correct=correct, bins=np.full((2, n), 15))
+    ece = paired_on("ece", a, b, seed=0)
+    assert ece.test.startswith("paired bootstrap") and 0 < ece.p <= 1
+    a, b = frames(mse=rng.uniform(0, 1, size=(2, n)))
+    depth = paired_on("mse", a, b, seed=0)
+    assert depth.difference == pytest.approx(a["mse"].mean() - b["mse"].mean())
+    assert paired_on("abs_rel", a, b, seed=0) == "no per-image outputs of abs_rel"

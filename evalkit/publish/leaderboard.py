@@ -196,36 +196,33 @@ def _paired(board: Board, a: Cell, b: Cell, seed: int) -> Paired | str:
 
 
 def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
-    """The test a metric's per-image outputs allow: McNemar on per-image correctness, a paired
-    bootstrap of mIoU on intersections and unions or of a per-image mean."""
+    """The test a metric's per-image outputs allow: McNemar on per-image right or wrong, else a
+    paired bootstrap of the metric recomputed from per-image parts (``bootstrap_parts``)."""
     if "correct" in frame_a and metric.startswith("top1"):
         return mcnemar(frame_a["correct"].to_numpy(), frame_b["correct"].to_numpy())
     if "top5" in frame_a and "label_classes" in frame_a and metric.startswith("top5"):
         return mcnemar(top5_right(frame_a), top5_right(frame_b))
-    if {"intersection", "union"} <= set(frame_a.columns) and metric == "miou":
-        parts = [
-            np.hstack([np.stack(f["intersection"]), np.stack(f["union"])])
-            for f in (frame_a, frame_b)
-        ]
-        return paired_bootstrap(*parts, miou_of, seed=seed)
-    if metric in ("ece", "ece_ts") and "confidence" in frame_a:
-        column, bins = (
-            ("confidence" if metric == "ece" else "confidence_ts"),
-            int(frame_a["bins"][0]),
-        )
-        parts = [
-            np.column_stack([f[column], f["correct"].astype(float)]) for f in (frame_a, frame_b)
-        ]
-        return paired_bootstrap(*parts, lambda p: ece_of(p, bins), seed=seed)
-    if "correct_share" in frame_a and metric == "top1":  # few-shot: the share of seeds right
-        parts = [
-            100.0 * f["correct_share"].to_numpy(dtype=float)[:, None] for f in (frame_a, frame_b)
-        ]
-        return paired_bootstrap(*parts, _column_mean, seed=seed)
-    if metric in frame_a and pd_numeric(frame_a[metric]):  # a per-image value, mean = metric
-        parts = [f[metric].to_numpy(dtype=float)[:, None] for f in (frame_a, frame_b)]
-        return paired_bootstrap(*parts, _column_mean, seed=seed)
-    return f"no per-image outputs of {metric}"
+    found = bootstrap_parts(metric, frame_a)
+    if found is None:
+        return f"no per-image outputs of {metric}"
+    parts_of, statistic = found
+    return paired_bootstrap(parts_of(frame_a), parts_of(frame_b), statistic, seed=seed)
+
+
+def bootstrap_parts(metric: str, frame):
+    """(per-image parts of a frame, the metric computed from them), or None: mIoU from each
+    image's intersections and unions, ECE from its confidence and correctness, few-shot's
+    top-1 from the share of seeds right, else a per-image value whose mean is the metric."""
+    if metric == "miou" and {"intersection", "union"} <= set(frame.columns):
+        return lambda f: np.hstack([np.stack(f["intersection"]), np.stack(f["union"])]), miou_of
+    if metric in ("ece", "ece_ts") and "confidence" in frame:
+        column, bins = "confidence" if metric == "ece" else "confidence_ts", int(frame["bins"][0])
+        return lambda f: np.column_stack([f[column], f["correct"]]), lambda p: ece_of(p, bins)
+    if metric == "top1" and "correct_share" in frame:
+        return lambda f: 100.0 * f[["correct_share"]].to_numpy(float), _column_mean
+    if metric in frame and pd_numeric(frame[metric]):
+        return lambda f: f[[metric]].to_numpy(float), _column_mean
+    return None
 
 
 def top5_right(frame) -> np.ndarray:
