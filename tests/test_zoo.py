@@ -360,3 +360,12 @@ def test_every_per_image_kind_gets_its_paired_test():
     depth = paired_on("mse", a, b, seed=0)
     assert depth.difference == pytest.approx(a["mse"].mean() - b["mse"].mean())
     assert paired_on("abs_rel", a, b, seed=0) == "no per-image outputs of abs_rel"
+
+
+def test_a_zoo_on_slurm_is_one_array_task_per_cell(cli_env, capsys):
+    argv = ["sweep", "--task", "suite:classification", "--backbone", "fake"]
+    argv += ["--backbone", "vit22b/test", "--executor", "slurm", "--dry-run"]
+    assert main(argv) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --array=0-13" in script  # 7 tasks × 2 backbones
+    assert script.count("-m evalkit run") == 14 and "--task imagenet-25shot" in script
