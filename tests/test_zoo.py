@@ -22,7 +22,7 @@ from evalkit.core.runner import FAILED, RunSpec, run
 from evalkit.core.suites import BUILT_IN, expand
 from evalkit.errors import EvalkitError
 from evalkit.publish.leaderboard import leaderboard
-from evalkit.significance import binomial_two_sided, holm, mcnemar, paired_bootstrap
+from evalkit.publish.significance import binomial_two_sided, holm, mcnemar, paired_bootstrap
 
 QUICK = ("imagenet-knn", "imagenet-5shot", "imagenet-linear")
 ZOO = """
@@ -320,7 +320,10 @@ def _recomputed(task: str, metric: str, frame: pd.DataFrame) -> float:
         ("kinetics400", "top1", ("steps=2",)),
     ],
 )
-def test_per_image_outputs_recompute_every_familys_metric(cli_env, task, metric, settings):
+def test_per_image_outputs_recompute_every_familys_metric(
+    cli_env, monkeypatch, task, metric, settings
+):
+    monkeypatch.setenv("EVALKIT_EMBEDDED_SCENES", "24,6")  # a small scene set: ADE20k's
     spec = RunSpec(
         tasks=(task,),
         backbones=("fake",),

@@ -255,15 +255,15 @@ def run(
 
 
 def _backbone_cells(spec: RunSpec, name: str, tasks: list[Task], identities, on_backbone, zoo):
-    """The cells of one backbone, seed by seed. A task that needs what the backbone lacks (a
-    text tower) is a cell that does not apply. In a zoo a failing cell is recorded in
+    """The cells of one backbone, seed by seed. In a zoo a task that needs what the backbone
+    lacks (a text tower) is a cell that does not apply (asked alone, the task says why not). In a zoo a failing cell is recorded in
     ``<out>/failed-cells.ndjson`` and the zoo goes on; a backbone that does not load fails its cells."""
     done = set()
     try:
         for seed, backbone, batch in seeded_backbones(spec, name, on_backbone):
             for task in tasks:
                 done.add((task.name, seed))
-                if (lacking := task.lacks(backbone)) is not None:
+                if zoo and (lacking := task.lacks(backbone)) is not None:
                     yield JobResult(task.name, name, seed, [], False, note=lacking)
                 elif not zoo:
                     yield _cell(spec, task, name, (seed, backbone, batch), identities)

@@ -1,7 +1,8 @@
 """The leaderboard of a zoo (``evalkit leaderboard RESULTS``): per task each backbone's value
 with its interval and rank, an aggregate rank over the tasks, and for every pair of backbones
-on every task a paired test on the same images (``evalkit.significance``), Holm-corrected over
-the task's pairs, so that an order the test set's noise could have made is said to be one.
+on every task a paired test on the same images (``evalkit.publish.significance``),
+Holm-corrected over the task's pairs, so that an order the test set's noise could have made is
+said to be one.
 
 Ranks are per task on its headline metric (the first a task reports: top-1, mIoU, MSE, ...),
 lower-is-better metrics inverted, tied values sharing the mean of their places. The aggregate
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.core.results import aggregate, dataset_label, format_value, load_rows, run_spec
-from evalkit.significance import (
+from evalkit.publish.significance import (
     LEVEL,
     Paired,
     ece_of,
