@@ -219,7 +219,8 @@ def cmd_run(args, console) -> int:
         for job in jobs:
             results.append(job)
             if total > 1:
-                console.print(cell_line(job, len(results), total), highlight=False, soft_wrap=True)
+                line = cell_line(job, len(results), total, spec.model_args)
+                console.print(line, highlight=False, soft_wrap=True, markup=False)
     print_rows(console, results)
     console.print(f"rows: {specs[0].out}/")
     return report_failures(console, results, specs[0].out)
@@ -229,10 +230,13 @@ def cell_count(spec) -> int:
     return max(len(spec.backbones), 1) * len(spec.tasks) * len(spec.seeds)
 
 
-def cell_line(job, index: int, total: int) -> str:
-    """One line per finished cell of a zoo: its place, what it is and how it ended."""
+def cell_line(job, index: int, total: int, options: dict) -> str:
+    """One line per finished cell of a zoo: its place, what it is (the backbone with its
+    options, which tell two entries of a zoo file apart) and how it ended."""
     why = f": {job.error or job.note}" if job.error or job.note else ""
-    return f"[{index}/{total}] {job.task} × {job.backbone} (seed {job.seed}): {job.status}{why}"
+    given = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    backbone = job.backbone + (f" [{given}]" if given else "")
+    return f"[{index}/{total}] {job.task} × {backbone} (seed {job.seed}): {job.status}{why}"
 
 
 def print_rows(console, results):
@@ -260,11 +264,8 @@ def report_failures(console, results, out: Path) -> int:
         soft_wrap=True,
     )
     for job in failed:
-        console.print(
-            f"  {job.task} × {job.backbone} (seed {job.seed}): {job.error}",
-            highlight=False,
-            soft_wrap=True,
-        )
+        line = f"  {job.task} × {job.backbone} (seed {job.seed}): {job.error}"
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     return 1
 
 
