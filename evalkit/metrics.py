@@ -51,6 +51,13 @@ def confusion_matrix(pred: np.ndarray, target: np.ndarray, num_classes: int) -> 
     return np.bincount(index, minlength=num_classes**2).reshape(num_classes, num_classes)
 
 
+def miou_of_classes(intersection: np.ndarray, union: np.ndarray) -> float:
+    """mIoU (%) from each class's summed intersection and union, over the classes present in
+    the ground truth or the prediction (0 when none is)."""
+    present = union > 0
+    return 100.0 * float((intersection[present] / union[present]).mean()) if present.any() else 0.0
+
+
 def segmentation_scores(confusion: np.ndarray) -> dict[str, float]:
     """mIoU (%) over classes present in the ground truth or the prediction (intersection and
     union summed over the whole set first), pixel accuracy (%), and the number of classes."""
@@ -59,9 +66,7 @@ def segmentation_scores(confusion: np.ndarray) -> dict[str, float]:
     present = union > 0
     labelled = confusion.sum()
     return {
-        "miou": 100.0 * float((intersection[present] / union[present]).mean())
-        if present.any()
-        else 0.0,
+        "miou": miou_of_classes(intersection, union),
         "pixel_acc": 100.0 * float(intersection.sum() / labelled) if labelled else 0.0,
         "classes": int(present.sum()),
     }
@@ -261,11 +266,20 @@ def miou_bootstrap_stderr(intersections: np.ndarray, unions: np.ndarray, *, seed
     ``segmentation_scores`` sums the confusion."""
 
     def miou(rows: np.ndarray) -> float:
-        inter, union = intersections[rows].sum(0), unions[rows].sum(0)
-        present = union > 0
-        return 100.0 * float((inter[present] / union[present]).mean()) if present.any() else 0.0
+        return miou_of_classes(intersections[rows].sum(0), unions[rows].sum(0))
 
     return bootstrap_stderr(miou, len(intersections), seed=seed)
+
+
+def confidence_bins(confidence: np.ndarray, bins: int) -> np.ndarray:
+    """Each top-1 confidence's equal-width bin (a confidence on an edge in the bin below it)."""
+    return np.clip(np.searchsorted(np.arange(1, bins + 1) / bins, confidence), 0, bins - 1)
+
+
+def binned_ece(index: np.ndarray, correct: np.ndarray, confidence: np.ndarray, bins: int) -> float:
+    """Σ_b (n_b/N)·|accuracy_b − confidence_b| from per-image bins, correctness, confidence."""
+    gap = np.bincount(index, correct - confidence, minlength=bins)
+    return float(np.abs(gap).sum() / len(index))
 
 
 def ece_bootstrap_stderr(
@@ -275,11 +289,9 @@ def ece_bootstrap_stderr(
     confidence, predicted = probs.double().max(dim=1)
     correct = (predicted == labels).double().numpy()
     confidence = confidence.numpy()
-    index = np.clip(np.searchsorted(np.arange(1, bins + 1) / bins, confidence), 0, bins - 1)
+    index = confidence_bins(confidence, bins)
 
     def ece(rows: np.ndarray) -> float:
-        b = index[rows]
-        gap = np.bincount(b, correct[rows] - confidence[rows], minlength=bins)
-        return float(np.abs(gap).sum() / len(rows))
+        return binned_ece(index[rows], correct[rows], confidence[rows], bins)
 
     return bootstrap_stderr(ece, len(labels), seed=seed)

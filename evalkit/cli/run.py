@@ -252,7 +252,7 @@ def print_rows(console, results):
 
 def report_failures(console, results, out: Path) -> int:
     """The zoo's failed cells, listed at the end (exit status 1 when there are any)."""
-    from evalkit.core.runner import FAILED
+    from evalkit.core.results import FAILED
 
     failed = [job for job in results if job.error]
     if not failed:

@@ -66,6 +66,7 @@ def append_row(path: Path, row: Row):
 
 
 REQUIRED = {"task": str, "backbone": str, "metric": str}
+FAILED = "failed-cells.ndjson"  # a zoo's failed cells, beside its rows (not a rows file)
 
 
 def load_rows(paths) -> list[Row]:

@@ -34,7 +34,7 @@ from evalkit.cache.pixels import PIXELS
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
-from evalkit.core.results import Row, append_rows, load_rows, rows_file
+from evalkit.core.results import FAILED, Row, append_rows, load_rows, rows_file
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
@@ -224,9 +224,6 @@ class JobResult:
         if self.note:
             return "not applicable"
         return "skipped (rows on disk)" if self.skipped else "done"
-
-
-FAILED = "failed-cells.ndjson"  # a zoo's failed cells, beside its rows (not a rows file)
 
 
 def run(

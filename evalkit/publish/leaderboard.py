@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evalkit.core.results import aggregate, dataset_label, format_value, load_rows, run_spec
+from evalkit.core.results import FAILED, aggregate, dataset_label, format_value, load_rows, run_spec
 from evalkit.publish.significance import (
     LEVEL,
     Paired,
@@ -33,8 +33,6 @@ from evalkit.publish.significance import (
     miou_of,
     paired_bootstrap,
 )
-
-FAILED = "failed-cells.ndjson"  # written by the runner beside a zoo's rows
 
 
 @dataclass
@@ -148,9 +146,10 @@ def overall(boards: list[Board], backbones: list[str]) -> list[dict]:
 def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
     """Every pair of the board's backbones: the paired test of A − B on their shared images,
     p-values Holm-adjusted over the tested pairs, and the verdict at ``level``."""
+    outputs = {id(cell): per_image(cell) for cell in board.cells}  # each file read once
     results = []
     for a, b in itertools.combinations(board.cells, 2):
-        test = _paired(board, a, b, seed)
+        test = _paired(board, (outputs[id(a)], outputs[id(b)]), seed)
         results.append({"a": a.backbone, "b": b.backbone, "test": test})
     tested = [r for r in results if isinstance(r["test"], Paired)]
     for record, adjusted in zip(tested, holm([r["test"].p for r in tested]), strict=True):
@@ -183,9 +182,9 @@ def _pair_record(result: dict, board: Board, level: float) -> dict:
     }
 
 
-def _paired(board: Board, a: Cell, b: Cell, seed: int) -> Paired | str:
-    """The paired test of two cells on their shared images, or why there is none."""
-    outputs = [per_image(cell) for cell in (a, b)]
+def _paired(board: Board, outputs: tuple, seed: int) -> Paired | str:
+    """The paired test of two cells' per-image outputs (``per_image``) on their shared
+    images, or why there is none."""
     if any(isinstance(o, str) for o in outputs):
         return next(o for o in outputs if isinstance(o, str))
     (ids_a, frame_a), (ids_b, frame_b) = outputs
@@ -310,7 +309,7 @@ def paired_compare(records: list[dict], base: list[dict], new: list[dict], **opt
             for side, rows in (("new", new), ("base", base))
         ]
         board = Board(record["task"], record["metric"], record["higher_is_better"])
-        tests[index] = _paired(board, *cells, seed)
+        tests[index] = _paired(board, tuple(per_image(cell) for cell in cells), seed)
     tested = [i for i, t in tests.items() if isinstance(t, Paired)]
     adjusted = dict(zip(tested, holm([tests[i].p for i in tested]), strict=True))
     return [

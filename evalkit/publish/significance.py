@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evalkit.metrics import binned_ece, confidence_bins, miou_of_classes
+
 RESAMPLES = 2000
 LEVEL = 0.05
 
@@ -105,16 +107,12 @@ def mean_of(parts: np.ndarray) -> float:
 
 def miou_of(parts: np.ndarray) -> float:
     """Mean IoU (×100) from per-image intersections and unions, laid side by side per image
-    (classes first, then the same classes' unions): classes never present are left out."""
+    (classes first, then the same classes' unions), summed over the images first."""
     intersections, unions = np.split(parts.sum(axis=0), 2)
-    present = unions > 0
-    return float(100.0 * (intersections[present] / unions[present]).mean())
+    return miou_of_classes(intersections, unions)
 
 
 def ece_of(parts: np.ndarray, bins: int) -> float:
-    """ECE from per-image (confidence, correct) rows: equal-width bins, Σ_b (n_b/N)·|acc_b −
-    conf_b|, a confidence on an edge in the bin below it."""
+    """ECE from per-image (confidence, correct) rows, binned as the calibration task bins."""
     confidence, correct = parts[:, 0], parts[:, 1]
-    index = np.clip(np.searchsorted(np.arange(1, bins + 1) / bins, confidence), 0, bins - 1)
-    gap = np.bincount(index, correct - confidence, minlength=bins)
-    return float(np.abs(gap).sum() / len(parts))
+    return binned_ece(confidence_bins(confidence, bins), correct, confidence, bins)
