@@ -3,7 +3,10 @@ and pixel accuracy from a dataset-wide confusion matrix (docs/protocols.md, "ADE
 errors over valid pixels (docs/protocols.md, "Monocular depth"), computed per image and averaged over
 images; calibration (effect-table row 11; docs/protocols.md, "Calibration"): expected calibration
 error over equal-width or equal-mass bins of top-1 confidence, negative log-likelihood, Brier
-score, and a temperature fitted to held-out logits."""
+score, and a temperature fitted to held-out logits; decisions against people's
+(docs/protocols.md, "Shape bias and human alignment"): shape bias on cue-conflict images,
+accuracy difference, observed and error consistency, as the model-vs-human benchmark defines
+them."""
 
 from __future__ import annotations
 
@@ -295,3 +298,37 @@ def ece_bootstrap_stderr(
         return binned_ece(index[rows], correct[rows], confidence[rows], bins)
 
     return bootstrap_stderr(ece, len(labels), seed=seed)
+
+
+def shape_bias(decisions, shapes, textures) -> dict[str, float]:
+    """Shape bias on cue-conflict trials (Geirhos et al. 2019, as model-vs-human scores it):
+    the shares of *all* trials whose decision is the shape's category and the texture's, counted
+    only where the two differ (an image whose shape and texture are one category has no
+    conflict); shape bias = shape share / (shape share + texture share), NaN when no decision
+    follows either."""
+    decisions, shapes, textures = (np.asarray(v) for v in (decisions, shapes, textures))
+    conflict = shapes != textures
+    shape = float(np.sum(conflict & (decisions == shapes)) / len(decisions))
+    texture = float(np.sum(conflict & (decisions == textures)) / len(decisions))
+    bias = shape / (shape + texture) if shape + texture else math.nan
+    return {"shape_fraction": shape, "texture_fraction": texture, "shape_bias": bias}
+
+
+def error_consistency(correct_a, correct_b) -> dict[str, float]:
+    """Agreement of two observers' errors on the same trials (Geirhos, Meding & Wichmann 2020):
+    observed consistency c_obs = share of trials both get right or both get wrong; expected
+    c_exp = p_a·p_b + (1−p_a)(1−p_b) from their accuracies alone; error consistency is Cohen's
+    kappa (c_obs − c_exp)/(1 − c_exp), 1 when c_obs is 1."""
+    a, b = (np.asarray(v, dtype=bool) for v in (correct_a, correct_b))
+    if len(a) != len(b) or not len(a):
+        raise ValueError(f"error consistency needs the same trials: {len(a)} vs {len(b)}")
+    observed = float(np.mean(a == b))
+    p_a, p_b = float(a.mean()), float(b.mean())
+    expected = p_a * p_b + (1 - p_a) * (1 - p_b)
+    kappa = 1.0 if observed == 1.0 else (observed - expected) / (1 - expected)
+    return {"observed": observed, "expected": expected, "kappa": kappa}
+
+
+def accuracy_difference(accuracy_a: float, accuracy_b: float) -> float:
+    """model-vs-human's accuracy difference of two observers: the squared difference."""
+    return (accuracy_a - accuracy_b) ** 2

@@ -1,5 +1,6 @@
 """PNG plots of the training ablations (effect-table rows 1–4): curves per run and a summary
-per variant, drawn with matplotlib's non-interactive backend."""
+per variant; reliability diagrams (calibration); accuracy under a demographic-parity
+constraint (fairness). Drawn with matplotlib's non-interactive backend."""
 
 from __future__ import annotations
 
@@ -144,4 +145,22 @@ def reliability_plot(diagrams: dict, path: Path) -> Path:
             title=f"{label}: ECE {bins.ece:.3f}",
         )
         ax.legend(fontsize=8, loc="upper left")
+    return save_figure(fig, path)
+
+
+def parity_plot(series: dict[str, dict[float, float]], target: str, path: Path) -> Path:
+    """Accuracy against the demographic-parity level it was constrained to, one curve per
+    backbone (``series[backbone][level] = accuracy``); the fairness evaluation's figure."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for backbone, by_level in sorted(series.items()):
+        levels = sorted(by_level)
+        ax.plot(levels, [by_level[lv] for lv in levels], "o-", label=backbone)
+    ax.set(
+        xlabel="demographic-parity level ε (largest selection-rate gap allowed)",
+        ylabel="test accuracy (expected)",
+        title=f"CelebA {target}: accuracy under the constraint",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return save_figure(fig, path)

@@ -94,6 +94,15 @@ class TimmBackbone:
             )
         return Features(pooled=pooled, grids=grids if dense else None)
 
+    @property
+    def has_imagenet_head(self) -> bool:
+        """Whether the model kept a 1000-class head (built with ``num_classes=1000``)."""
+        return getattr(self.model, "num_classes", 0) == 1000
+
+    def imagenet_logits(self, images) -> torch.Tensor:
+        """The model's own ImageNet-1k logits (``has_imagenet_head``)."""
+        return self.model(model_input(images, self.info.preprocess))
+
     def _forward(self, images, indices, *, need_final: bool):
         kwargs = {"indices": indices, "intermediates_only": not need_final}
         if self._tokens:

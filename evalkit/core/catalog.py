@@ -146,3 +146,21 @@ TASKS.add(
     "evalkit.tasks.distillation:Distillation",
     "distillation: a student of the built-in family from the backbone + its classifier (consistent|cached)",
 )
+TASKS.add(
+    "model-vs-human",
+    "evalkit.tasks.model_vs_human:ModelVsHuman",
+    "model-vs-human: OOD accuracy on 17 sets, shape bias, consistency with people (own head or probe)",
+)
+TASKS.add(
+    "shape-bias",
+    "evalkit.tasks.model_vs_human:ModelVsHuman",
+    "shape bias on model-vs-human's cue-conflict images (shape vs texture decisions)",
+    sets=("cue-conflict",),
+)
+for _target in ("smiling", "attractive"):
+    TASKS.add(
+        f"celeba-fairness-{_target}",
+        "evalkit.tasks.fairness:Fairness",
+        f"CelebA {_target}: linear head on frozen features, post-processed to demographic-parity levels",
+        attribute=_target.capitalize(),
+    )

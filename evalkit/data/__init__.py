@@ -95,6 +95,14 @@ DATASETS.add(
     "ImageNet-C (<corruption>/<severity>/<class>/<image>)",
 )
 DATASETS.add("moments", "evalkit.data.clips:MOMENTS", "Moments in Time clips (class folders)")
+DATASETS.add(
+    "model-vs-human",
+    "evalkit.data.model_vs_human:MODEL_VS_HUMAN",
+    "model-vs-human: its 17 stimulus sets (datasets/) and human trials (raw-data/)",
+)
+DATASETS.add(
+    "celeba", "evalkit.data.celeba:CELEBA", "CelebA: attribute and partition lists, aligned images"
+)
 for _name in ("waymo", "kitti", "nyu"):
     DATASETS.add(
         _name, f"evalkit.data.dense_layouts:{_name.upper()}", f"{_name} depth, flattened layout"

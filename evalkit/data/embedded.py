@@ -56,6 +56,7 @@ class Drawing:
     radius: float
     centre: tuple[float, float]
     brightness: float
+    mask: np.ndarray | None = None  # the whole object, stripes and outline filled in
 
 
 STYLES = ("photo", "shifted", "rendition", "hard")
@@ -78,6 +79,7 @@ def draw(rng, size: int, what: tuple[str, str, str], style: str = "photo") -> Dr
     inside = _mask(size, shape, centre, radius, rng.uniform(0, 2 * math.pi))
     if style == "shifted":
         inside = _squash(inside, rng)
+    whole = inside.copy()
     if style == "rendition":
         inside &= ~_eroded(inside, max(2, size // 24))
     elif texture == "striped":
@@ -91,7 +93,7 @@ def draw(rng, size: int, what: tuple[str, str, str], style: str = "photo") -> Dr
     pixels += rng.normal(0, 30 if style == "hard" else 6, pixels.shape)
     image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
     where = (float(centre[0] / size), float(centre[1] / size))
-    return Drawing(image, float(radius / size), where, float(background.mean()))
+    return Drawing(image, float(radius / size), where, float(background.mean()), whole)
 
 
 def draw_objects(rng, size: int, whats: list[tuple[str, str, str]]) -> Image.Image:

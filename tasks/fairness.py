@@ -1,0 +1,171 @@
+"""Fairness under a demographic-parity constraint on CelebA (the paper's fairness evaluation;
+docs/protocols.md, "Fairness").
+
+A binary linear head (logistic regression, its L2 chosen on a seeded hold-out of train as
+``imagenet-linear`` chooses it, then refitted on all of train) reads frozen features of the
+aligned faces and predicts the target attribute (``Smiling`` or ``Attractive``). Its scores
+are then post-processed, per demographic-parity level ε of ``levels``, to subgroup-specific
+randomised thresholds whose selection rates differ by at most ε (evalkit.heads.fairness),
+fitted on the ``valid`` partition and applied to ``test``. Sensitive attribute: ``Male``
+(binary sex, as annotated).
+
+Rows, on test: ``accuracy``, ``accuracy/<subgroup>`` and ``parity_gap`` of the head as it is;
+then the same at each level (``accuracy@0.05`` …), expected values under the thresholds'
+randomness. The gap achieved on test can exceed ε a little: the thresholds meet ε on valid.
+A plot of accuracy against the constraint is written beside the rows (and for many backbones
+by ``evalkit leaderboard``).
+
+Paper: accuracy improves with scale at every level of the constraint and the gap between
+subgroups shrinks; it gives curves, not numbers, so no reference is set beside these rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalkit.cache.features import FeatureRequest
+from evalkit.core.task import Metric, Rule, Stage, extraction_stage, resolve_pool, setting
+from evalkit.data import open_dataset
+from evalkit.errors import EvalkitError
+from evalkit.heads.fairness import expected_accuracy, fit_parity, parity_gap
+from evalkit.heads.linear import fit_logistic
+from evalkit.protocols.classification import ProbeData, stratified_holdout
+from evalkit.protocols.linear_classifier import LinearClassifier
+
+LEVELS = Rule(
+    "a non-empty list of parity levels in [0, 1]", lambda v: bool(v) and all(0 <= x <= 1 for x in v)
+)
+
+
+def subgroups(group: str) -> dict[int, str]:
+    """Names of the subgroups an attribute's values 0 and 1 (CelebA's -1 and 1) make."""
+    if group == "Male":
+        return {0: "female", 1: "male"}
+    return {0: f"not_{group.lower()}", 1: group.lower()}
+
+
+@dataclass(frozen=True)
+class Fairness(LinearClassifier):
+    name: str = "celeba-fairness-smiling"
+    dataset: str = "celeba"
+    attribute: str = "Smiling"  # the target attribute
+    group: str = "Male"
+    train_split: str = "train"
+    fit_split: str = "valid"  # where the thresholds are fitted
+    eval_split: str = "test"
+    levels: tuple[float, ...] = setting((0.0, 0.01, 0.02, 0.05, 0.1, 0.2), LEVELS)
+
+    version = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.finetune:
+            raise EvalkitError(
+                f"task {self.name}: finetune=true is not a protocol here: the fairness "
+                "evaluation reads frozen features through a linear head"
+            )
+
+    def metrics(self) -> list[str]:
+        return [
+            f"{metric}{suffix}"
+            for suffix in ["", *(f"@{level:g}" for level in self.levels)]
+            for metric in ("accuracy", *self.subgroup_metrics(), "parity_gap")
+        ]
+
+    def subgroup_metrics(self) -> list[str]:
+        return [f"accuracy/{name}" for name in subgroups(self.group).values()]
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.train_split, self.fit_split, self.eval_split)
+
+    def plan(self, inputs) -> list[Stage]:
+        rows = sum(inputs.sizes.get(s, 0) for s in self.splits())
+        return [extraction_stage(inputs, rows, layers=len(self.layers))]
+
+    def run(self, backbone, ctx):
+        request = FeatureRequest(layers=self.layers, pool=resolve_pool(self.pool, backbone))
+        view = self.transform(backbone, ctx)
+        parts = {
+            split: self.features(split, view, backbone, request, ctx) for split in self.splits()
+        }
+        train = parts[self.train_split][0]
+        fit_idx, held_idx = stratified_holdout(train.labels, self.holdout, seed=ctx.seed)
+        data = ProbeData.build(train, None, self, ctx.device, 2)
+        l2, init, sweep, _ = self.select_l2(data, fit_idx, held_idx, 2)
+        model = fit_logistic(
+            data.train_rows(), None, num_classes=2, l2=l2, init=init, max_iter=self.refit_max_iter
+        )
+        scores = {s: _positive_scores(model, data.rows_of(f)) for s, (f, _) in parts.items()}
+        held = parts[self.fit_split][1], parts[self.eval_split][1]
+        extra = {
+            "classifier": "logistic regression on frozen features",
+            "l2": l2,
+            "holdout_accuracy_by_l2": sweep,
+            "target": self.attribute,
+            "group": self.group,
+            "thresholds_fitted_on": self.fit_split,
+            "n_train": len(train),
+        }
+        yield from self.rows(scores, held, extra, ctx, backbone)
+
+    def features(self, split, view, backbone, request, ctx):
+        """A split's features with its target as labels, and its (targets, groups)."""
+        faces = open_dataset(
+            self.dataset, split, ctx.data, transform=view, target=self.attribute, group=self.group
+        )
+        feats = ctx.features(backbone, faces, split=split, request=request)
+        feats.labels = torch.as_tensor(faces.targets)[feats.labels]  # items are (image, index)
+        return feats, (faces.targets, faces.groups)
+
+    def rows(self, scores: dict, held: tuple, extra: dict, ctx, backbone):
+        (fit_targets, fit_groups), (targets, groups) = held
+        test = scores[self.eval_split]
+        names = subgroups(self.group)
+        curves = {"unconstrained": _outcome((test > 0.5).astype(float), targets, groups, names)}
+        rules = {}
+        for level in self.levels:
+            rule = fit_parity(scores[self.fit_split], fit_targets, fit_groups, level)
+            rules[f"{level:g}"] = {names[g]: rate for g, rate in rule.rates.items()}
+            positive = rule.positive_probability(test, groups)
+            curves[level] = _outcome(positive, targets, groups, names)
+        extra = {**extra, "selection_rates_by_level": rules}
+        extra["picture"] = self.plot(curves, backbone, ctx)
+        for key, outcome in curves.items():
+            suffix = "" if key == "unconstrained" else f"@{key:g}"
+            for metric, value in outcome.items():
+                yield Metric(
+                    f"{metric}{suffix}",
+                    value,
+                    higher_is_better=metric != "parity_gap",
+                    n=len(targets),
+                    extra=extra,
+                )
+
+    def plot(self, curves: dict, backbone, ctx) -> str | None:
+        if ctx.artifacts is None:
+            return None
+        from evalkit.plots import parity_plot
+
+        levels = {k: v for k, v in curves.items() if k != "unconstrained"}
+        series = {backbone.info.name: {lv: out["accuracy"] for lv, out in levels.items()}}
+        slug = f"{self.name}--{backbone.info.name}".replace("/", "_")
+        return str(parity_plot(series, self.attribute, Path(ctx.artifacts) / f"{slug}.png"))
+
+
+def _positive_scores(model, rows) -> np.ndarray:
+    """P(target) of every row, in float64."""
+    parts = [torch.softmax(model.logits(x).double(), 1)[:, 1].cpu() for x, _ in rows.chunks()]
+    return torch.cat(parts).numpy()
+
+
+def _outcome(positive, targets, groups, names: dict[int, str]) -> dict[str, float]:
+    """Expected accuracy overall and per subgroup, and the parity gap, of ``positive``."""
+    accuracy = expected_accuracy(positive, targets, groups)
+    out = {"accuracy": accuracy["all"]}
+    out |= {f"accuracy/{name}": accuracy[g] for g, name in names.items() if g in accuracy}
+    out["parity_gap"] = parity_gap(positive, groups)
+    return out
