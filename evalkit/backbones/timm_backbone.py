@@ -43,6 +43,7 @@ MODEL_OPTIONS = frozenset(
         "embed_dim",
         "depth",
         "num_heads",
+        "num_classes",  # 1000 keeps the ImageNet head (model-vs-human's classifier=own)
         "mlp_ratio",
         "qkv_bias",
         "qk_norm",
@@ -134,7 +135,9 @@ def _create(timm, variant: str, opts: BackboneOptions):
         return model, random_init_id(f"timm/{variant}", opts.seed, opts.model_kwargs)
     head = model.pretrained_cfg.get("classifier") or "head"
     heads = (head,) if isinstance(head, str) else tuple(head)
-    load_strict(model, read_state_dict(opts.weights), source=opts.weights, skip=heads)
+    # a model built with a head must get the checkpoint's head, never keep a random one
+    skip = heads if kwargs["num_classes"] == 0 else ()
+    load_strict(model, read_state_dict(opts.weights), source=opts.weights, skip=skip)
     return model, checkpoints.weights_id(opts.weights)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from evalkit.errors import EvalkitError
 
-KINDS = ("waymo", "imagenet", "imagenet-c")
+KINDS = ("waymo", "imagenet", "imagenet-c", "model-vs-human", "celeba")
 
 
 def add_prepare_command(sub) -> None:
@@ -66,7 +66,20 @@ def add_prepare_command(sub) -> None:
     corrupted.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     corrupted.add_argument("--seed", type=int, default=0)
     corrupted.add_argument("--corruptions", help="comma-separated subset (default: all 15)")
-    for parser in (waymo, imagenet, corrupted):
+    released = {
+        "model-vs-human": "the benchmark's folder (datasets/<set>/, raw-data/<set>/*.csv), "
+        "checked and linked",
+        "celeba": "CelebA's release (list_attr_celeba.txt, list_eval_partition.txt, "
+        "img_align_celeba/), checked and linked",
+    }
+    parsers = [waymo, imagenet, corrupted]
+    for kind, about in released.items():
+        parser = kinds.add_parser(kind, help=about)
+        parser.add_argument("source", type=Path, help=about.split(",")[0])
+        parser.add_argument("dest", type=Path, help=f"data root to write {kind}/ under")
+        parser.add_argument("--copy", action="store_true", help="copy instead of linking")
+        parsers.append(parser)
+    for parser in parsers:
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -90,6 +103,14 @@ def cmd_prepare(args, console) -> int:
     track = tracker(not args.quiet)
     if args.kind == "waymo":
         report = _waymo(args, track)
+    elif args.kind in ("model-vs-human", "celeba"):
+        from evalkit.data.prepare import released
+
+        prepare = {
+            "model-vs-human": released.prepare_model_vs_human,
+            "celeba": released.prepare_celeba,
+        }[args.kind]
+        report = prepare(args.source, args.dest, copy=args.copy, progress=track)
     elif args.kind == "imagenet":
         from evalkit.data.prepare.imagenet import prepare_imagenet
 

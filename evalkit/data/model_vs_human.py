@@ -192,6 +192,8 @@ def read_trials(root: Path, name: str):
         frames.append(frame[list(TRIAL_COLUMNS)])
     trials = pd.concat(frames, ignore_index=True)
     trials["image_id"] = trials["imagename"].map(short_name)
+    if name in FOLDER_SETS:  # one condition, whatever the files call it
+        trials["condition"] = "0"
     return trials
 
 
