@@ -53,6 +53,8 @@ FAMILIES = {  # one run per family: (task, backbone, settings)
     "depth": ("waymo-depth-linear", "fake", ["steps=2"]),
     "video": ("kinetics400", "fake", ["steps=2"]),
     "calibration": ("imagenet-ece", "fake", ["l2_grid=0.1"]),
+    "shape bias and human alignment": ("model-vs-human", "fake", ["l2_grid=0.1"]),
+    "fairness": ("celeba-fairness-smiling", "fake", ["l2_grid=0.1"]),
     "distillation": ("distill-imagenet", "vit22b/test", ["steps=2", "student=test", "l2_grid=0.1"]),
     "fine-tuning": (
         "imagenet-linear",

@@ -39,7 +39,7 @@ BUILT_IN = (
         "paper",
         "the paper's downstream evaluations at their protocols: linear probe, few-shot, LiT "
         "zero-shot, ADE20k 1/16, Waymo depth (DPT and linear), Kinetics-400, calibration, "
-        "distillation",
+        "distillation, shape bias and human alignment (model-vs-human), CelebA fairness",
         (
             "imagenet-linear",
             "imagenet-10shot",
@@ -50,6 +50,9 @@ BUILT_IN = (
             "kinetics400",
             "imagenet-ece",
             "distill-imagenet",
+            "model-vs-human",
+            "celeba-fairness-smiling",
+            "celeba-fairness-attractive",
         ),
     ),
     Suite(
