@@ -74,12 +74,12 @@ class ModelVsHuman(LinearClassifier):
         }
 
     def metrics(self) -> list[str]:
-        names = [f"ood_accuracy/{s}" for s in self.sets]
-        if len(self.sets) > 1:
-            names.append("ood_accuracy")
+        """The headline first (what a leaderboard ranks by): OOD accuracy over the sets, or
+        shape bias when cue-conflict is the only set."""
+        names = ["ood_accuracy"] if len(self.sets) > 1 else []
         if "cue-conflict" in self.sets:
             names += ["shape_bias", "shape_fraction", "texture_fraction"]
-        return names  # the metrics against people exist only where trials are given
+        return names + [f"ood_accuracy/{s}" for s in self.sets]  # people's: where trials are
 
     def datasets(self) -> tuple[str, ...]:
         return (STIMULI,) if self.classifier == "own" else (self.dataset, STIMULI)
@@ -157,18 +157,24 @@ class ModelVsHuman(LinearClassifier):
             "sets": list(per_set),
             "accuracy_by_condition": {n: s.accuracy for n, s in per_set.items()},
         }
+        made = {}
         for name, (stimuli, _, score) in results.items():
-            yield Metric(f"ood_accuracy/{name}", score.ood_accuracy, n=len(stimuli), extra=shared)
+            made[f"ood_accuracy/{name}"] = Metric(
+                f"ood_accuracy/{name}", score.ood_accuracy, n=len(stimuli), extra=shared
+            )
         if len(per_set) > 1:
             value = statistics.mean(s.ood_accuracy for s in per_set.values())
             count = sum(len(st) for st, _, _ in results.values())
-            yield Metric("ood_accuracy", value, n=count, extra=shared)
+            made["ood_accuracy"] = Metric("ood_accuracy", value, n=count, extra=shared)
         if "cue-conflict" in results:
             stimuli, decisions, _ = results["cue-conflict"]
             bias = cue_conflict(decisions, stimuli)
             by_category = {"shape_bias_by_category": bias.pop("shape_bias_by_category")}
             for metric, value in bias.items():
-                yield Metric(metric, value, n=len(stimuli), extra={**shared, **by_category})
+                made[metric] = Metric(
+                    metric, value, n=len(stimuli), extra={**shared, **by_category}
+                )
+        yield from (made[name] for name in self.metrics())
         yield from self.against_people(per_set, shared)
 
     def against_people(self, per_set: dict, shared: dict):

@@ -246,3 +246,22 @@ def test_fine_tuning_is_not_a_fairness_protocol():
 
     with pytest.raises(EvalkitError, match="finetune=true is not a protocol here"):
         resolve_task("celeba-fairness-attractive", ["finetune=true"])
+
+
+def test_the_leaderboard_draws_one_curve_per_backbone(cli_env, capsys):
+    from evalkit.cli import main
+    from evalkit.publish.leaderboard import leaderboard
+
+    out = cli_env / "zoo"
+    for backbone in ("fake", "timm/resnet18"):
+        args = ["run", "--task", "celeba-fairness-smiling", "--backbone", backbone]
+        assert main([*args, "--data", "embedded", "--set", "levels=0,0.1", "--out", str(out)]) == 0
+    curves = leaderboard([out])["curves"]
+    ((task, lines),) = curves.items()
+    assert task.startswith("celeba-fairness-smiling") and set(lines) == {"fake", "timm/resnet18"}
+    assert all(list(by) == [0.0, 0.1] for by in lines.values())
+    page = cli_env / "board.html"
+    assert main(["leaderboard", str(out), "--format", "html", "--output", str(page)]) == 0
+    assert page.read_text().count("<polyline") == 2
+    assert main(["leaderboard", str(out), "--format", "markdown"]) == 0
+    assert "| fake | " in capsys.readouterr().out

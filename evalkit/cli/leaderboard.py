@@ -72,6 +72,12 @@ def print_terminal(console, board: dict):
             plain(", ".join(entry["missing"]) or "–"),
         )
     console.print(table)
+    for task, lines in board["curves"].items():
+        levels = sorted({level for by in lines.values() for level in by})
+        table = Table("backbone", *(f"ε={lv:g}" for lv in levels), title=plain(f"{task}: accuracy"))
+        for backbone, by in lines.items():
+            table.add_row(plain(backbone), *(_accuracy(by.get(lv)) for lv in levels))
+        console.print(table)
     for note in notes(board):
         console.print(plain(note), highlight=False, soft_wrap=True)
 
@@ -86,6 +92,10 @@ def notes(board: dict) -> list[str]:
         for f in board["failed"]
     ]
     return lines
+
+
+def _accuracy(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
 
 
 def _rank(rank: float) -> str:
@@ -104,6 +114,15 @@ def markdown(board: dict) -> str:
         parts.append("|---|---|---|")
         parts += [f"| {_rank(c['rank'])} | {c['backbone']} | {c['shown']} |" for c in task["cells"]]
         parts += [""] + [f"- {p['a']} vs {p['b']}: {p['verdict']}" for p in task["pairs"]]
+    for task, lines in board["curves"].items():
+        levels = sorted({level for by in lines.values() for level in by})
+        parts += ["", f"## {task}: accuracy under demographic parity", ""]
+        parts += ["| backbone | " + " | ".join(f"ε={lv:g}" for lv in levels) + " |"]
+        parts += ["|---|" + "---|" * len(levels)]
+        parts += [
+            f"| {b} | " + " | ".join(_accuracy(by.get(lv)) for lv in levels) + " |"
+            for b, by in lines.items()
+        ]
     return "\n".join([*parts, "", *(f"_{note}_" for note in notes(board)), ""])
 
 
@@ -148,6 +167,9 @@ def page(board: dict) -> str:
             for p in task["pairs"]
         ]
         body.append(f"<ul>{''.join(items)}</ul>")
+    for task, lines in board["curves"].items():
+        body.append(f"<h2>{html.escape(task)}: accuracy under demographic parity</h2>")
+        body.append(curves_figure(lines))
     body += [f"<p><em>{html.escape(note)}</em></p>" for note in notes(board)]
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
@@ -194,4 +216,40 @@ def ranks_figure(board: dict) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
         'aria-label="ranks per task (small) and mean rank (large), 1 is best">'
         f"{''.join(marks)}{ticks}</svg>"
+    )
+
+
+COLOURS = ("#246", "#c52", "#396", "#a3a", "#b90", "#18a", "#777", "#e74")
+
+
+def curves_figure(lines: dict) -> str:
+    """Accuracy (y) against the parity level ε (x), a line and a legend entry per backbone."""
+    levels = sorted({level for by in lines.values() for level in by})
+    values = [v for by in lines.values() for v in by.values()]
+    low, high = min(values), max(values)
+    width, height, left, top, bottom = 640, 300, 60, 20, 40
+    span_x, span_y = max(levels[-1] - levels[0], 1e-9), max(high - low, 1e-9)
+
+    def point(level: float, value: float) -> str:
+        x = left + (level - levels[0]) / span_x * (width - left - 180)
+        y = top + (high - value) / span_y * (height - top - bottom)
+        return f"{x:.1f},{y:.1f}"
+
+    marks = []
+    for i, (backbone, by) in enumerate(lines.items()):
+        colour = COLOURS[i % len(COLOURS)]
+        path = " ".join(point(level, value) for level, value in sorted(by.items()))
+        marks.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        marks.append(
+            f'<text x="{width - 170}" y="{top + 16 * i + 4}" fill="{colour}">'
+            f"{html.escape(backbone)}</text>"
+        )
+    axis = (
+        f'<text x="{left}" y="{height - 8}">ε from {levels[0]:g} to {levels[-1]:g} →</text>'
+        f'<text x="4" y="{top + 4}">{high:.3f}</text><text x="4" y="{height - bottom}">{low:.3f}</text>'
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        'aria-label="test accuracy against the demographic-parity level, one line per backbone">'
+        f"{''.join(marks)}{axis}</svg>"
     )

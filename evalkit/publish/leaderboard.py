@@ -7,7 +7,8 @@ said to be one.
 Ranks are per task on its headline metric (the first a task reports: top-1, mIoU, MSE, ...),
 lower-is-better metrics inverted, tied values sharing the mean of their places. The aggregate
 is the mean rank over the tasks a backbone has a value for; the tasks it lacks are named, and
-so are the cells a zoo recorded as failed. Pairs need the per-image outputs a zoo keeps
+so are the cells a zoo recorded as failed. A fairness task also gives each backbone's accuracy
+at every demographic-parity level: one curve per backbone. Pairs need the per-image outputs a zoo keeps
 (``--save-predictions``, on whenever several backbones run): without them, or on different
 images, a pair is reported as untested, never as a tie.
 """
@@ -67,7 +68,23 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0) -> dict:
         "correction": "Holm, over each task's pairs",
         "tasks": [_board_record(board) for board in boards],
         "overall": overall(boards, backbones),
+        "curves": parity_curves(rows),
         "failed": failed_cells(paths),
+    }
+
+
+def parity_curves(rows: list[dict]) -> dict:
+    """Per fairness task, each backbone's test accuracy at each demographic-parity level
+    (its ``accuracy@<level>`` rows, means over seeds): one curve per backbone."""
+    curves: dict = defaultdict(lambda: defaultdict(dict))
+    for record in aggregate(rows):
+        name, at, level = record["metric"].partition("@")
+        if name == "accuracy" and at:
+            label = task_label(record["task"], record["dataset"])
+            curves[label][record["backbone"]][float(level)] = record["mean"]
+    return {
+        task: {backbone: dict(sorted(by.items())) for backbone, by in sorted(lines.items())}
+        for task, lines in sorted(curves.items())
     }
 
 
