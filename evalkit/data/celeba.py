@@ -165,7 +165,7 @@ class FaceAttributes(torch.utils.data.Dataset):
     def identity(self) -> str:
         paths = [path for path, _ in self.samples]
         lists = [self.root / ATTRIBUTES_FILE, self.root / PARTITION_FILE]
-        extra = f"{self.attributes}|{self.transform!r}"
+        extra = f"{self.transform!r}"  # not the attributes: items are (image, index) either way
         return files_identity(lists + paths, self.root, content=verifies_content(self), extra=extra)
 
 
