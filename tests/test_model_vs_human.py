@@ -268,3 +268,23 @@ def test_paper_numbers_stand_beside_fine_tuned_runs_only():
     assert resolve_task("shape-bias").reference == {}
     tuned = resolve_task("shape-bias", ["finetune=true"]).reference
     assert tuned["shape_bias"]["ViT-22B-384 (fine-tuned)"] == 0.87
+
+
+def test_a_checkpoints_own_head_is_loaded_never_left_random(tmp_path):
+    """A model built with its 1000-class head from ``--weights`` gets the checkpoint's head
+    (a head skipped on loading would be random and its decisions noise)."""
+    import timm
+    from safetensors.torch import save_file
+
+    from evalkit import load_backbone
+
+    source = timm.create_model("resnet18", num_classes=1000)
+    torch.nn.init.normal_(source.fc.weight)
+    save_file(source.state_dict(), tmp_path / "w.safetensors")
+    loaded = load_backbone(
+        "timm/resnet18", weights=str(tmp_path / "w.safetensors"), model_kwargs={"num_classes": 1000}
+    )
+    assert loaded.has_imagenet_head
+    assert torch.equal(loaded.model.fc.weight, source.fc.weight)
+    plain = load_backbone("timm/resnet18", weights=str(tmp_path / "w.safetensors"))
+    assert not plain.has_imagenet_head  # built without a head, the checkpoint's is skipped
