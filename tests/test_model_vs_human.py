@@ -266,8 +266,13 @@ def test_paper_numbers_stand_beside_fine_tuned_runs_only():
     from evalkit.core.runner import resolve_task
 
     assert resolve_task("shape-bias").reference == {}
+    assert resolve_task("model-vs-human").reference == {}
     tuned = resolve_task("shape-bias", ["finetune=true"]).reference
-    assert tuned["shape_bias"]["ViT-22B-384 (fine-tuned)"] == 0.87
+    assert tuned == {"shape_bias": {"ViT-22B-384 (fine-tuned)": 0.87, "humans": 0.96}}
+    own = resolve_task("model-vs-human", ["classifier=own"]).reference
+    assert own["ood_accuracy"]["ViT-22B-384 (fine-tuned)"] == 0.837
+    subset = resolve_task("model-vs-human", ["classifier=own", "sets=edge,cue-conflict"])
+    assert "ood_accuracy" not in subset.reference  # the benchmark's mean is over 17 sets
 
 
 def test_a_checkpoints_own_head_is_loaded_never_left_random(tmp_path):
