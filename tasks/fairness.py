@@ -100,7 +100,7 @@ class Fairness(LinearClassifier):
             data.train_rows(), None, num_classes=2, l2=l2, init=init, max_iter=self.refit_max_iter
         )
         scores = {s: _positive_scores(model, data.rows_of(f)) for s, (f, _) in parts.items()}
-        held = parts[self.fit_split][1], parts[self.eval_split][1]
+        faces = parts[self.fit_split][1], parts[self.eval_split][1]
         extra = {
             "classifier": "logistic regression on frozen features",
             "l2": l2,
@@ -110,28 +110,30 @@ class Fairness(LinearClassifier):
             "thresholds_fitted_on": self.fit_split,
             "n_train": len(train),
         }
-        yield from self.rows(scores, held, extra, ctx, backbone)
+        yield from self.rows(scores, faces, extra, ctx, backbone)
 
     def features(self, split, view, backbone, request, ctx):
-        """A split's features with its target as labels, and its (targets, groups)."""
+        """A split's features with its target as labels, and the split's reader."""
         faces = open_dataset(
             self.dataset, split, ctx.data, transform=view, target=self.attribute, group=self.group
         )
         feats = ctx.features(backbone, faces, split=split, request=request)
         feats.labels = torch.as_tensor(faces.targets)[feats.labels]  # items are (image, index)
-        return feats, (faces.targets, faces.groups)
+        return feats, faces
 
-    def rows(self, scores: dict, held: tuple, extra: dict, ctx, backbone):
-        (fit_targets, fit_groups), (targets, groups) = held
-        test = scores[self.eval_split]
+    def rows(self, scores: dict, faces: tuple, extra: dict, ctx, backbone):
+        """Per level, the thresholds fitted on ``faces[0]`` and their outcome on ``faces[1]``."""
+        fitted, tested = faces
+        test, targets, groups = scores[self.eval_split], tested.targets, tested.groups
         names = subgroups(self.group)
-        curves = {"unconstrained": _outcome((test > 0.5).astype(float), targets, groups, names)}
+        positives = {"unconstrained": (test > 0.5).astype(float)}
         rules = {}
         for level in self.levels:
-            rule = fit_parity(scores[self.fit_split], fit_targets, fit_groups, level)
+            rule = fit_parity(scores[self.fit_split], fitted.targets, fitted.groups, level)
             rules[f"{level:g}"] = {names[g]: rate for g, rate in rule.rates.items()}
-            positive = rule.positive_probability(test, groups)
-            curves[level] = _outcome(positive, targets, groups, names)
+            positives[level] = rule.positive_probability(test, groups)
+        curves = {key: _outcome(p, targets, groups, names) for key, p in positives.items()}
+        save_outcomes(ctx, tested, test, positives)
         extra = {**extra, "selection_rates_by_level": rules}
         extra["picture"] = self.plot(curves, backbone, ctx)
         for key, outcome in curves.items():
@@ -154,6 +156,26 @@ class Fairness(LinearClassifier):
         series = {backbone.info.name: {lv: out["accuracy"] for lv, out in levels.items()}}
         slug = f"{self.name}--{backbone.info.name}".replace("/", "_")
         return str(parity_plot(series, self.attribute, Path(ctx.artifacts) / f"{slug}.png"))
+
+
+def save_outcomes(ctx, faces, scores: np.ndarray, positives: dict):
+    """Per test image (``--save-predictions``): its score, and its expected correctness as it
+    is (``accuracy``) and at each level (``accuracy@<ε>``), whose means are the rows."""
+    right = {
+        "accuracy" if key == "unconstrained" else f"accuracy@{key:g}": np.where(
+            faces.targets == 1, p, 1 - p
+        ).tolist()
+        for key, p in positives.items()
+    }
+    ctx.save_predictions(
+        {
+            "image": list(faces.images),
+            "target": faces.targets.tolist(),
+            "group": faces.groups.tolist(),
+            "score": scores.tolist(),
+            **right,
+        }
+    )
 
 
 def _positive_scores(model, rows) -> np.ndarray:

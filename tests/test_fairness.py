@@ -216,6 +216,8 @@ def test_the_stand_in_plants_a_known_correlation(ctx):
 
 
 def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, monkeypatch):
+    import pandas as pd
+
     from evalkit import load_backbone
     from evalkit.core.runner import resolve_task
     from evalkit.heads import fairness
@@ -229,8 +231,9 @@ def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, mon
 
     monkeypatch.setattr(fairness.ParityRule, "positive_probability", watched)
     ctx.artifacts = tmp_path / "pictures"
+    ctx.predictions = tmp_path / "predictions.parquet"
     task = resolve_task("celeba-fairness-smiling", ["levels=0,0.05,0.2"])
-    rows = {m.metric: m for m in task.run(load_backbone("timm/resnet18"), ctx)}
+    rows = {m.metric: m for m in task.run(load_backbone("fake"), ctx)}
     assert set(rows) == set(task.metrics())
     assert rows["parity_gap"].value > 0.3  # the planted correlation, learnt
     assert rows["parity_gap@0"].value < rows["parity_gap"].value / 3
@@ -239,6 +242,27 @@ def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, mon
         assert max(rates.values()) - min(rates.values()) <= level + 1e-9  # met on valid
     assert Path(rows["accuracy"].extra["picture"]).stat().st_size > 0
     assert rows["accuracy/female"].n == 160 and len(fitted) == 3
+    saved = pd.read_parquet(ctx.predictions)  # the rows are the means of the per-image outputs
+    for metric in ("accuracy", "accuracy@0", "accuracy@0.2"):
+        assert saved[metric].mean() == pytest.approx(rows[metric].value, abs=1e-12)
+
+
+def test_fairness_numbers_do_not_depend_on_the_thread_count(ctx):
+    import torch
+
+    from evalkit import load_backbone
+    from evalkit.core.runner import resolve_task
+
+    task, backbone = resolve_task("celeba-fairness-attractive"), load_backbone("fake")
+    before = torch.get_num_threads()
+    try:
+        values = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            values.append({m.metric: m.value for m in task.run(backbone, ctx)})
+    finally:
+        torch.set_num_threads(before)
+    assert values[0] == values[1]
 
 
 def test_fine_tuning_is_not_a_fairness_protocol():
@@ -253,15 +277,18 @@ def test_the_leaderboard_draws_one_curve_per_backbone(cli_env, capsys):
     from evalkit.publish.leaderboard import leaderboard
 
     out = cli_env / "zoo"
-    for backbone in ("fake", "timm/resnet18"):
+    for backbone in ("fake", "vit22b/test"):
         args = ["run", "--task", "celeba-fairness-smiling", "--backbone", backbone]
-        assert main([*args, "--data", "embedded", "--set", "levels=0,0.1", "--out", str(out)]) == 0
+        args += ["--data", "embedded", "--set", "levels=0,0.1", "--save-predictions"]
+        assert main([*args, "--out", str(out)]) == 0
     curves = leaderboard([out])["curves"]
     ((task, lines),) = curves.items()
-    assert task.startswith("celeba-fairness-smiling") and set(lines) == {"fake", "timm/resnet18"}
+    assert task.startswith("celeba-fairness-smiling") and set(lines) == {"fake", "vit22b/test"}
     assert all(list(by) == [0.0, 0.1] for by in lines.values())
     page = cli_env / "board.html"
     assert main(["leaderboard", str(out), "--format", "html", "--output", str(page)]) == 0
     assert page.read_text().count("<polyline") == 2
+    pair = leaderboard([out])["tasks"][0]["pairs"][0]  # per-image outputs: a paired test
+    assert "bootstrap" in pair["test"] and pair["p_holm"] is not None
     assert main(["leaderboard", str(out), "--format", "markdown"]) == 0
     assert "| fake | " in capsys.readouterr().out
