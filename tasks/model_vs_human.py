@@ -111,8 +111,8 @@ class ModelVsHuman(LinearClassifier):
         return None
 
     def run(self, backbone, ctx):
-        decisions_of, extra = self.classifier_for(backbone, ctx)
         root = dataset_root(data_kind(STIMULI), ctx.data)
+        decisions_of, extra = self.classifier_for(backbone, ctx, categories_of(root))
         results, saved = {}, []
         for name in self.sets:
             stimuli, decisions = decisions_of(name)
@@ -127,13 +127,11 @@ class ModelVsHuman(LinearClassifier):
             ctx.save_predictions({k: sum((s[k] for s in saved), []) for k in saved[0]})
         yield from self.rows(results, extra)
 
-    def classifier_for(self, backbone, ctx):
-        """``set name → (stimuli, decisions)`` and what the classifier is."""
+    def classifier_for(self, backbone, ctx, categories: dict[str, list[str]]):
+        """``set name → (stimuli, decisions)`` over ``categories``, and what the classifier is."""
         head = own_head(backbone) if self.classifier != "probe" else None
         if self.classifier == "own" and head is None:
             raise EvalkitError(self.lacks(backbone))
-        root = dataset_root(data_kind(STIMULI), ctx.data)
-        categories = categories_of(root)
         if head is not None:
             classes, transform = head.classes, ctx.decoded(backbone.transform())
             extra = {"classifier": f"{backbone.info.name}'s own ImageNet-1k head"}
@@ -149,8 +147,8 @@ class ModelVsHuman(LinearClassifier):
         groups = category_classes(categories, scorer.classes)
 
         def decisions_of(name):
-            logits, _ = scorer.score(STIMULI, name)
             stimuli = open_dataset(STIMULI, name, ctx.data, transform=scorer.transform)
+            logits, _ = scorer.score_opened(stimuli, f"{STIMULI}/{name}")
             return stimuli, decide(logits, groups)
 
         return decisions_of, {**scorer.extra, "probe_data": self.dataset}

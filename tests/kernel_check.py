@@ -2,7 +2,9 @@
 to be the same on every machine, and prints it as JSON: kNN neighbours on near-duplicate and
 duplicate training rows in every search mode (bitwise: the ranking's arithmetic is evalkit's
 own), the linear probe's decisions on real-looking features (chosen L2, hold-out and test
-hits) and the classes predicted after a batch back-off.
+hits), the classes predicted after a batch back-off, and what model-vs-human and the fairness
+evaluation compute from scores (category decisions; parity rates, accuracy, per-image
+probabilities).
 
 Inputs come from files the caller made once, since even torch's random numbers follow the
 kernel path (``randn`` without AVX2 differs).
@@ -19,7 +21,9 @@ import sys
 import torch
 from probe_threads_script import main as probe
 
+from evalkit.heads.fairness import fit_parity
 from evalkit.heads.knn import nearest
+from evalkit.protocols.human_alignment import decide
 
 
 def digest(*tensors: torch.Tensor) -> str:
@@ -53,6 +57,25 @@ def backed_off_predictions(path: str) -> str:
     return digest(whole.argmax(1))
 
 
+def decisions_and_parity(path: str) -> dict:
+    """Feature columns as logits of 24 classes in 8 categories of 3 (model-vs-human's mean
+    probability per category), and a softmax of two columns as a binary score post-processed
+    to parity level .05 over subgroups of the labels (the fairness evaluation)."""
+    _, _, images, labels = torch.load(path, weights_only=True)
+    logits = images[:, :24].double()
+    decisions = decide(logits, [[i, i + 1, i + 2] for i in range(0, 24, 3)])
+    scores = torch.softmax(logits[:, :2], dim=1)[:, 1].numpy()
+    targets, groups = (labels % 2).numpy(), (labels // 2 % 2).numpy()
+    rule = fit_parity(scores, targets, groups, 0.05)
+    positive = torch.from_numpy(rule.positive_probability(scores, groups))
+    return {
+        "decisions": digest(torch.from_numpy(decisions)),
+        "rates": rule.rates,
+        "objective": rule.objective,
+        "positive": digest(positive),
+    }
+
+
 if __name__ == "__main__":
     threads = int(os.environ["OMP_NUM_THREADS"])  # torch caps the variable at the core count
     torch.set_num_threads(threads)
@@ -64,6 +87,7 @@ if __name__ == "__main__":
                 "knn": knn(sys.argv[2]),
                 "probe": probe(sys.argv[1], threads, 0.0),
                 "backed_off": backed_off_predictions(sys.argv[1]),
+                "alignment": decisions_and_parity(sys.argv[1]),
             }
         )
     )

@@ -3,7 +3,8 @@ computed under every kernel path this CPU can take (benchmarks/kernels.py — th
 code branches, oneDNN and ATen instruction caps) and must agree, so a CPU with AVX-512 BF16
 or AMX and one without run the same checks. kNN is promised to the last bit; the probe's
 decisions (chosen L2, hold-out hits per L2, test hits) and predictions after a back-off are
-promised equal (docs/reliability.md, "The same numbers on every machine")."""
+promised equal (docs/reliability.md, "The same numbers on every machine"); so are
+model-vs-human's decisions and the fairness evaluation's parity thresholds, to the last bit."""
 
 from __future__ import annotations
 
@@ -62,6 +63,13 @@ def test_probe_decisions_and_backed_off_predictions_agree_on_every_kernel_path(r
     for name, found in results.items():
         assert found["probe"] == first["probe"], name
         assert found["backed_off"] == first["backed_off"], name
+
+
+def test_category_decisions_and_parity_thresholds_agree_on_every_kernel_path(results):
+    first = results["1 thread"]["alignment"]
+    assert len(first["rates"]) == 2 and 0 < first["objective"] < 1
+    for name, found in results.items():
+        assert found["alignment"] == first, name
 
 
 def test_probe_decisions_hold_on_features_nudged_as_another_extraction_would(features, results):

@@ -19,6 +19,7 @@ easier to see than the target, so an unconstrained classifier leans on it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +117,35 @@ def read_partition(path: Path) -> dict[str, int]:
     return out
 
 
+def read_release(root: Path) -> tuple[list[str], dict[str, np.ndarray], dict[str, int]]:
+    """Both list files of a release — attribute names, each image's values, each image's
+    partition — parsed whole and checked against each other. Parsed once per version of the
+    files: a run's three splits (and ``prepare``) share it."""
+    root = Path(root)
+    return _parsed(root, _stamp(root / ATTRIBUTES_FILE), _stamp(root / PARTITION_FILE))
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None  # reading it says what is missing
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(root: Path, *stamps):
+    names, values = read_attributes(root / ATTRIBUTES_FILE)
+    partition = read_partition(root / PARTITION_FILE)
+    missing = sorted(set(values) - set(partition))
+    if missing:
+        raise EvalkitError(
+            f"{root / PARTITION_FILE} lists no partition for {missing[0]} "
+            f"({len(missing)} images): use the two list files of one release"
+        )
+    return names, values, partition
+
+
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise EvalkitError(
@@ -132,19 +162,12 @@ class FaceAttributes(torch.utils.data.Dataset):
         if split not in PARTITIONS:
             raise EvalkitError(f"CelebA has no split {split!r}: choose {', '.join(PARTITIONS)}")
         self.root, self.transform = Path(root), transform
-        names, values = read_attributes(self.root / ATTRIBUTES_FILE)
+        names, values, partition = read_release(self.root)
         for attribute in (target, group):
             if attribute not in names:
                 raise EvalkitError(
                     f"CelebA has no attribute {attribute!r}: choose from {', '.join(names)}"
                 )
-        partition = read_partition(self.root / PARTITION_FILE)
-        missing = sorted(set(values) - set(partition))
-        if missing:
-            raise EvalkitError(
-                f"{self.root / PARTITION_FILE} lists no partition for {missing[0]} "
-                f"({len(missing)} images): use the two list files of one release"
-            )
         self.images = sorted(i for i, p in partition.items() if p == PARTITIONS[split])
         self.images = [i for i in self.images if i in values]
         column = {a: names.index(a) for a in (target, group)}

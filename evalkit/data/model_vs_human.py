@@ -24,11 +24,9 @@ import json
 from importlib import resources
 from pathlib import Path
 
-import torch
-
-from evalkit.cache.identity import files_identity, read_json
-from evalkit.data import DataKind, verifies_content
-from evalkit.data.folder import IMAGE_SUFFIXES, read_image
+from evalkit.cache.identity import read_json
+from evalkit.data import DataKind
+from evalkit.data.folder import IMAGE_SUFFIXES, ImageFolder
 from evalkit.errors import EvalkitError
 
 PARAMETRIC = (
@@ -100,8 +98,9 @@ def texture_of(imagename: str) -> str:
     return "".join(ch for ch in stem.split("-")[-1] if not ch.isdigit())
 
 
-class Stimuli(torch.utils.data.Dataset):
-    """One set's images with their category, condition and short name."""
+class Stimuli(ImageFolder):
+    """One set's images with their category, condition and short name; read, counted and
+    identified as class folders are (``ImageFolder``), its labels the categories' indices."""
 
     def __init__(self, root: Path, name: str, transform=None):
         if name not in SETS:
@@ -138,18 +137,6 @@ class Stimuli(torch.utils.data.Dataset):
 
     def textures(self) -> list[str]:
         return [texture_of(path.name) for path, _ in self.samples]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int):
-        path, label = self.samples[index]
-        return read_image(path, self.transform), label
-
-    def identity(self) -> str:
-        extra = f"{self.name}|{self.classes}|{self.transform!r}"
-        paths = [p for p, _ in self.samples]
-        return files_identity(paths, self.root, content=verifies_content(self), extra=extra)
 
 
 def _images(folder: Path, pattern: str) -> list[Path]:

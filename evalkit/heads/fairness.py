@@ -33,9 +33,6 @@ class Hull:
     accuracy: np.ndarray
     thresholds: np.ndarray
 
-    def at(self, rate: float) -> float:
-        return float(np.interp(rate, self.rates, self.accuracy))
-
     def positive_probability(self, scores: np.ndarray, rate: float) -> np.ndarray:
         """Each image's probability of selection under the randomised rule that selects a
         ``rate`` share of the images the hull was fitted on."""

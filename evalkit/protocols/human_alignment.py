@@ -72,9 +72,10 @@ def kept_conditions(conditions, excluded) -> list[str]:
     return kept or found
 
 
-def score_set(
-    decisions: np.ndarray, stimuli, trials, excluded=()
-) -> SetScore:  # trials: a DataFrame or None
+def score_set(decisions: np.ndarray, stimuli, trials, excluded=()) -> SetScore:
+    """One set's OOD accuracy, and where ``trials`` (a DataFrame, or None) are given its
+    metrics against every observer and between observers, over the conditions not
+    ``excluded``."""
     categories = stimuli.classes
     truth = np.asarray(stimuli.labels)
     conditions = np.asarray(stimuli.conditions)

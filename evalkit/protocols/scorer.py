@@ -92,10 +92,15 @@ class Scorer:
         data = open_dataset(
             dataset, split, self.ctx.data, transform=self.transform, classes=self.classes
         )
+        name = split if dataset == self.task.dataset else f"{dataset}/{split}"
+        return self.score_opened(data, name)
+
+    def score_opened(self, data, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and labels of a split already opened with ``transform`` (``name``: what the
+        feature cache calls it)."""
         if self.tuned is not None:
             return predict(self.tuned.model, data, self.ctx)
         probe, model, request = self.probe
-        name = split if dataset == self.task.dataset else f"{dataset}/{split}"
         feats = self.ctx.features(self.backbone, data, split=name, request=request)
         return _logits(model, probe.rows_of(feats))
 

@@ -87,13 +87,11 @@ def prepare_celeba(source: Path, dest: Path, *, copy=False, progress=None) -> di
         IMAGES,
         PARTITION_FILE,
         PARTITIONS,
-        read_attributes,
-        read_partition,
+        read_release,
     )
 
     source = Path(source)
-    names, values = read_attributes(source / ATTRIBUTES_FILE)
-    partition = read_partition(source / PARTITION_FILE)
+    names, values, partition = read_release(source)
     images = source / IMAGES
     if not images.is_dir():
         raise EvalkitError(
@@ -105,12 +103,6 @@ def prepare_celeba(source: Path, dest: Path, *, copy=False, progress=None) -> di
         raise EvalkitError(
             f"{len(absent)} listed images are not in {images}/ (first {absent[0]}): unpack the "
             "whole img_align_celeba archive"
-        )
-    unassigned = sorted(set(values) - set(partition))
-    if unassigned:
-        raise EvalkitError(
-            f"{source / PARTITION_FILE} gives no partition for {unassigned[0]} "
-            f"({len(unassigned)} images): use the list files of one release"
         )
     target = Path(dest) / "celeba"
     for item in (ATTRIBUTES_FILE, PARTITION_FILE, IMAGES):
