@@ -72,8 +72,7 @@ def appending(path: Path, data: bytes) -> bool:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b", buffering=0) as file:
-            fcntl.flock(file, fcntl.LOCK_EX)
+        with _locked_file(path) as file:
             size = os.lseek(file.fileno(), 0, os.SEEK_END)
             torn = size > 0 and os.pread(file.fileno(), 1, size - 1) != b"\n"
             try:
@@ -86,6 +85,38 @@ def appending(path: Path, data: bytes) -> bool:
         error = write_error(exc, path)
         raise error or EvalkitError(f"cannot write {path}: {exc.strerror or exc}") from None
     return torn
+
+
+def rewriting(path: Path, drop, data: bytes):
+    """Rewrite ``path`` without the lines ``drop(line)`` picks, then ``data``, all or nothing
+    (a temporary file renamed into place), under the lock appenders take: an append that was
+    waiting on the old file goes to the new one (``_locked_file``), so none is lost."""
+    path = Path(path)
+    with _locked_file(path) as file:
+        old = os.pread(file.fileno(), os.fstat(file.fileno()).st_size, 0)
+        kept = b"".join(line for line in old.splitlines(keepends=True) if not drop(line))
+        kept += b"" if not kept or kept.endswith(b"\n") else b"\n"
+        with replacing(path) as tmp:
+            with open(tmp, "wb") as out:
+                _write_all(out, kept + data)
+                os.fsync(out.fileno())
+            os.chmod(tmp, os.fstat(file.fileno()).st_mode & 0o7777)
+
+
+def _locked_file(path: Path):
+    """``path`` opened for appending and exclusively locked; one replaced by ``rewriting``
+    while this process waited is opened and locked again, so a write never lands in a file
+    that is no longer there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        file = open(path, "a+b", buffering=0)  # noqa: SIM115 - the caller closes it
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
+                return file
+        except FileNotFoundError:
+            pass
+        file.close()
 
 
 def _write_all(file, data: bytes):

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evalkit.cli.results import error_tables
 from evalkit.errors import EvalkitError
 from evalkit.heads.fairness import (
     expected_accuracy,
@@ -245,6 +246,10 @@ def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, mon
     saved = pd.read_parquet(ctx.predictions)  # the rows are the means of the per-image outputs
     for metric in ("accuracy", "accuracy@0", "accuracy@0.2"):
         assert saved[metric].mean() == pytest.approx(rows[metric].value, abs=1e-12)
+    tables = dict(error_tables(saved, 3))  # evalkit errors reads these outputs too
+    worst = tables["images of lowest expected accuracy"]
+    assert list(worst["accuracy"]) == sorted(saved["accuracy"])[:3]
+    assert len(tables["subgroups of lowest expected accuracy"]) == 3
 
 
 def test_fairness_numbers_do_not_depend_on_the_thread_count(ctx):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from evalkit.cli.results import error_tables
 from evalkit.errors import EvalkitError
 from evalkit.metrics import accuracy_difference, error_consistency, shape_bias
 
@@ -242,6 +243,11 @@ def test_model_vs_human_scores_every_set_and_the_people(ctx, tmp_path):
     assert rows["shape_fraction"].value == pytest.approx(
         (conflict["decision"] == conflict["category"]).sum() / len(cue)
     )
+    tables = dict(error_tables(saved, 3))  # evalkit errors reads these outputs too
+    wrong = saved[~saved["correct"]]
+    top = tables["most confused categories"].iloc[0]
+    assert top["images"] == wrong.groupby(["category", "decision"]).size().max()
+    assert len(tables["sets of lowest accuracy"]) == 3
 
 
 def test_the_own_head_is_used_where_the_backbone_keeps_one(ctx, tmp_path):

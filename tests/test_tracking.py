@@ -73,7 +73,7 @@ def test_tensorboard_event_files_hold_the_rows_and_the_curve(logged):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     root, rows, _ = logged
-    (folder,) = glob.glob(f"{root}/tb/lit-imagenet--fake--s0")
+    (folder,) = glob.glob(f"{root}/tb/lit-imagenet--fake--s0--*")
     events = EventAccumulator(folder)
     events.Reload()
     assert [e.value for e in events.Scalars("top1")] == [pytest.approx(rows["top1"]["value"])]
@@ -87,7 +87,14 @@ def test_mlflow_holds_the_rows_the_curve_the_settings_and_the_predictions(logged
     root, rows, _ = logged
     client = MlflowClient(f"file://{root}/mlruns")
     (run,) = client.search_runs([client.get_experiment_by_name("probe").experiment_id])
-    assert run.info.run_name == "lit-imagenet/fake/s0"
+    assert run.info.run_name.startswith("lit-imagenet/fake/s0/")  # then the request's key
+    params = run.data.params  # the setup: options, weights, random init, stand-in data
+    assert params["backbone_options"] == "{}" and params["weights_id"].startswith("random-init")
+    assert (params["random_init"], params["stand_in"], params["dataset"]) == (
+        "True",
+        "True",
+        "imagenet+captions",
+    )
     assert run.data.metrics["top1"] == pytest.approx(rows["top1"]["value"])
     assert run.data.metrics["stderr/top5"] == pytest.approx(rows["top5"]["stderr"])
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) == STEPS
@@ -139,7 +146,7 @@ def test_wandb_offline_run_holds_the_rows_the_curve_the_config_and_the_predictio
     assert sum("train/loss" in h for h in history) == STEPS
     assert [h["top1"] for h in history if "top1" in h] == [pytest.approx(rows["top1"]["value"])]
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert run.display_name == "lit-imagenet/fake/s0"
+    assert run.display_name.startswith("lit-imagenet/fake/s0/")
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["task"] == "lit-imagenet" and config["settings"]["steps"] == 3
     artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]

@@ -337,6 +337,7 @@ def test_per_image_outputs_recompute_every_familys_metric(
     slug = f"{row['task']}--fake--s0--{row['run_key']}".replace("/", "_")
     frame = pd.read_parquet(cli_env / "runs" / "predictions" / f"{slug}.parquet")
     assert _recomputed(task, metric, frame) == pytest.approx(row["value"], rel=1e-9, abs=1e-12)
+    assert main(["errors", "runs", "--task", task]) == 0  # every family's outputs read back
 
 
 def test_every_per_image_kind_gets_its_paired_test():

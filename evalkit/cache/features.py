@@ -38,7 +38,8 @@ from evalkit.data.feeding import loader_options, loader_workers, on_device
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
-FORMAT_VERSION = 3  # 2: checksummed shards, keys from feature_spec; 3: shards know their place
+FORMAT_VERSION = 4  # 2: checksummed shards, keys from feature_spec; 3: shards know their place;
+# 4: a key names only the libraries that run its backbone
 STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WORKER_PREFIX = "evalkit.errors.EvalkitError: "
 META = "meta.json"
@@ -178,7 +179,7 @@ def backbone_spec(info, dtype: str) -> dict:
         "options": info.options,
         "preprocess": info.preprocess.as_dict(),
         "dtype": dtype,
-        "libraries": library_versions(),
+        "libraries": library_versions(info.name),
     }
 
 

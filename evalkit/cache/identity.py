@@ -43,8 +43,11 @@ def spec_key(spec: dict, length: int = 24) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def library_versions() -> dict[str, str | None]:
-    """major.minor of the libraries whose kernels and model code compute features."""
+def library_versions(backbone: str | None = None) -> dict[str, str | None]:
+    """major.minor of the libraries whose kernels and model code compute ``backbone``'s
+    features: torch for every backbone, timm for timm models, open_clip (and the timm towers
+    it may build) for open_clip models; every feature library when no backbone is named.
+    Installing or upgrading a library that does not run a backbone leaves its keys as they are."""
 
     def major_minor(name: str) -> str | None:
         try:
@@ -52,7 +55,15 @@ def library_versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             return None
 
-    return {name: major_minor(name) for name in FEATURE_LIBRARIES}
+    family = (backbone or "").partition("/")[0]
+    names = FAMILY_LIBRARIES.get(family, ("torch",)) if backbone is not None else FEATURE_LIBRARIES
+    return {name: major_minor(name) for name in names}
+
+
+FAMILY_LIBRARIES = {
+    "timm": ("torch", "timm"),
+    "open_clip": FEATURE_LIBRARIES,
+}
 
 
 def file_digest(path: Path) -> str:

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape  # "pip install 'evalkit[clip]'" must keep its [clip]
 
-    console = Console(stderr=False)
+    console = Console(stderr=False, width=log_width())
     try:
         return COMMANDS[args.command][1](args, console)
     except EvalkitError as exc:
@@ -98,6 +98,19 @@ def main(argv: list[str] | None = None) -> int:
             f"[bold red]error:[/] {escape(str(message))}", highlight=False, soft_wrap=True
         )
         return 2
+
+
+def log_width() -> int | None:
+    """The width output is laid out at: the terminal's; when output goes to a file or a pipe
+    (a log), ``$COLUMNS`` if set, else wide enough that no table breaks a word or cuts a name
+    (rich would take 80 columns)."""
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
+
+
+LOG_WIDTH = 4096
 
 
 if __name__ == "__main__":

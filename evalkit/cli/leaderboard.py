@@ -25,14 +25,19 @@ def add_leaderboard(sub) -> None:
 
 
 def cmd_leaderboard(args, console) -> int:
+    from evalkit.core.results import file_rows, rows_files
     from evalkit.errors import EvalkitError
-    from evalkit.publish.leaderboard import leaderboard
 
     if not 0 < args.level < 1:
         raise EvalkitError(f"--level {args.level}: expected a probability between 0 and 1")
+    if not any(file_rows(file) for file in rows_files(args.results)):  # before the heavy imports
+        raise EvalkitError(
+            f"no result rows under {', '.join(map(str, args.results))} (expected *.jsonl "
+            "from evalkit run)"
+        )
+    from evalkit.publish.leaderboard import leaderboard
+
     board = leaderboard(args.results, level=args.level, seed=args.seed)
-    if not board["tasks"]:
-        raise EvalkitError(f"no result rows under {', '.join(map(str, args.results))}")
     if args.format == "terminal" and args.output is None:
         print_terminal(console, board)
         return 0
@@ -66,7 +71,7 @@ def print_terminal(console, board: dict):
     table = Table("mean rank", "backbone", "tasks", "missing", title="over all tasks")
     for entry in board["overall"]:
         table.add_row(
-            f"{entry['mean_rank']:.2f}",
+            _mean_rank(entry),
             plain(entry["backbone"]),
             str(entry["tasks"]),
             plain(", ".join(entry["missing"]) or "–"),
@@ -102,12 +107,17 @@ def _rank(rank: float) -> str:
     return f"{rank:g}"
 
 
+def _mean_rank(entry: dict) -> str:
+    """A complete setup's mean rank; one that lacks a task has none (``–``)."""
+    return "–" if entry["mean_rank"] is None else f"{entry['mean_rank']:.2f}"
+
+
 def markdown(board: dict) -> str:
     parts = ["# Leaderboard", ""]
     parts += ["| mean rank | backbone | tasks | missing |", "|---|---|---|---|"]
     for e in board["overall"]:
         missing = ", ".join(e["missing"]) or "–"
-        parts.append(f"| {e['mean_rank']:.2f} | {e['backbone']} | {e['tasks']} | {missing} |")
+        parts.append(f"| {_mean_rank(e)} | {e['backbone']} | {e['tasks']} | {missing} |")
     for task in board["tasks"]:
         arrow = "↑" if task["higher_is_better"] else "↓"
         parts += ["", f"## {task['task']}", "", f"| rank | backbone | {task['metric']} {arrow} |"]
@@ -147,7 +157,7 @@ def page(board: dict) -> str:
             ["mean rank", "backbone", "tasks", "missing"],
             [
                 [
-                    f"{e['mean_rank']:.2f}",
+                    _mean_rank(e),
                     e["backbone"],
                     str(e["tasks"]),
                     ", ".join(e["missing"]) or "–",
@@ -192,7 +202,7 @@ def ranks_figure(board: dict) -> str:
     names = [e["backbone"] for e in board["overall"]]
     most = max((len(t["cells"]) for t in board["tasks"]), default=1)
     width, left, row_height = 640, 220, 28
-    height = row_height * len(names) + 40
+    height = row_height * len(names) + 60
 
     def x(rank: float) -> float:
         return left + (rank - 1) / max(most - 1, 1) * (width - left - 20)
@@ -207,10 +217,20 @@ def ranks_figure(board: dict) -> str:
             for cell in task["cells"]:
                 if cell["backbone"] == entry["backbone"]:
                     marks.append(f'<circle cx="{x(cell["rank"]):.1f}" cy="{y}" r="3" fill="#9ab"/>')
-        marks.append(f'<circle cx="{x(entry["mean_rank"]):.1f}" cy="{y}" r="7" fill="#246"/>')
+        if entry["mean_rank"] is not None:
+            mean = x(entry["mean_rank"])
+            marks.append(f'<circle cx="{mean:.1f}" cy="{y}" r="7" fill="#246"/>')
     ticks = "".join(
-        f'<text x="{x(r):.1f}" y="{height - 6}" text-anchor="middle">{r}</text>'
+        f'<text x="{x(r):.1f}" y="{height - 26}" text-anchor="middle">{r}</text>'
         for r in range(1, most + 1)
+    )
+    ticks += (
+        f'<text x="{(left + width - 20) / 2:.0f}" y="{height - 6}" text-anchor="middle">'
+        "rank (1 is best)</text>"
+        f'<circle cx="12" cy="{height - 10}" r="3" fill="#9ab"/>'
+        f'<text x="20" y="{height - 6}">rank on one task</text>'
+        f'<circle cx="132" cy="{height - 10}" r="7" fill="#246"/>'
+        f'<text x="144" y="{height - 6}">mean rank (complete setups)</text>'
     )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '

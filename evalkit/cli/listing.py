@@ -49,9 +49,13 @@ def cmd_ls(args, console) -> int:
     else:
         from evalkit.backbones import BACKBONES as registry
         from evalkit.backbones import EXAMPLES as examples
-    table = Table("name", "what", "examples" if args.what == "backbones" else "")
+    third = {"backbones": "examples", "datasets": "how to name it"}.get(args.what)
+    table = Table("name", "what", *([third] if third else []))
     for entry in registry.entries():
-        table.add_row(entry.name, entry.summary, examples.get(entry.name, ""))
+        own = f"--set dataset={entry.name}" if args.what == "datasets" else ""
+        example = examples.get(entry.name, own)
+        extra = [example] if third else []
+        table.add_row(entry.name, entry.summary, *extra)
     if args.what == "datasets":
         table.add_row(
             "folder:PATH",

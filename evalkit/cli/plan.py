@@ -153,13 +153,14 @@ def cmd_plan(args, console) -> int:
         highlight=False,
     )
     console.print(
-        f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} per host",
+        f"ranks: {budget.ranks} on {budget.nodes} host(s), {budget.ranks_per_host} per host "
+        f"(tp={args.tp} × {budget.ranks // args.tp} data-parallel)",
         highlight=False,
     )
     device = args.device or ("cuda" if target is None and budget.device is not None else "cpu")
     decoding = measured_decoding(args.decoder, shape.image or 224)
     rates = feeding_rates(shape, target, device, decoding.per_core)
-    print_feeding(console, rates, decoding)
+    print_feeding(console, rates, decoding, budget.ranks // args.tp)
     print_pixels(console, images, shape.image or 224, budget.disk)
     for problem in budget.problems:
         console.print(f"[bold red]does not fit:[/] {problem}", highlight=False, soft_wrap=True)
@@ -167,8 +168,10 @@ def cmd_plan(args, console) -> int:
     return 0
 
 
-def print_feeding(console, rates: dict, decoding):
-    """The decode rate the loader is expected to reach per rank, beside the forward's."""
+def print_feeding(console, rates: dict, decoding, copies: int):
+    """The decode rate the loader is expected to reach per rank, beside the forward's, per
+    rank and over the ``copies`` data-parallel copies of the model (the rate the expected time
+    assumes)."""
     line = (
         f"feeding: {rates['workers']} decoding workers per rank × {decoding.per_core:,.0f} img/s "
         f"({decoding.decoder} decoder, one core, measured here on ImageNet-sized JPEGs), about "
@@ -182,7 +185,9 @@ def print_feeding(console, rates: dict, decoding):
                 f"the device waits about {1 - rates['decode'] / rates['forward']:.0%} of the time"
             )
         )
-        line += f"; the forward takes about {rates['forward']:,.0f} img/s ({verdict})"
+        line += f"; the forward takes about {rates['forward']:,.0f} img/s per rank ({verdict})"
+        if copies > 1:
+            line += f", {rates['forward'] * copies:,.0f} img/s over {copies} data-parallel ranks"
     console.print(
         line + " (estimates; benchmarks.gpu_check measures both)", highlight=False, soft_wrap=True
     )

@@ -51,6 +51,12 @@ def add_compare(sub) -> None:
         "--one-sided", action="store_true", help="tolerate gains: fail on drops only"
     )
     compare.add_argument(
+        "--allow-new",
+        action="store_true",
+        help="accept a BASE with no rows, or none in common with NEW (a baseline being "
+        "started); without it such a gate fails, since it would compare nothing",
+    )
+    compare.add_argument(
         "--paired",
         action="store_true",
         help="judge each change by a paired test on the same images (needs both sides' "
@@ -324,6 +330,8 @@ def cmd_compare(args, console) -> int:
     tolerance = Tolerances.read(given, args.tolerance) if given.is_file() else args.tolerance
     base, new = load_rows([args.base]), load_rows([args.new])
     records = compare(base, new, tolerance=tolerance, one_sided=args.one_sided)
+    if not args.allow_new and not args.update_baselines:
+        refuse_empty_gate(records, args)
     if args.paired:
         records = judged_paired(records, args)
     table = Table()
@@ -341,10 +349,10 @@ def cmd_compare(args, console) -> int:
     for rec in records:
         status = rec["status"]
         table.add_row(
-            rec["task"],
-            rec["dataset"],
-            rec["backbone"],
-            rec["metric"],
+            escape(rec["task"]),  # labels are text: "fake [img_size=64]" is no markup
+            escape(rec["dataset"]),
+            escape(rec["backbone"]),
+            escape(rec["metric"]),
             fmt(rec["base"]),
             fmt(rec["new"]),
             "–" if rec["delta"] is None else f"{rec['delta']:+.2f}",
@@ -372,6 +380,22 @@ def cmd_compare(args, console) -> int:
             soft_wrap=True,
         )
     return 1 if bad and args.fail_on_regression else 0
+
+
+def refuse_empty_gate(records: list[dict], args):
+    """A gate that compares nothing passes anything: refuse an empty baseline, and one that
+    shares no (task, setup, data, metric) with the new rows."""
+    if not any(r["base"] is not None for r in records):
+        raise EvalkitError(
+            f"the baseline {args.base} holds no result rows, so nothing would be compared: "
+            "point BASE at the baseline rows, or pass --allow-new to start one deliberately"
+        )
+    if not any(r["base"] is not None and r["new"] is not None for r in records):
+        raise EvalkitError(
+            f"no row of {args.new} matches a row of the baseline {args.base} (same task, "
+            "backbone setup, settings, data and metric), so nothing would be compared: check "
+            "both were run the same way, or pass --allow-new"
+        )
 
 
 def judged_paired(records: list[dict], args) -> list[dict]:
@@ -473,17 +497,62 @@ def cmd_errors(args, console) -> int:
 
 
 def error_tables(frame, top: int):
-    """(title, DataFrame) pairs: for classification the most confused (label, prediction)
-    pairs and the most confident mistakes; for dense tasks the images of lowest mIoU."""
+    """(title, DataFrame) pairs of what a task got most wrong, by what its per-image outputs
+    hold: dense tasks their images of lowest mIoU or highest depth error; model-vs-human its
+    confused categories and weakest sets; few-shot the images most seeds missed; fairness the
+    subgroups and images of lowest expected accuracy; classification (probes, kNN, zero-shot,
+    video, calibration) its confused classes and most confident mistakes."""
+    from evalkit.metrics import DEPTH_METRICS
+
     if "miou" in frame:
-        worst = frame.nsmallest(top, "miou")[["image", "miou", "pixel_acc"]]
-        return [("images of lowest mIoU", worst)]
+        return [
+            ("images of lowest mIoU", frame.nsmallest(top, "miou")[["image", "miou", "pixel_acc"]])
+        ]
+    if depth := [m for m in DEPTH_METRICS if m in frame]:
+        return [(f"images of highest {depth[0]}", frame.nlargest(top, depth[0])[["image", *depth]])]
+    if {"category", "decision"} <= set(frame.columns):
+        return human_alignment_tables(frame, top)
+    if "correct_share" in frame:
+        return few_shot_tables(frame, top)
+    if {"group", "score", "accuracy"} <= set(frame.columns):
+        return fairness_tables(frame, top)
+    return classification_tables(frame, top)
+
+
+def human_alignment_tables(frame, top: int):
+    wrong = frame[~frame["correct"]]
+    pairs = wrong.groupby(["category", "decision"]).size().rename("images")
+    sets = frame.groupby("set")["correct"].mean().rename("accuracy").nsmallest(top).reset_index()
+    return [
+        ("most confused categories", pairs.nlargest(top).reset_index()),
+        ("sets of lowest accuracy", sets),
+    ]
+
+
+def few_shot_tables(frame, top: int):
+    missed = frame.nsmallest(top, "correct_share")[["image", "label", "correct_share"]]
+    classes = frame.groupby("label")["correct_share"].mean().nsmallest(top).reset_index()
+    return [("images most seeds got wrong", missed), ("classes of lowest share right", classes)]
+
+
+def fairness_tables(frame, top: int):
+    groups = frame.groupby(["group", "target"])["accuracy"].mean().rename("expected accuracy")
+    worst = frame.nsmallest(top, "accuracy")[["image", "group", "target", "score", "accuracy"]]
+    return [
+        ("subgroups of lowest expected accuracy", groups.nsmallest(top).reset_index()),
+        ("images of lowest expected accuracy", worst),
+    ]
+
+
+def classification_tables(frame, top: int):
+    label_names = frame["label_name"] if "label_name" in frame else frame["label"].astype(str)
     if "prediction_name" in frame:  # predictions and labels named in the space scored
         predicted = frame["prediction_name"]
-    else:  # files written before predictions carried their names
-        names = dict(zip(frame["label"], frame["label_name"], strict=False))
+    else:  # files without names (calibration; files written before they had names)
+        names = dict(zip(frame["label"], label_names, strict=False))
         predicted = [names.get(p, str(p)) for p in frame["prediction"]]
-    wrong = frame.assign(predicted=list(predicted))[~frame["correct"]]
+    frame = frame.assign(label_name=list(label_names), predicted=list(predicted))
+    wrong = frame[~frame["correct"]]
     pairs = (
         wrong.groupby(["label_name", "predicted"])
         .size()
@@ -491,15 +560,18 @@ def error_tables(frame, top: int):
         .nlargest(top)
         .reset_index()
     )
+    columns = ["image", "label_name", "predicted"]
     if "top5_probabilities" in frame:
         wrong = wrong.assign(probability=[p[0] for p in wrong["top5_probabilities"]])
         kind = frame["score_kind"].iloc[0] if len(frame) else "probability"
-        confident = wrong.nlargest(top, "probability")
-        title = f"most confident mistakes (probability: {kind})"
-        columns = ["image", "label_name", "predicted", "probability"]
+        title, score = f"most confident mistakes (probability: {kind})", "probability"
+    elif "confidence" in frame:
+        title, score = "most confident mistakes (softmax confidence)", "confidence"
     else:  # files written before predictions carried probabilities: the task's raw score
         wrong = wrong.assign(top_score=[s[0] for s in wrong["top5_scores"]])
-        confident = wrong.nlargest(top, "top_score")
         title = "highest-scored mistakes (top_score: the task's raw score, not a probability)"
-        columns = ["image", "label_name", "predicted", "top_score"]
-    return [("most confused classes", pairs), (title, confident[columns])]
+        score = "top_score"
+    return [
+        ("most confused classes", pairs),
+        (title, wrong.nlargest(top, score)[[*columns, score]]),
+    ]

@@ -149,7 +149,7 @@ def add_execution_arguments(run) -> None:
         type=int,
         action="append",
         help="seed of a run (repeatable: one run per seed; default 0); a backbone without "
-        "weights is initialised from the first",
+        "weights is initialised from each run's own seed",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
@@ -219,7 +219,7 @@ def cmd_run(args, console) -> int:
         for job in jobs:
             results.append(job)
             if total > 1:
-                line = cell_line(job, len(results), total, spec.model_args)
+                line = cell_line(job, len(results), total, spec)
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
     print_rows(console, results)
     console.print(f"rows: {specs[0].out}/")
@@ -230,12 +230,16 @@ def cell_count(spec) -> int:
     return max(len(spec.backbones), 1) * len(spec.tasks) * len(spec.seeds)
 
 
-def cell_line(job, index: int, total: int, options: dict) -> str:
-    """One line per finished cell of a zoo: its place, what it is (the backbone with its
-    options, which tell two entries of a zoo file apart) and how it ended."""
+def cell_line(job, index: int, total: int, spec) -> str:
+    """One line per finished cell of a zoo: its place, what it is (the backbone's setup, named
+    as tables name it: its options and weights, which tell two entries of a zoo file apart)
+    and how it ended."""
+    from evalkit.core.results import setup_label
+
     why = f": {job.error or job.note}" if job.error or job.note else ""
-    given = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-    backbone = job.backbone + (f" [{given}]" if given else "")
+    parts = [f"{k}={v}" for k, v in sorted(spec.model_args.items())]
+    parts += [f"weights {Path(spec.weights).name}"] if spec.weights else []
+    backbone = setup_label(job.backbone, parts, not (spec.weights or spec.pretrained))
     return f"[{index}/{total}] {job.task} × {backbone} (seed {job.seed}): {job.status}{why}"
 
 
@@ -314,7 +318,21 @@ def read_zoo(path: Path) -> list[dict]:
             raise EvalkitError(
                 f"--zoo {path}: backbone {number} has {what} (each takes {', '.join(sorted(ZOO_KEYS))})"
             )
+        for key, value in entry.items():
+            if not isinstance(value, ZOO_TYPES[key][0]):
+                raise EvalkitError(
+                    f"--zoo {path}: backbone {number} has {key} = {value!r}; expected "
+                    f"{ZOO_TYPES[key][1]}"
+                )
     return entries
+
+
+ZOO_TYPES = {
+    "name": (str, 'text, e.g. name = "timm/vit_tiny_patch16_224"'),
+    "weights": (str, 'a checkpoint path as text, e.g. weights = "ckpt.safetensors"'),
+    "pretrained": (bool, "true or false"),
+    "model_args": (dict, "a table, e.g. model_args = { img_size = 64 }"),
+}
 
 
 def run_spec(args):

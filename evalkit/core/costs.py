@@ -262,10 +262,12 @@ class RunPlan(NamedTuple):
 def plan_run(task, backbone: str, config, options: dict) -> RunPlan:
     """The stages of ``task`` on ``backbone``, this machine's budget (checked), where the
     split sizes came from, the backbone's shape and the images of the splits."""
-    target, ranks = options.get("target"), options.get("tp") or 1
+    target, tp = options.get("target"), options.get("tp") or 1
+    ranks = planned_ranks(target, tp)
     device = options.get("device") or ("cuda" if target and target.gpus else default_device())
     dtype = options.get("dtype") or default_dtype(device)
-    inputs, sources = plan_inputs(task, backbone, config, options | {"dtype": dtype})
+    options = options | {"dtype": dtype, "dp": ranks // tp}
+    inputs, sources = plan_inputs(task, backbone, config, options)
     budget = Budget.of(target, ranks) if target else Budget.here(device, config.cache, ranks)
     inputs = replace(inputs, device_bytes=budget.device or 0)
     stages = task.plan(inputs)
@@ -277,6 +279,15 @@ def plan_run(task, backbone: str, config, options: dict) -> RunPlan:
     )
     images = sum(inputs.sizes.values())
     return RunPlan([weights, *stages], budget, sources, inputs.shape, images)
+
+
+def planned_ranks(target: Target | None, tp: int) -> int:
+    """The ranks a run is planned on: on a named target, one per GPU it has (``tp`` ranks per
+    model copy, the rest data-parallel: the rate it is timed at assumes every GPU); here,
+    ``tp``."""
+    if target is None or not target.gpus:
+        return tp
+    return max(target.gpus // tp, 1) * tp
 
 
 def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs, str]:

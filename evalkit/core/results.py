@@ -13,13 +13,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, TypedDict
 
 from evalkit.errors import EvalkitError, warn
-from evalkit.writes import appending
+from evalkit.writes import appending, rewriting
 
 
 class Row(TypedDict, total=False):
@@ -61,6 +62,21 @@ def append_rows(path: Path, rows: list[Row]):
         warn(f"{path} ended in a torn line (an earlier write was cut off): it is kept apart")
 
 
+def replace_rows(path: Path, key: str, rows: list[Row]):
+    """A rerun job's rows in place of the ones it wrote before under run key ``key`` (the
+    file keeps one copy of each job), in one all-or-nothing write."""
+    data = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
+    rewriting(path, lambda line: _run_key(line) == key, data)
+
+
+def _run_key(line: bytes) -> str | None:
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # a torn line stays as it is (readers skip it)
+    return row.get("run_key") if isinstance(row, dict) else None
+
+
 def append_row(path: Path, row: Row):
     append_rows(path, [row])
 
@@ -73,20 +89,23 @@ def load_rows(paths) -> list[Row]:
     """Rows from JSONL files or folders of them. A line that is not a row (a torn last line
     from a crash, a hand edit, another tool's output) is skipped with one warning naming its
     file and line."""
-    rows: list[Row] = []
+    return [row for file in rows_files(paths) for row in file_rows(file)]
+
+
+def rows_files(paths) -> list[Path]:
+    """The rows files under ``paths`` (files, or folders searched however deep)."""
+    files = []
     for path in map(Path, paths):
         if not path.exists():
             raise EvalkitError(
                 f"no such file or folder: {path} (expected rows files *.jsonl "
                 "or a folder of them, as evalkit run writes)"
             )
-        files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
-        for file in files:
-            rows += _file_rows(file)
-    return rows
+        files += sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    return files
 
 
-def _file_rows(file: Path) -> list[Row]:
+def file_rows(file: Path) -> list[Row]:
     try:
         text = file.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -128,16 +147,8 @@ def run_spec(row: Row) -> tuple:
     """What makes rows comparable: task, backbone, weights, backbone options, settings and the
     data. Rows differing in anything else (seed, time, machine) are repeats of one run spec;
     a stand-in number and a real one never aggregate."""
-    options = json.dumps(row.get("backbone_options") or {}, sort_keys=True, default=str)
-    weights = weights_group(row)
-    return (
-        row["task"],
-        row["backbone"],
-        weights,
-        options,
-        row.get("config_hash", ""),
-        dataset_label(row),
-    )
+    backbone, weights, options = setup_key(row)
+    return (row["task"], backbone, weights, options, row.get("config_hash", ""), dataset_label(row))
 
 
 def dataset_label(row: Row) -> str:
@@ -151,25 +162,71 @@ def dataset_label(row: Row) -> str:
     return str((row.get("config") or {}).get("dataset") or "")
 
 
+def setup_key(row: Row) -> tuple:
+    """The model setup a number belongs to, whatever its task: the backbone, its weights (the
+    weights id, or random init, whose seeds aggregate) and its constructor options."""
+    options = json.dumps(row.get("backbone_options") or {}, sort_keys=True, default=str)
+    return (row["backbone"], weights_group(row), options)
+
+
+def setup_labels(rows: list[Row]) -> dict[tuple, str]:
+    """Model setup → its one label in every view: the backbone alone, or with what sets it
+    apart from the other setups of that backbone among ``rows`` (``fake [img_size=64]``, a
+    weights id), and ``(random init)`` when its weights are random. Chosen over all the rows
+    at once, never per task, so one setup has one label and two setups never share one."""
+    return {
+        key: setup_label(key[0], parts, random) for key, (parts, random) in _setups(rows).items()
+    }
+
+
+def _setups(rows: list[Row]) -> dict[tuple, tuple[list[str], bool]]:
+    """Model setup → (what sets it apart from its backbone's other setups, random init)."""
+    by_backbone: dict[str, dict[tuple, Row]] = defaultdict(dict)
+    for row in rows:
+        by_backbone[row["backbone"]].setdefault(setup_key(row), row)
+    found = {}
+    for setups in by_backbone.values():
+        options = _differing([r.get("backbone_options") or {} for r in setups.values()])
+        several_weights = len({weights_group(r) for r in setups.values()}) > 1
+        for key, row in setups.items():
+            own = row.get("backbone_options") or {}
+            parts = [f"{k}={_short(own[k])}" for k in options if k in own]
+            if several_weights and not row.get("random_init"):
+                parts.append(f"weights {_short(str(row.get('weights_id', '')))}")
+            found[key] = (parts, bool(row.get("random_init")))
+        labels = {key: setup_label(key[0], *found[key]) for key in setups}
+        for key in setups:  # parts cut alike: the options themselves tell them apart
+            if list(labels.values()).count(labels[key]) > 1:
+                found[key][0].append(f"options {key[2]}")
+    return found
+
+
+def setup_label(name: str, parts: list[str], random_init: bool) -> str:
+    """``name [part, part] (random init)``: the one way every view writes a setup."""
+    text = name + (f" [{', '.join(parts)}]" if parts else "")
+    return text + (" (random init)" if random_init else "")
+
+
+UNLABELLED_SETTINGS = ("dataset",)  # views show the data beside the label (column or board)
+
+
 def spec_labels(rows: list[Row]) -> dict[tuple, str]:
-    """Run spec → how tables name it: the backbone alone, or with what sets it apart from the
-    task's other runs of that backbone — its weights id, the options and settings that differ
-    (``timm/x [pool=mean]``) — so no two specs share a line."""
-    weights: dict[str, set[str]] = defaultdict(set)
+    """Run spec → how views name it: its setup's label (``setup_labels``) with the task
+    settings that set it apart from the other runs of that setup on that task and data
+    (``timm/x [pool=mean]``), so no two specs share a line and a setup is named alike on every
+    task."""
+    setups = _setups(rows)
     variants: dict[tuple, dict[tuple, Row]] = defaultdict(dict)
     for row in rows:
-        weights[row["backbone"]].add(weights_group(row))
-        variants[(row["task"], row["backbone"])][run_spec(row)] = row
+        variants[(row["task"], setup_key(row), dataset_label(row))][run_spec(row)] = row
     labels = {}
-    for (_, name), specs in variants.items():
-        options = _differing([r.get("backbone_options") or {} for r in specs.values()])
-        settings = _differing([r.get("config") or {} for r in specs.values()])
+    for (_, setup, _), specs in variants.items():
+        parts, random_init = setups[setup]
+        settings = [k for k in _differing([r.get("config") or {} for r in specs.values()])]
+        settings = [k for k in settings if k not in UNLABELLED_SETTINGS]
         for spec, row in specs.items():
-            parts = [weights_group(row)] if len(weights[name]) > 1 else []
-            own = row.get("backbone_options") or {}
-            parts += [f"{k}={_short(own[k])}" for k in options if k in own]
-            parts += [f"{k}={_short((row.get('config') or {}).get(k))}" for k in settings]
-            labels[spec] = name + (f" [{', '.join(parts)}]" if parts else "")
+            own = [f"{k}={_short((row.get('config') or {}).get(k))}" for k in settings]
+            labels[spec] = setup_label(setup[0], parts + own, random_init)
         _tell_apart(labels, specs)
     return labels
 
@@ -232,6 +289,7 @@ def _aggregated(spec: tuple, label: str, metric: str, members: list[Row]) -> dic
         "task": spec[0],
         "backbone": label,
         "spec": spec,
+        "setup": spec[1:4],
         "dataset": spec[5],
         "metric": metric,
         "config_hash": spec[4],
@@ -301,10 +359,7 @@ def pivot_table(
     for rec in records:
         arrow = "↑" if rec["higher_is_better"] else "↓"
         column = f"{rec[columns]} {rec['metric']} {arrow}"
-        label = rec[index] + (
-            " (random init)" if rec["random_init"] and index == "backbone" else ""
-        )
-        cells[column][label] = format_value(rec)
+        cells[column][rec[index]] = format_value(rec)
         for model, value in (
             (references or {}).get(rec["task"], {}).get(rec["metric"], {})
         ).items():
@@ -312,7 +367,15 @@ def pivot_table(
     frame = pd.DataFrame(cells).fillna("–")
     ours = sorted(i for i in frame.index if not i.startswith("paper: "))
     paper = sorted(i for i in frame.index if i.startswith("paper: "))
-    return frame.loc[ours + paper, sorted(frame.columns)]
+    return frame.loc[ours + paper, sorted(frame.columns, key=natural_order)]
+
+
+def natural_order(text: str) -> tuple:
+    """Sort key that reads numbers as numbers: ``imagenet-1shot`` before ``imagenet-10shot``,
+    ``ade20k-1/2`` before ``ade20k-1/16``."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)
+    )
 
 
 class Tolerances:

@@ -20,7 +20,7 @@ from evalkit.core.catalog import resolve_task
 from evalkit.core.numerics import numerics, peak_memory_mb
 from evalkit.core.results import Row
 from evalkit.core.task import Task, TaskContext
-from evalkit.data import hub_source
+from evalkit.data import hub_source, is_stand_in
 
 
 def hash_json(value) -> str:
@@ -65,7 +65,7 @@ def dataset_record(task: Task, ctx: TaskContext) -> dict:
     return {
         "name": "+".join(names),
         "own": names == resolve_task(task.name).datasets(),
-        "stand_in": ctx.data.source == "embedded",
+        "stand_in": any(is_stand_in(name, ctx.data) for name in names),
     }
 
 

@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +35,11 @@ from evalkit.cache.pixels import PIXELS
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
-from evalkit.core.results import FAILED, Row, append_rows, load_rows, rows_file
+from evalkit.core.results import FAILED, Row, append_rows, load_rows, replace_rows, rows_file
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
-from evalkit.data import DataConfig
+from evalkit.data import DataConfig, is_stand_in
 from evalkit.data.check import find_data
 from evalkit.data.views import DECODERS
 from evalkit.device import check_device, default_device, default_dtype
@@ -143,9 +144,28 @@ class RunSpec:
                 )
         for target in self.log:
             LogTarget.parse(target)
+        self._check_together()
         bad_seeds = [s for s in self.seeds if not 0 <= s <= MAX_SEED]
         if bad_seeds:
             raise EvalkitError(f"--seed {bad_seeds[0]}: expected a whole number in 0 … {MAX_SEED}")
+
+    def _check_together(self):
+        """Options that cannot both hold: one would be silently ignored."""
+        if self.weights and len(self.backbones) > 1:
+            raise EvalkitError(
+                "--weights names one checkpoint but several backbones are given: run them "
+                "one at a time, or give each its weights in a --zoo file"
+            )
+        if self.weights and self.pretrained:
+            raise EvalkitError(
+                "--pretrained and --weights both name the weights: keep one (--weights PATH "
+                "reads a local checkpoint; --pretrained the published ones)"
+            )
+        if self.data_dir is not None and self.data == "embedded":
+            raise EvalkitError(
+                "--data-dir is not read with --data embedded (the stand-in is written under the "
+                "cache folder): drop one of them"
+            )
 
     @property
     def resolved_device(self) -> str:
@@ -286,7 +306,7 @@ def _cell(spec: RunSpec, task: Task, name: str, seeded, identities) -> JobResult
     seed, backbone, batch = seeded
     ctx = spec.context(seed, identities, batch)
     ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
-    with tracked_job(spec, task, name, seed) as log:
+    with tracked_job(spec, task, backbone.info, ctx) as log:
         rows, skipped = run_task(
             task,
             backbone,
@@ -316,11 +336,27 @@ def failed_cell(spec: RunSpec, result: JobResult, exc: Exception) -> JobResult:
 
 
 def data_found(tasks: list[Task], spec: RunSpec) -> list[str]:
-    """One line per dataset the tasks read, every split opened (no image decoded)."""
-    reads = {}
+    """One line per dataset the tasks read, every split of every task opened (no image
+    decoded), then each task's settings checked against its data (``Task.check_data``): all
+    before any backbone is built, whatever the order of the tasks."""
+    opened = {}
+    lines = find_data(merged_reads(tasks), spec.data_config(), opened)
     for task in tasks:
-        reads |= task.reads()
-    return find_data(reads, spec.data_config())
+        task.check_data(opened)
+    return lines
+
+
+def merged_reads(tasks: list[Task]) -> dict[str, dict[str, str]]:
+    """Every split each task reads, per dataset; a split some task trains on comes first
+    (the classes of the others are matched to it)."""
+    reads: dict[str, dict[str, str]] = defaultdict(dict)
+    for task in tasks:
+        for name, splits in task.reads().items():
+            if len(splits) > 1:  # the first is this task's training split
+                first = next(iter(splits.items()))
+                reads[name] = dict([first, *reads[name].items()])
+            reads[name] |= splits
+    return dict(reads)
 
 
 def seeded_backbones(spec: RunSpec, name: str, on_backbone: Callable | None):
@@ -346,12 +382,26 @@ def _batch_size(spec: RunSpec, backbone) -> int:
     return auto_batch_size(backbone, spec.resolved_device, spec.resolved_dtype, spec.tp)
 
 
-def tracked_job(spec: RunSpec, task: Task, backbone: str, seed: int):
-    """The job's tracker runs (``--log``), on the main process only."""
+def tracked_job(spec: RunSpec, task: Task, info, ctx: TaskContext):
+    """The job's tracker runs (``--log``), on the main process only: named by task, backbone,
+    seed and the request's key (two setups of one backbone never share a name), with the
+    setup's options, weights and data as parameters."""
     main = distributed.current().main
     targets = tuple(LogTarget.parse(t) for t in spec.log) if main else ()
-    config = {"task": task.name, "backbone": backbone, "seed": seed, "settings": task.config()}
-    return tracking.job(targets, spec.out, f"{task.name}/{backbone}/s{seed}", config)
+    datasets = task.datasets()
+    config = {
+        "task": task.name,
+        "backbone": info.name,
+        "backbone_options": json.dumps(info.options, sort_keys=True, default=str),
+        "weights_id": info.weights_id,
+        "random_init": info.random_init,
+        "dataset": "+".join(datasets),
+        "stand_in": any(is_stand_in(name, ctx.data) for name in datasets),
+        "seed": ctx.seed,
+        "settings": task.config(),
+    }
+    name = f"{task.name}/{info.name}/s{ctx.seed}/{ctx.request_key[:8]}"
+    return tracking.job(targets, spec.out, name, config)
 
 
 def read_only_cache(spec: RunSpec) -> RunSpec:
@@ -505,7 +555,9 @@ def _run_task(
             if (training := limits.get("training")) is not None and training.size:
                 row["provenance"]["training_batch_piece"] = training.size
             rows.append(row)
-    if distributed.current().main:
+    if distributed.current().main and done:
+        replace_rows(path, key, rows)  # --rerun: the job's new rows replace its old ones
+    elif distributed.current().main:
         append_rows(path, rows)  # the job's rows land together or not at all
     return rows, False
 
@@ -532,7 +584,7 @@ def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> 
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
         "decoder": ctx.decoder,
-        "libraries": library_versions(),
+        "libraries": library_versions(row_name(backbone)),
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
     }

@@ -183,6 +183,11 @@ class Task:
         default, every split of ``splits()`` of every dataset of ``datasets()``."""
         return {name: {split: split for split in self.splits()} for name in self.datasets()}
 
+    def check_data(self, opened: dict) -> None:
+        """Refuse settings the data cannot serve, before any backbone is built: ``opened``
+        maps (dataset, split) to every split the command reads, opened without decoding an
+        image. By default nothing is checked."""
+
     def lacks(self, backbone) -> str | None:
         """Why this task does not apply to ``backbone`` (None when it does): a zoo records
         such a cell as not applicable rather than failed."""

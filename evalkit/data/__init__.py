@@ -134,6 +134,12 @@ def data_kind(name: str) -> DataKind:
     return own_folder_kind(Path(name.removeprefix(OWN)).expanduser())
 
 
+def is_stand_in(name: str, config: DataConfig) -> bool:
+    """Whether dataset ``name`` is read from evalkit's embedded stand-in: ``--data embedded``
+    serves registered kinds only; a folder of one's own or a hub dataset is read as it is."""
+    return config.source == "embedded" and not name.startswith((OWN, HUB))
+
+
 def hub_source(name: str | None) -> str | None:
     """For a hub dataset, ``hf:ORG/NAME@<commit>`` its revision resolved to; else None."""
     return data_kind(name).name if isinstance(name, str) and name.startswith(HUB) else None

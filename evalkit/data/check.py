@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from evalkit.cache.identity import file_digest
-from evalkit.data import DataConfig, data_kind, dataset_root, open_dataset
+from evalkit.data import DataConfig, data_kind, dataset_root, is_stand_in, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 
@@ -103,15 +103,18 @@ class _Identity:
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
 
 
-def find_data(reads: dict[str, dict[str, str]], config: DataConfig) -> list[str]:
+def find_data(
+    reads: dict[str, dict[str, str]], config: DataConfig, opened: dict | None = None
+) -> list[str]:
     """Open every split a job reads (``Task.reads()``) without reading an image, and describe
     each dataset in one line; a missing folder, split or class is a one-line error here, before
-    any backbone is built."""
+    any backbone is built. Each split opened is put in ``opened`` under (dataset, split name)."""
     lines = []
+    opened = {} if opened is None else opened
     for name, splits in reads.items():
         train_classes, found = None, []
-        for split in splits.values():
-            dataset = open_split_for_check(name, split, config, train_classes)
+        for key, split in splits.items():
+            dataset = opened[(name, key)] = open_split_for_check(name, split, config, train_classes)
             classes = getattr(dataset, "classes", None)
             train_classes = train_classes or (list(classes) if classes else None)
             found.append(f"{split} {len(dataset):,}")
@@ -121,7 +124,7 @@ def find_data(reads: dict[str, dict[str, str]], config: DataConfig) -> list[str]
 
 
 def _source(name: str, config: DataConfig) -> str:
-    if config.source == "embedded":
+    if is_stand_in(name, config):
         return "embedded stand-in"
     return str(dataset_root(data_kind(name), config))
 

@@ -77,18 +77,27 @@ class FrozenClassification(Task):
 
     def training_set(self, transform, ctx):
         train = open_dataset(self.dataset, self.train_split, ctx.data, transform=transform)
+        self.check_training_set(train)  # before any feature is extracted
+        return train
+
+    def check_data(self, opened: dict) -> None:
+        """The training split's classes and counts, checked before any backbone is built."""
+        train = opened.get((self.dataset, self.train_split))
+        if train is not None and getattr(train, "classes", None) is not None:
+            self.check_training_set(train)
+
+    def check_training_set(self, train):
         if len(train.classes) < 2:
             raise EvalkitError(
                 f"the training split of {self.dataset} has {len(train.classes)} class "
                 f"({', '.join(train.classes)}): a classifier needs at least two"
             )
         labels = getattr(train, "labels", None)
-        if labels is not None:  # before any feature is extracted
+        if labels is not None:
             counts = Counter(int(label) for label in labels)
             self.check_training(
                 train.classes, [counts.get(i, 0) for i in range(len(train.classes))]
             )
-        return train
 
     def check_training(self, classes: list[str], counts: list[int]):
         """Refuse settings the training split cannot serve (``counts``: images per class)."""

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from evalkit import __version__
-from evalkit.core.results import Row, dataset_label, load_rows
+from evalkit.core.results import Row, dataset_label, load_rows, setup_key, setup_labels
 from evalkit.errors import EvalkitError
 from evalkit.writes import replacing
 
@@ -79,7 +79,26 @@ def card_rows(results: Path, backbone: str | None = None) -> list[Row]:
         )
     if not rows:
         raise EvalkitError(f"no result rows under {results} (expected evalkit run's *.jsonl)")
-    return distinct_jobs(rows)
+    return named_setups(distinct_jobs(rows))
+
+
+def named_setups(rows: list[Row]) -> list[Row]:
+    """Each row with ``setup``: its setup's label (``fake [img_size=64] (random init)``), so
+    a card holding two setups of one backbone never lists one (task, metric) twice with nothing
+    to tell the values apart."""
+    labels = setup_labels(rows)
+    rows = [{**row, "setup": labels[setup_key(row)]} for row in rows]
+    seen: dict[tuple, Row] = {}
+    for row in rows:
+        key = (row["setup"], row["task"], dataset_label(row), row["metric"], row.get("seed"))
+        other = seen.setdefault(key, row)
+        if other.get("config_hash") != row.get("config_hash"):
+            raise EvalkitError(
+                f"{row['setup']} has two {row['task']} {row['metric']} values of seed "
+                f"{row.get('seed')} under different settings, and a card cannot tell them "
+                "apart: make the card from a folder holding one of the two runs"
+            )
+    return rows
 
 
 def distinct_jobs(rows: list[Row]) -> list[Row]:
@@ -128,7 +147,7 @@ def eval_result(row: Row):
     dataset_type, dataset_name = public_dataset(row)
     return EvalResult(
         task_type=task_type(row["task"]),
-        task_name=row["task"],
+        task_name=f"{row['task']} · {row['setup']}",
         dataset_type=dataset_type,
         dataset_name=dataset_name,
         dataset_split=split,
@@ -145,6 +164,10 @@ def eval_result(row: Row):
             "weights_id": row.get("weights_id"),
             "weights_source": public_source(row),
             "backbone": row["backbone"],
+            "setup": row["setup"],
+            "backbone_options": row.get("backbone_options") or {},
+            "random_init": bool(row.get("random_init")),
+            "stand_in": bool((row.get("dataset") or {}).get("stand_in")),
             "provenance": {k: provenance[k] for k in PROVENANCE_KEPT if k in provenance},
         },
     )
@@ -166,17 +189,18 @@ def card_text(rows: list[Row], model_id: str) -> str:
     lines = [
         f"# {model_id}",
         "",
-        f"Evaluation results of `{rows[0]['backbone']}` (weights `{rows[0].get('weights_id')}`) "
-        f"written by evalkit {__version__}. Each row is also in this card's `model-index`, "
-        "with its provenance. `±` is the standard error over the test items.",
+        f"Evaluation results of {_setups_text(rows)} written by evalkit {__version__}. Each "
+        "row is also in this card's `model-index`, with its provenance. `±` is the standard "
+        "error over the test items.",
         "",
-        "| task | dataset | metric | value | n | seed | device | evalkit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| setup | task | dataset | metric | value | n | seed | device | evalkit |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         stderr = f" ± {row['stderr']:.2f}" if row.get("stderr") is not None else ""
         prov = row.get("provenance", {})
         cells = [
+            row["setup"],
             row["task"],
             public_dataset(row)[1],
             row["metric"],
@@ -208,6 +232,12 @@ def local_paths(rows: list[Row]) -> set[str]:
 
     walk(list(rows))
     return found
+
+
+def _setups_text(rows: list[Row]) -> str:
+    """Who the rows are of: each setup by its label and weights id."""
+    setups = {row["setup"]: row.get("weights_id") for row in rows}
+    return ", ".join(f"`{label}` (weights `{weights}`)" for label, weights in setups.items())
 
 
 def write_card(rows: list[Row], model_id: str, out: Path) -> Path:

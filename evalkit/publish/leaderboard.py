@@ -19,12 +19,21 @@ import itertools
 import json
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from evalkit.core.results import FAILED, aggregate, dataset_label, format_value, load_rows, run_spec
+from evalkit.core.results import (
+    FAILED,
+    aggregate,
+    dataset_label,
+    file_rows,
+    format_value,
+    natural_order,
+    rows_files,
+    run_spec,
+)
 from evalkit.publish.significance import (
     LEVEL,
     Paired,
@@ -89,12 +98,13 @@ def parity_curves(rows: list[dict]) -> dict:
 
 
 def folder_rows(paths) -> list[dict]:
-    """Rows of each path, each marked with the folder its per-image outputs are under."""
-    rows = []
-    for path in map(Path, paths):
-        folder = path if path.is_dir() else path.parent
-        rows += [{**row, "_folder": str(folder)} for row in load_rows([path])]
-    return rows
+    """Rows under each path, however deep, each marked with the folder of its rows file: its
+    per-image outputs are in ``predictions/`` there."""
+    return [
+        {**row, "_folder": str(file.parent)}
+        for file in rows_files(paths)
+        for row in file_rows(file)
+    ]
 
 
 def _boards(rows: list[dict]) -> list[Board]:
@@ -110,7 +120,7 @@ def _boards(rows: list[dict]) -> list[Board]:
         board = boards.setdefault(label, Board(label, record["metric"], record["higher_is_better"]))
         rows_of = members(rows, record["spec"], record["metric"])
         board.cells.append(Cell(record["backbone"], record["mean"], format_value(record), rows_of))
-    return [boards[label] for label in sorted(boards)]
+    return [boards[label] for label in sorted(boards, key=natural_order)]
 
 
 def members(rows: list[dict], spec: tuple, metric: str) -> list[dict]:
@@ -139,25 +149,30 @@ def _ranked(board: Board) -> Board:
 
 
 def overall(boards: list[Board], backbones: list[str]) -> list[dict]:
-    """Each backbone's mean rank over the tasks it has a value for, best first."""
-    ranks, missing = defaultdict(list), defaultdict(list)
+    """The aggregate over a consistent suite: each setup with a value on every board gets its
+    mean rank among those complete setups only (re-ranked per board, so a setup that ran one
+    task cannot lead, and one that skipped a task cannot move the others); a setup that lacks
+    a board is listed after them with what it lacks and no mean rank."""
+    missing = {
+        name: [b.task for b in boards if name not in {c.backbone for c in b.cells}]
+        for name in backbones
+    }
+    complete = [name for name in backbones if not missing[name]]
+    ranks = defaultdict(list)
     for board in boards:
-        present = {cell.backbone: cell.rank for cell in board.cells}
-        for name in backbones:
-            if name in present:
-                ranks[name].append(present[name])
-            else:
-                missing[name].append(board.task)
+        kept = [replace(cell) for cell in board.cells if cell.backbone in complete]
+        for cell in _ranked(Board(board.task, board.metric, board.higher_is_better, kept)).cells:
+            ranks[cell.backbone].append(cell.rank)
     table = [
         {
             "backbone": name,
-            "mean_rank": round(float(np.mean(ranks[name])), 3),
-            "tasks": len(ranks[name]),
+            "mean_rank": round(float(np.mean(ranks[name])), 3) if name in complete else None,
+            "tasks": len(boards) - len(missing[name]),
             "missing": missing[name],
         }
         for name in backbones
     ]
-    return sorted(table, key=lambda r: (r["mean_rank"], -r["tasks"], r["backbone"]))
+    return sorted(table, key=lambda r: (r["mean_rank"] is None, r["mean_rank"] or 0, r["backbone"]))
 
 
 def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
@@ -284,10 +299,8 @@ def failed_cells(paths) -> list[dict]:
     """The cells a zoo recorded as failed (the latest record of each)."""
     latest = {}
     for path in map(Path, paths):
-        file = (path if path.is_dir() else path.parent) / FAILED
-        if not file.exists():
-            continue
-        for line in file.read_text(encoding="utf-8").splitlines():
+        found = sorted(path.rglob(FAILED)) if path.is_dir() else [path.parent / FAILED]
+        for line in _lines(file for file in found if file.exists()):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
@@ -295,6 +308,10 @@ def failed_cells(paths) -> list[dict]:
             cell = ("task", "backbone", "seed", "weights", "options")
             latest[json.dumps([record.get(k) for k in cell], sort_keys=True)] = record
     return list(latest.values())
+
+
+def _lines(files) -> list[str]:
+    return [line for file in files for line in file.read_text(encoding="utf-8").splitlines()]
 
 
 def _board_record(board: Board) -> dict:
