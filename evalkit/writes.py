@@ -54,6 +54,7 @@ def replacing(path: Path) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
         yield tmp
+        shared_mode(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
         _remove(tmp)
@@ -61,6 +62,28 @@ def replacing(path: Path) -> Iterator[Path]:
         if error is None:
             raise
         raise error from None
+
+
+def shared_mode(path: Path):
+    """Give a file written by a library that keeps it private (safetensors writes 0600) the
+    mode an ordinary file gets — read and write as the umask allows — so a cache one member of
+    a team fills can be read by the others; a folder also gets its search bit."""
+    base = 0o777 if path.is_dir() else 0o666
+    if not path.is_symlink():
+        os.chmod(path, base & ~current_umask())
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux says it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back at once
+    os.umask(mask)
+    return mask
 
 
 def appending(path: Path, data: bytes) -> bool:
@@ -96,11 +119,9 @@ def rewriting(path: Path, drop, data: bytes):
         old = os.pread(file.fileno(), os.fstat(file.fileno()).st_size, 0)
         kept = b"".join(line for line in old.splitlines(keepends=True) if not drop(line))
         kept += b"" if not kept or kept.endswith(b"\n") else b"\n"
-        with replacing(path) as tmp:
-            with open(tmp, "wb") as out:
-                _write_all(out, kept + data)
-                os.fsync(out.fileno())
-            os.chmod(tmp, os.fstat(file.fileno()).st_mode & 0o7777)
+        with replacing(path) as tmp, open(tmp, "wb") as out:
+            _write_all(out, kept + data)
+            os.fsync(out.fileno())
 
 
 def _locked_file(path: Path):

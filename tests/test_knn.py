@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,15 +113,45 @@ def _near_duplicates(seed: int = 5):
     return train, labels, torch.cat([queries, base[40:]])  # the last queries equal train rows
 
 
+def _grid(rows: torch.Tensor) -> np.ndarray:
+    """The documented grid, computed apart from evalkit (numpy, no torch kernel): float32
+    squares summed pairwise (the first half plus the second, an odd last one carried), the
+    square root correctly rounded to float32, each entry divided by it, times 2^25, rounded
+    half to even, as int64."""
+    values = rows.numpy().astype(np.float32)
+
+    def pairwise(parts: np.ndarray) -> np.ndarray:
+        if parts.shape[1] == 1:
+            return parts[:, 0]
+        half = parts.shape[1] // 2
+        summed = parts[:, :half] + parts[:, half : 2 * half]
+        return pairwise(np.concatenate([summed, parts[:, 2 * half :]], axis=1))
+
+    sums = pairwise(values * values)
+    norms = np.array([math.sqrt(float(v)) for v in sums], dtype=np.float64).astype(np.float32)
+    return np.rint(
+        values / np.maximum(norms, np.float32(1e-12))[:, None] * np.float32(2**25)
+    ).astype(np.int64)
+
+
 def _reference(train, labels, queries, k):
-    """Brute force: every exact similarity, equal ones ordered by training index."""
+    """Brute force on the independent grid: every similarity exact in int64, equal ones
+    ordered by training index."""
+    products = _grid(queries) @ _grid(train).T  # exact: |entries| ≤ 2^25, 48 of them
+    cosine = F.normalize(queries.double(), dim=1) @ F.normalize(train.double(), dim=1).T
+    assert np.abs(products / 2.0**50 - cosine.numpy()).max() < 1e-6
+    order = np.argsort(-products, axis=1, kind="stable")[:, :k]
+    return labels[torch.from_numpy(order)]
+
+
+def test_the_grid_is_the_documented_one_on_every_kernel_path():
+    """evalkit's grid equals the independent one on rows whose float32 square roots torch's
+    vector library rounds differently under some MKL code branches."""
     from evalkit.heads.knn import GridRows
 
-    sims = GridRows.of(queries).similarities(GridRows.of(train).grid)
-    cosine = F.normalize(queries.double(), dim=1) @ F.normalize(train.double(), dim=1).T
-    assert (sims - cosine).abs().max() < 1e-6
-    order = sims.sort(dim=1, descending=True, stable=True).indices[:, :k]
-    return labels[order]
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.rand(4000, 37, generator=generator) * torch.rand(4000, 1, generator=generator)
+    assert np.array_equal(GridRows.of(rows).grid.numpy().astype(np.int64), _grid(rows))
 
 
 @pytest.mark.parametrize("chunk", [360, 7, 100])

@@ -299,3 +299,62 @@ def test_a_checkpoints_own_head_is_loaded_never_left_random(tmp_path):
     assert torch.equal(loaded.model.fc.weight, source.fc.weight)
     plain = load_backbone("timm/resnet18", weights=str(tmp_path / "w.safetensors"))
     assert not plain.has_imagenet_head  # built without a head, the checkpoint's is skipped
+
+
+# Each set's conditions as the release's trial files (raw-data/<set>/*.csv) spell them, and
+# the conditions the benchmark's summaries keep once its exclusions are applied to the values
+# pandas reads from those files.
+RELEASE_CONDITIONS = {
+    "colour": (["bw", "cr"], ["bw"]),
+    "contrast": (
+        ["c01", "c03", "c05", "c10", "c100", "c15", "c30", "c50"],
+        ["c05", "c10", "c15", "c30", "c50"],
+    ),
+    "high-pass": (["0.4", "0.45", "0.55", "0.7", "1", "1.5", "3", "inf"], ["0.7", "1", "1.5", "3"]),
+    "low-pass": (["0", "1", "10", "15", "3", "40", "5", "7"], ["1", "10", "3", "5", "7"]),
+    "phase-scrambling": (["0", "120", "150", "180", "30", "60", "90"], ["120", "30", "60", "90"]),
+    "power-equalisation": (["0", "pow"], ["pow"]),
+    "false-colour": (["false", "true"], ["false"]),
+    "rotation": (["0", "180", "270", "90"], ["180", "270", "90"]),
+    "eidolonI": (
+        [f"{r}-10-10" for r in (1, 128, 16, 2, 32, 4, 64, 8)],
+        [f"{r}-10-10" for r in (16, 2, 32, 4, 8)],
+    ),
+    "eidolonII": (
+        [f"{r}-3-10" for r in (1, 128, 16, 2, 32, 4, 64, 8)],
+        [f"{r}-3-10" for r in (16, 2, 4, 8)],
+    ),
+    "eidolonIII": (
+        [f"{r}-0-10" for r in (1, 128, 16, 2, 32, 4, 64, 8)],
+        [f"{r}-0-10" for r in (2, 4, 8)],
+    ),
+    "uniform-noise": (
+        ["0.00", "0.03", "0.05", "0.10", "0.20", "0.35", "0.60", "0.90"],
+        ["0.03", "0.05", "0.10", "0.20", "0.35"],
+    ),
+}
+
+
+def test_every_sets_exclusions_are_the_benchmarks_on_the_releases_spellings():
+    from evalkit.data.model_vs_human import EXCLUDED, SETS
+    from evalkit.protocols.human_alignment import kept_conditions
+
+    assert set(EXCLUDED) == set(RELEASE_CONDITIONS)
+    for name in SETS:
+        spelled, kept = RELEASE_CONDITIONS.get(name, (["0"], ["0"]))  # the rest: one condition
+        assert kept_conditions(spelled, EXCLUDED.get(name, ())) == kept, name
+
+
+def test_the_stand_in_spells_conditions_and_headers_as_the_release_does(ctx):
+    from evalkit.data import dataset_root
+    from evalkit.data.model_vs_human import read_trials
+    from evalkit.data.stimuli import CONDITIONS
+
+    assert CONDITIONS["false-colour"] == ("true", "false")
+    assert all(len(c) == 4 for c in CONDITIONS["uniform-noise"])  # 0.00, 0.10, ...
+    from evalkit.data import data_kind
+
+    root = dataset_root(data_kind("model-vs-human"), ctx.data)
+    header = next((root / "raw-data" / "false-colour").glob("*.csv")).read_text().splitlines()[0]
+    assert header.split(",")[:2] == ["subj", "Session"]
+    assert set(read_trials(root, "false-colour")["condition"]) == {"true", "false"}

@@ -183,6 +183,21 @@ def backbone_spec(info, dtype: str) -> dict:
     }
 
 
+def backbone_key(info, dtype: str) -> str:
+    """The key of ``backbone_spec``: entries computed by one backbone setup share it."""
+    return spec_key(backbone_spec(info, dtype), length=16)
+
+
+def cached_bytes(root: Path, key: str) -> int:
+    """Bytes of the complete feature entries of the backbone setup of ``key`` under ``root``:
+    what a job of that setup will read rather than write."""
+    return sum(
+        entry["bytes"]
+        for entry in list_cache(root)
+        if entry["area"] == "features" and entry.get("backbone_key") == key and entry["complete"]
+    )
+
+
 def feature_spec(
     info,
     request: FeatureRequest,
@@ -247,7 +262,7 @@ def extract_features(
         )
         folder = Path(settings.cache_dir) / "features" / key
         if not settings.read_only:
-            _write_meta(folder, backbone.info.name, split, request, settings, len(indices))
+            _write_meta(folder, backbone.info, split, request, settings, len(indices))
     wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
     unusable = set()
     if folder is not None and distributed.current().main:
@@ -496,12 +511,13 @@ def _merge(parts: list[dict]) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _write_meta(folder: Path, backbone: str, split: str, request, settings, n: int):
+def _write_meta(folder: Path, info, split: str, request, settings, n: int):
     if (folder / META).exists() or not distributed.current().main:
         return
     folder.mkdir(parents=True, exist_ok=True)
     meta = {
-        "backbone": backbone,
+        "backbone": info.name,
+        "backbone_key": backbone_key(info, settings.dtype),
         "split": split,
         "request": asdict(request),
         "dtype": settings.dtype,

@@ -137,7 +137,10 @@ def markdown(board: dict) -> str:
 
 
 def as_json(board: dict) -> str:
-    return json.dumps(board, indent=2, default=float) + "\n"
+    """Valid JSON: a number that is not finite is null, never a bare ``NaN``."""
+    from evalkit.core.results import finite
+
+    return json.dumps(finite(board), indent=2, default=float, allow_nan=False) + "\n"
 
 
 PAGE_STYLE = (

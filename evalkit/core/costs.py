@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from evalkit.cache.features import backbone_key, cached_bytes
 from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
 from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
 from evalkit.device import default_device, default_dtype, free_bytes
@@ -151,8 +152,10 @@ class Budget:
     def ranks_per_host(self) -> int:
         return math.ceil(self.ranks / self.nodes)
 
-    def check(self, stages: list[Stage], shape: Shape):
-        disk = sum(s.cache_bytes for s in stages)
+    def check(self, stages: list[Stage], shape: Shape, cached: int = 0):
+        """What ``stages`` need beyond this budget; ``cached`` bytes of the cache they fill
+        are on disk already (read, not written)."""
+        disk = max(sum(s.cache_bytes for s in stages) - cached, 0)
         if self.disk is not None and disk > self.disk:
             self.problems.append(f"feature cache needs {human(disk)}, {human(self.disk)} free")
         weights = shape.weight_bytes_per_rank  # loaded for the whole run
@@ -413,6 +416,10 @@ def unfit(task, backbone, ctx, *, tp: int = 1) -> list[str]:
     )
     stages = task.plan(inputs)
     budget.check(stages, shape)
+    if any(p.startswith("feature cache needs") for p in budget.problems) and ctx.extract.cache_dir:
+        budget.problems.clear()  # the check counts only what is not cached yet
+        key = backbone_key(backbone.info, ctx.extract.dtype)
+        budget.check(stages, shape, cached=cached_bytes(ctx.extract.cache_dir, key))
     return budget.problems
 
 

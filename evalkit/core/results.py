@@ -57,16 +57,45 @@ def rows_file(out_dir: Path, task: str) -> Path:
 def append_rows(path: Path, rows: list[Row]):
     """Append one job's rows in one write, synced: all of them land or none does (a crash or
     a full disk never leaves a job half-recorded, so a rerun never writes a seed twice)."""
-    data = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
+    data = rows_text(rows).encode()
     if data and appending(path, data):
         warn(f"{path} ended in a torn line (an earlier write was cut off): it is kept apart")
+
+
+def rows_text(rows: list[Row]) -> str:
+    """JSON lines, valid JSON only: a value that is not a finite number (NaN, ±inf) is written
+    as null with the reason beside it (``value_invalid``), and readers skip such a row."""
+    return "".join(json.dumps(finite(row), sort_keys=True, allow_nan=False) + "\n" for row in rows)
+
+
+def finite(record):
+    """``record`` with every float that is not finite replaced by None; a row whose value was
+    one says which (``value_invalid``: ``nan``, ``inf`` or ``-inf``)."""
+    if isinstance(record, dict):
+        out = {key: finite(value) for key, value in record.items()}
+        value = record.get("value")
+        if isinstance(value, float) and not math.isfinite(value):
+            out["value_invalid"] = str(value)
+        return out
+    if isinstance(record, list | tuple):
+        return [finite(value) for value in record]
+    if isinstance(record, float) and not math.isfinite(record):
+        return None
+    return record
 
 
 def replace_rows(path: Path, key: str, rows: list[Row]):
     """A rerun job's rows in place of the ones it wrote before under run key ``key`` (the
     file keeps one copy of each job), in one all-or-nothing write."""
-    data = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
+    data = rows_text(rows).encode()
     rewriting(path, lambda line: _run_key(line) == key, data)
+
+
+def holds_run_key(path: Path, key: str) -> bool:
+    """Whether ``path`` has a line of run key ``key``, a row readers skip (a value that is not
+    a number) included."""
+    path = Path(path)
+    return path.exists() and any(_run_key(line) == key for line in path.read_bytes().splitlines())
 
 
 def _run_key(line: bytes) -> str | None:
@@ -132,8 +161,9 @@ def _parsed(line: str) -> tuple[Row | None, str | None]:
         if not isinstance(row.get(key), kind):
             return None, f"no {key} text"
     value = row.get("value")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None, f"value {value!r} is not a number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        reason = row.get("value_invalid") or value
+        return None, f"value {reason!r} is not a number"
     return row, None
 
 

@@ -35,7 +35,15 @@ from evalkit.cache.pixels import PIXELS
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
-from evalkit.core.results import FAILED, Row, append_rows, load_rows, replace_rows, rows_file
+from evalkit.core.results import (
+    FAILED,
+    Row,
+    append_rows,
+    holds_run_key,
+    load_rows,
+    replace_rows,
+    rows_file,
+)
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
@@ -511,13 +519,27 @@ def _locked(path: Path):
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a")  # noqa: SIM115 - held until the job ends
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        wait_for_lock(handle, path)
         try:
             if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                 return handle
         except FileNotFoundError:
             pass
         handle.close()
+
+
+def wait_for_lock(handle, path: Path):
+    """Take the job's lock; while another process holds it, say so in one line first, since
+    the wait may last as long as that process's job."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        warn(
+            f"waiting for another run of this job to finish (it holds {path}); its rows are "
+            "then reused"
+        )
+    fcntl.flock(handle, fcntl.LOCK_EX)
 
 
 def _run_task(
@@ -536,7 +558,7 @@ def _run_task(
     if predictions and distributed.current().main:
         ctx.predictions = predictions_file(out_dir, task.name, backbone.info.name, ctx.seed, key)
     distributed.barrier()  # every rank has decided before rank 0 appends anything
-    have_predictions = ctx.predictions is None or ctx.predictions.exists()
+    have_predictions = ctx.predictions is None or readable_parquet(ctx.predictions)
     if not rerun and rows_complete(task.metrics(), done) and have_predictions:
         return done, True
     if not force and (problems := unfit(task, backbone, ctx, tp=distributed.current().tp_size)):
@@ -555,11 +577,26 @@ def _run_task(
             if (training := limits.get("training")) is not None and training.size:
                 row["provenance"]["training_batch_piece"] = training.size
             rows.append(row)
-    if distributed.current().main and done:
+    if distributed.current().main and (done or holds_run_key(path, key)):
         replace_rows(path, key, rows)  # --rerun: the job's new rows replace its old ones
     elif distributed.current().main:
         append_rows(path, rows)  # the job's rows land together or not at all
     return rows, False
+
+
+def readable_parquet(path: Path) -> bool:
+    """Whether ``path`` is a whole Parquet file: a damaged or cut-off one (its footer is
+    checked) is recomputed, with one line saying so."""
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        return False
+    try:
+        pq.read_metadata(path)
+    except Exception:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        warn(f"{path} is damaged or cut off: the cell is recomputed")
+        return False
+    return True
 
 
 def predictions_file(out_dir: Path, task: str, backbone: str, seed: int, key: str) -> Path:

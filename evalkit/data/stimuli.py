@@ -42,12 +42,12 @@ CONDITIONS = {
     "low-pass": ("0", "3", "7"),
     "phase-scrambling": ("0", "60", "120"),
     "power-equalisation": ("0", "pow"),
-    "false-colour": ("True", "False"),
+    "false-colour": ("true", "false"),  # the release's spellings (its CSVs and file names)
     "rotation": ("0", "90", "180"),
     "eidolonI": ("1-10-10", "4-10-10", "16-10-10"),
     "eidolonII": ("1-3-10", "4-3-10", "16-3-10"),
     "eidolonIII": ("1-0-10", "4-0-10", "16-0-10"),
-    "uniform-noise": ("0.0", "0.1", "0.35"),
+    "uniform-noise": ("0.00", "0.10", "0.35"),
 }
 SUBJECTS = 3
 
@@ -60,7 +60,7 @@ class StimuliSpec:
     shape_following: float = 0.9  # the simulated observers' shape decisions on cue-conflict
 
     def key(self) -> str:
-        return f"model-vs-human-s{self.seed}-n{self.per_category}-px{self.size}"
+        return f"model-vs-human-r2-s{self.seed}-n{self.per_category}-px{self.size}"  # r2: release spellings
 
 
 def class_folder(category: str) -> str:
@@ -229,7 +229,7 @@ DISTORTIONS = {
     "power-equalisation": lambda x, c, rng: (
         _grey(x) if c == "0" else _spectral(_grey(x), rng, flat=True)
     ),
-    "false-colour": lambda x, c, rng: x if c == "True" else np.clip(2 * _grey(x) - x, 0, 1),
+    "false-colour": lambda x, c, rng: x if c == "true" else np.clip(2 * _grey(x) - x, 0, 1),
     "rotation": lambda x, c, rng: np.rot90(x, int(c) // 90).copy(),
     "eidolonI": _eidolon,
     "eidolonII": _eidolon,
@@ -248,7 +248,7 @@ def _write_observers(tmp: Path, spec: StimuliSpec, name: str, rows: list[tuple])
     categories = sorted(CATEGORIES)
     for subject in range(1, SUBJECTS + 1):
         rng = _rng(spec, "observer", name, subject)
-        lines = ["subj,session,trial,rt,object_response,category,condition,imagename"]
+        lines = ["subj,Session,trial,rt,object_response,category,condition,imagename"]
         for trial, (file, condition, category, texture) in enumerate(rows, start=1):
             if name == "cue-conflict" and category != texture:
                 answer = category if rng.random() < spec.shape_following else texture

@@ -20,6 +20,7 @@ on any CPU or GPU, duplicate and near-duplicate training rows included.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -85,7 +86,7 @@ class GridRows:
     def of(cls, features: torch.Tensor) -> GridRows:
         blocks = []
         for rows in features.float().split(TRAIN_BLOCK):
-            norms = fixed_sum(rows.square()).sqrt().clamp_min(1e-12)
+            norms = exact_sqrt(fixed_sum(rows.square())).clamp_min(1e-12)
             blocks.append((rows / norms[:, None] * GRID).round_().int())
         return cls(torch.cat(blocks))
 
@@ -115,6 +116,16 @@ class GridRows:
             theirs = others.index_select(0, part.flatten()).view(*part.shape, -1).double()
             parts.append(torch.bmm(theirs, mine[:, :, None])[..., 0])
         return torch.cat(parts) / GRID**2
+
+
+def exact_sqrt(values: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of each float32 value. torch's own float32 ``sqrt``
+    may go through MKL's vector library, whose result depends on the code branch it takes
+    (``MKL_CBWR``: on an Intel CPU its compatible branch rounds about one value in six
+    differently); the C library's double square root is IEEE-exact, and rounding it to float32
+    gives the correctly rounded float32 root (a double holds more than twice float32's bits)."""
+    roots = [math.sqrt(value) for value in values.double().tolist()]
+    return torch.tensor(roots, dtype=torch.float64).float()
 
 
 def fixed_sum(values: torch.Tensor) -> torch.Tensor:

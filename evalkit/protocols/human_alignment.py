@@ -66,10 +66,26 @@ class SetScore:
 
 
 def kept_conditions(conditions, excluded) -> list[str]:
-    """A set's conditions in the summaries: all but the excluded, unless that leaves none."""
+    """A set's conditions in the summaries: all but the excluded, unless that leaves none.
+    Conditions compare by meaning (``condition_meaning``), as the benchmark's own code sees
+    them after reading its CSV files: the release writes ``true`` and ``0.60`` where the
+    benchmark's exclusions say ``True`` and ``0.6``."""
     found = list(dict.fromkeys(conditions))
-    kept = [c for c in found if c not in excluded]
+    dropped = {condition_meaning(c) for c in excluded}
+    kept = [c for c in found if condition_meaning(c) not in dropped]
     return kept or found
+
+
+def condition_meaning(text) -> bool | float | str:
+    """What a condition's spelling means: ``true``/``True`` a truth value, ``0.00``/``0.0`` a
+    number, anything else (``c100``, ``1-10-10``) its text."""
+    text = str(text).strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def score_set(decisions: np.ndarray, stimuli, trials, excluded=()) -> SetScore:

@@ -231,14 +231,26 @@ def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
     """The test a metric's per-image outputs allow: McNemar on per-image right or wrong, else a
     paired bootstrap of the metric recomputed from per-image parts (``bootstrap_parts``)."""
     if "correct" in frame_a and metric.startswith("top1"):
-        return mcnemar(frame_a["correct"].to_numpy(), frame_b["correct"].to_numpy())
+        sides = [frame["correct"].to_numpy() for frame in (frame_a, frame_b)]
+        return not_numbers(*sides) or mcnemar(*(side.astype(bool) for side in sides))
     if "top5" in frame_a and "label_classes" in frame_a and metric.startswith("top5"):
         return mcnemar(top5_right(frame_a), top5_right(frame_b))
     found = bootstrap_parts(metric, frame_a)
     if found is None:
         return f"no per-image outputs of {metric}"
     parts_of, statistic = found
-    return paired_bootstrap(parts_of(frame_a), parts_of(frame_b), statistic, seed=seed)
+    parts = parts_of(frame_a), parts_of(frame_b)
+    return not_numbers(*parts) or paired_bootstrap(*parts, statistic, seed=seed)
+
+
+def not_numbers(*sides: np.ndarray) -> str | None:
+    """Why a pair cannot be tested when some image's output is not a number (NaN, ±inf, or
+    missing): the count of those images; None when every output is a number."""
+    bad = np.zeros(len(sides[0]), dtype=bool)
+    for side in sides:
+        values = np.asarray(side, dtype=float).reshape(len(side), -1)
+        bad |= ~np.isfinite(values).all(axis=1)
+    return f"{int(bad.sum())} NaN images" if bad.any() else None
 
 
 def bootstrap_parts(metric: str, frame):
@@ -282,7 +294,13 @@ def per_image(cell: Cell):
     path = Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet")
     if not path.exists():
         return f"no per-image outputs for {cell.backbone} (run the zoo with several backbones or --save-predictions)"
-    frame = pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a damaged file
+        return (
+            f"the per-image outputs of {cell.backbone} cannot be read ({path.name}: "
+            f"{type(exc).__name__}); the next run of the cell recomputes them"
+        )
     return relative_ids(frame["image"].astype(str).tolist()), frame
 
 
