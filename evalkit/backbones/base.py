@@ -31,11 +31,16 @@ POOLS = {
 
 @dataclass(frozen=True)
 class Preprocess:
+    """A backbone's evaluation preprocessing: resize to size/crop_pct — the shorter side
+    (``crop_mode`` ``center``) or both sides (``squash``, aspect not kept) — then centre-crop
+    ``size``, normalised by ``mean`` and ``std``."""
+
     size: int = 224
     crop_pct: float = 0.875
     interpolation: str = "bicubic"
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    crop_mode: str = "center"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,13 +124,14 @@ def build_transform(
     normalised: bool = False,
 ):
     """How a backbone's images are prepared. Evaluation: resize the shorter side to
-    size/crop_pct (both sides with ``square``, as big_vision's few-shot evaluators do) and
-    centre-crop, giving uint8 pixels (``evalkit.data.views``) that ``model_input`` normalises
+    size/crop_pct (both sides with ``square``, as big_vision's few-shot evaluators do, or when
+    the backbone's own preprocessing squashes) and centre-crop, giving uint8 pixels (``evalkit.data.views``) that ``model_input`` normalises
     on the device; ``normalised`` returns the float tensor instead, for a reader whose images
     never pass through ``extract``. Training: an inception crop with a flip, normalised."""
     from torchvision import transforms as T
 
     if not train:
+        square = square or pre.crop_mode == "squash"
         view = eval_view(pre.size, pre.crop_pct, pre.interpolation, square=square, decoder=decoder)
         return Normalised(view, pre.mean, pre.std) if normalised else view
     mode = T.InterpolationMode(pre.interpolation)

@@ -177,13 +177,32 @@ def _info(name: str, model, weights_id: str) -> BackboneInfo:
         depth=len(visual.transformer.resblocks),
         num_prefix_tokens=1 if has_cls else 0,
         params=count_params(visual),
-        preprocess=Preprocess(
-            size=int(size),
-            crop_pct=1.0,
-            interpolation=cfg.get("interpolation", "bicubic"),
-            mean=tuple(cfg.get("mean", (0.48145466, 0.4578275, 0.40821073))),
-            std=tuple(cfg.get("std", (0.26862954, 0.26130258, 0.27577711))),
-        ),
+        preprocess=open_clip_preprocess(name, cfg, int(size)),
         pools=(("cls",) if has_cls else ()) + ("mean", "embed"),
         random_init=weights_id.startswith("random-init"),
+    )
+
+
+RESIZE_MODES = {"shortest": "center", "squash": "squash"}  # open_clip's → evalkit's crop mode
+
+
+def open_clip_preprocess(name: str, cfg: dict, size: int) -> Preprocess:
+    """open_clip's eval transform (``image_transform``) as evalkit's view: ``shortest`` resizes
+    the shorter side and centre-crops, ``squash`` resizes both sides; its ``longest`` (resize
+    the longer side, then pad) is refused by name. Interpolation other than ``bilinear`` is
+    bicubic there (``random`` included)."""
+    mode = cfg.get("resize_mode") or "shortest"
+    if mode not in RESIZE_MODES:
+        raise EvalkitError(
+            f"{name}: its preprocessing has resize_mode={mode!r} (evalkit reproduces "
+            f"{' and '.join(RESIZE_MODES)}), so evalkit cannot give the pixels open_clip's own "
+            "transform gives"
+        )
+    return Preprocess(
+        size=size,
+        crop_pct=1.0,
+        interpolation="bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
+        mean=tuple(cfg.get("mean", (0.48145466, 0.4578275, 0.40821073))),
+        std=tuple(cfg.get("std", (0.26862954, 0.26130258, 0.27577711))),
+        crop_mode=RESIZE_MODES[mode],
     )

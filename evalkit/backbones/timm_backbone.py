@@ -189,19 +189,47 @@ def _info(timm, name: str, model, weights_id: str) -> BackboneInfo:
         depth=len(model.feature_info) if hasattr(model, "feature_info") else len(model.blocks),
         num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)),
         params=count_params(model),
-        preprocess=Preprocess(
-            size=_input_size(model, cfg),
-            crop_pct=float(cfg["crop_pct"]),
-            interpolation=cfg["interpolation"],
-            mean=tuple(cfg["mean"]),
-            std=tuple(cfg["std"]),
-        ),
+        preprocess=timm_preprocess(name, cfg, _input_size(model, cfg)),
         pools=pools,
         random_init=weights_id.startswith("random-init"),
     )
 
 
-def _input_size(model, cfg) -> int:
-    """The size the model was built for: ``img_size=`` overrides its pretrained config."""
+def _input_size(model, cfg) -> tuple[int, int]:
+    """The (height, width) the model was built for: ``img_size=`` overrides its pretrained
+    config."""
     built = getattr(getattr(model, "patch_embed", None), "img_size", None)
-    return int(built[-1]) if built else int(cfg["input_size"][-1])
+    height, width = built[-2:] if built else cfg["input_size"][-2:]
+    return int(height), int(width)
+
+
+CROP_MODES = ("center", "squash")  # timm's eval transform modes evalkit's view reproduces
+
+
+def timm_preprocess(name: str, cfg: dict, size: tuple[int, int]) -> Preprocess:
+    """timm's eval transform for ``cfg`` (a resolved data config) at (height, width) ``size``
+    as evalkit's view: the same resize, crop mode, crop fraction and interpolation, so the
+    pixels equal ``timm.data.create_transform(**cfg)``'s. What the view cannot reproduce — a
+    ``border`` crop (resize the longer side, pad), a non-square input, a border trim — is
+    refused by name, never approximated."""
+    mode = cfg.get("crop_mode") or "center"
+    problem = None
+    if mode not in CROP_MODES:
+        problem = f"crop_mode={mode!r} (evalkit reproduces {' and '.join(CROP_MODES)})"
+    elif size[0] != size[1]:
+        problem = f"a non-square input {size[0]}×{size[1]} (evalkit's views are square)"
+    elif cfg.get("crop_border_pixels"):
+        problem = f"crop_border_pixels={cfg['crop_border_pixels']} (not reproduced)"
+    if problem:
+        raise EvalkitError(
+            f"{name}: its preprocessing has {problem}, so evalkit cannot give the pixels timm's "
+            "own transform gives: use another tag, or --model-arg img_size=N for a square size"
+        )
+    return Preprocess(
+        size=size[0],
+        crop_pct=float(cfg.get("crop_pct") or 0.875),
+        interpolation=cfg["interpolation"],
+        mean=tuple(cfg["mean"]),
+        std=tuple(cfg["std"]),
+        crop_mode=mode,
+    )

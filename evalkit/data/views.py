@@ -10,7 +10,8 @@ crop of a backbone's preprocessing, by one of two decoders, normalised later on 
   the reference per pixel, about 2.5× as many images per CPU core. Every other image (PNG,
   CMYK or 16-bit files, palettes, a JPEG ``decode_jpeg`` refuses) takes the ``pil`` path, so
   its pixels are the reference's. Neither decoder applies EXIF rotation.
-- ``auto``: ``tensor`` where its bound holds (bicubic or bilinear resizing), else ``pil``.
+- ``auto``: ``tensor`` where its bound holds (bicubic or bilinear resizing that keeps the
+  aspect: a squashing resize of both sides can be 8 levels apart), else ``pil``.
 
 Sending uint8 and normalising on the device moves a quarter of the bytes and takes
 ``ToTensor`` and ``Normalize`` off the decoding cores; the arithmetic is theirs, so features
@@ -62,11 +63,17 @@ class EvalView:
         if self.decoder not in DECODERS:
             raise EvalkitError(f"decoder {self.decoder!r}: expected one of {', '.join(DECODERS)}")
         if self.decoder == "auto":
-            object.__setattr__(self, "decoder", _resolved(self.interpolation))
+            object.__setattr__(self, "decoder", _resolved(self.interpolation, self.square))
         if self.decoder == "tensor" and self.interpolation not in TENSOR_INTERPOLATIONS:
             raise EvalkitError(
                 f"decoder=tensor reproduces PIL's {' and '.join(TENSOR_INTERPOLATIONS)} resizing, "
                 f"not {self.interpolation}: use decoder=pil or auto"
+            )
+        if self.decoder == "tensor" and self.square:
+            raise EvalkitError(
+                "decoder=tensor keeps within its bound of PIL's pixels where a resize keeps the "
+                "aspect; this view resizes both sides (a squashing preprocessing, or "
+                "resize=square), where it can be 8 levels apart: use decoder=pil or auto"
             )
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
@@ -121,8 +128,10 @@ def eval_view(size: int, crop_pct: float, interpolation: str, **options) -> Eval
     return EvalView(size, math.floor(size / crop_pct), interpolation, **options)
 
 
-def _resolved(interpolation: str) -> str:
-    return "tensor" if interpolation in TENSOR_INTERPOLATIONS else "pil"
+def _resolved(interpolation: str, square: bool) -> str:
+    """``auto``: the tensor decoder where its bound holds (a bicubic or bilinear resize that
+    keeps the aspect), else PIL."""
+    return "tensor" if interpolation in TENSOR_INTERPOLATIONS and not square else "pil"
 
 
 def _plain_jpeg(path: Path) -> bytes | None:
