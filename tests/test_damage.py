@@ -174,3 +174,45 @@ def test_rows_of_a_job_whose_value_was_not_a_number_are_replaced_not_added(tmp_p
     assert holds_run_key(path, "k") and not load_rows([path])
     replace_rows(path, "k", [row | {"value": 1.0}])
     assert [json.loads(x)["value"] for x in Path(path).read_text().splitlines()] == [1.0]
+
+
+def test_a_pixel_shard_flipped_in_place_cannot_survive_cache_verify(cli_env):
+    """A view shard changed after its check, size, modification time and inode kept, is read
+    by the next backbone (documented: only a re-read finds such damage); ``cache verify``
+    then finds it and drops the features computed from it, and the next run of that backbone
+    recomputes them — and its rows — from sound views: the clean numbers."""
+    from evalkit.cache.features import verify_cache
+    from evalkit.core.runner import RunSpec, run
+
+    cache = cli_env / "cache"
+
+    def knn(out: str, **options) -> dict[str, float]:
+        spec = {"tasks": ("imagenet-knn",), "data": "embedded", "out": cli_env / out}
+        spec |= {"cache_dir": cache, "progress": False, "pixels": "cache"} | options
+        (result,) = list(run(RunSpec(**spec)))
+        return {r["metric"]: r["value"] for r in result.rows}
+
+    second = {"backbones": ("fake",), "model_args": {"dim": 16}}
+    clean = knn("clean", no_cache=True, pixels="decode", **second)
+    knn("R", backbones=("fake",))  # decodes, and keeps the views
+    (shard, *_) = sorted((cache / "pixels").glob("*/shard-*.safetensors"))
+    past = time.time() - 120  # an old cache: its stamps are vouched for, and recorded
+    for path in (cache / "pixels").glob("*/shard-*"):
+        os.utime(path, (past, past))
+    verify_cache(cache, progress=False)
+    before = shard.stat()
+    with open(shard, "r+b") as file:  # damage in place: same size, inode and mtime
+        start, stop = before.st_size // 8, before.st_size * 7 // 8  # views, not the header
+        file.seek(start)
+        piece = file.read(stop - start)
+        file.seek(start)
+        file.write(bytes(255 - b for b in piece))
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (shard.stat().st_ino, shard.stat().st_size) == (before.st_ino, before.st_size)
+    poisoned = knn("R", **second)
+    assert poisoned != clean  # the damage reached the numbers, unseen
+    report = verify_cache(cache, progress=False)
+    assert sum(entry["bad"] for entry in report) >= 2  # the view shard, and features from it
+    assert knn("R", **second) == clean
+    rows = load_rows([cli_env / "R"])
+    assert sorted(r["value"] for r in rows if r["backbone_options"]) == sorted(clean.values())

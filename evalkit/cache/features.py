@@ -269,6 +269,7 @@ def extract_features(
         bad = files.verify_shards(
             folder, wanted, recheck=settings.verify_cache, read_only=settings.read_only
         )
+        bad += derived_damage(settings, folder, wanted)
         unusable = {files.shard_index(path) for path in bad}
     distributed.barrier()  # all ranks agree on what is missing before any rank writes
     done = {
@@ -288,9 +289,19 @@ def extract_features(
         if writes_to and distributed.current().main and not (folder / files.MANIFEST).exists():
             files.write_manifest(folder, wanted, len(indices))
     features = FeatureSet(parts, from_cache=not computed and bool(shards), dataset_id=dataset_id)
+    features.key = folder.name if folder is not None else None
     features.extracted = sum(len(shards[i]) for i in computed)  # by this process's group
     _check_labels(features, dataset, indices, folder)
     return features
+
+
+def derived_damage(settings: ExtractSettings, folder: Path, wanted) -> list[Path]:
+    """Shards of ``folder`` computed from cached views later found damaged: removed (kept, but
+    not used, in a read-only cache), so they are recomputed from sound ones."""
+    derived = files.derived_from_damaged(Path(settings.cache_dir), folder, wanted)
+    if derived and not settings.read_only:
+        files.drop_derived(folder, derived)
+    return derived
 
 
 def _check_labels(features: FeatureSet, dataset, indices: list[int], folder: Path | None):
@@ -358,6 +369,14 @@ class Feed:
             workers = loader_workers(self.settings.workers, self.settings.device, len(batches))
             options = loader_options(self.settings.device, workers)
             yield from torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
+
+    def source(self, index: int) -> str | None:
+        """The cached shard the views of shard ``index`` were read from (None: decoded from
+        the image files, whose identity is in the entry's key)."""
+        if index not in self.cached:
+            return None
+        folder = self.pixels.folder
+        return f"{folder.parent.name}/{folder.name}/{files.shard_path(folder, index).name}"
 
     def keep(self, index: int, images: list[torch.Tensor], labels: torch.Tensor):
         """Keep a decoded shard's views for the next backbone (on the rank that writes)."""
@@ -444,7 +463,11 @@ def _run_loader(loader, backbone, feed: Feed, todo, request, folder) -> dict[int
             if sum(len(p["labels"]) for p in pending) == len(shards[todo[shard_pos]]):
                 shard = _merge(pending)
                 if folder is not None and layout.writer:
-                    files.save_shard(folder, _place(folder, todo[shard_pos], shards), shard)
+                    place, source = (
+                        _place(folder, todo[shard_pos], shards),
+                        feed.source(todo[shard_pos]),
+                    )
+                    files.save_shard(folder, place, shard, source=source)
                 feed.keep(todo[shard_pos], views, shard["labels"])
                 computed[todo[shard_pos]] = shard if folder is None else None
                 pending, views, shard_pos = [], [], shard_pos + 1
@@ -528,7 +551,9 @@ def _write_meta(folder: Path, info, split: str, request, settings, n: int):
     write_json(folder / META, meta)
 
 
-AREAS = ("features", "pixels")  # what the cache keeps: features, and decoded views (pixels.py)
+# What the cache keeps: decoded views (pixels.py), and features, some computed from those views
+# (so views are verified first, and features derived from a damaged view follow it).
+AREAS = ("pixels", "features")
 
 
 def list_cache(root: Path) -> list[dict]:
@@ -560,7 +585,8 @@ def verify_cache(
 ) -> list[dict]:
     """Re-read every shard of every entry (or of ``backbone``'s) against its checksum, place
     and the manifest, whatever its stamp; a bad shard is deleted (unless ``read_only``), so
-    the next run recomputes it. One dict per entry: key, backbone, split, shards checked, bad."""
+    the next run recomputes it, and so is every feature shard computed from a view found bad
+    (views are verified first). One dict per entry: key, backbone, split, shards checked, bad."""
     entries = [e for e in list_cache(root) if backbone in (None, e["backbone"])]
     total = sum(e["shards"] for e in entries)
     report = []
@@ -575,6 +601,10 @@ def verify_cache(
             bad = files.verify_shards(
                 folder, wanted, recheck=True, advance=advance, read_only=read_only
             )
+            derived = files.derived_from_damaged(Path(root), folder, wanted)
+            if derived and not read_only:
+                files.drop_derived(folder, derived)
+            bad = set(bad) | set(derived)
             report.append({**entry, "checked": entry["shards"], "bad": len(bad), "old": False})
     return report
 

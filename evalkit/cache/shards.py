@@ -19,6 +19,7 @@ run --verify-cache``, which re-read every shard whatever its stamp.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,11 @@ from evalkit.writes import replacing
 
 CHECKSUM = "evalkit_sha256"
 PLACE = "evalkit_place"
+SOURCE = "evalkit_source"  # the cached shard a derived shard was computed from
+COMPUTED = "evalkit_computed_at"  # when it was computed (seconds since the epoch)
 MANIFEST = "manifest.json"
 VERIFIED = "verified.json"  # shards whose checksum matched, by stamp
+DAMAGED = "damaged.json"  # shards found damaged and removed, with when: derived ones follow
 
 
 @dataclass(frozen=True)
@@ -73,13 +77,18 @@ def shard_checksum(shard: dict[str, torch.Tensor], place: Place) -> str:
     return digest.hexdigest()
 
 
-def save_shard(folder: Path, place: Place, shard: dict):
+def save_shard(folder: Path, place: Place, shard: dict, source: str | None = None):
     """Write a shard under a temporary name and rename it into place: a shard on disk is
-    whole. A full disk is one line; the partial file is removed, finished shards stay."""
+    whole. A full disk is one line; the partial file is removed, finished shards stay.
+    ``source`` names the cached shard it was computed from (``pixels/<key>/shard-….``), so
+    that damage found there later removes it too (``derived_from_damaged``)."""
     from safetensors.torch import save_file
 
     shard = {k: v.contiguous() for k, v in shard.items()}
     metadata = {CHECKSUM: shard_checksum(shard, place), PLACE: place.text()}
+    metadata[COMPUTED] = repr(time.time())
+    if source is not None:
+        metadata[SOURCE] = source
     with replacing(shard_path(folder, place.index)) as tmp:
         save_file(shard, str(tmp), metadata=metadata)
 
@@ -163,8 +172,55 @@ def verify_shards(
         return bad
     if bad:
         (folder / MANIFEST).unlink(missing_ok=True)
+        mark_damaged(folder, [path.name for path in bad])
     write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
     return bad
+
+
+def mark_damaged(folder: Path, names: list[str]):
+    """Record that the shards ``names`` of an entry were found damaged and removed, and when:
+    whatever was computed from them before then is as damaged as they were."""
+    found = read_json(Path(folder) / DAMAGED)
+    write_json(Path(folder) / DAMAGED, found | {name: time.time() for name in names})
+
+
+def derived_from_damaged(root: Path, folder: Path, wanted: Iterable[Place]) -> list[Path]:
+    """The shards of ``folder`` computed from a cached shard (their ``SOURCE``) that was
+    later found damaged: computed before that damage was found, they may carry it. Read from
+    headers only, and only when some source entry records damage."""
+    if not any(Path(root).glob(f"*/*/{DAMAGED}")):
+        return []
+    derived = []
+    for place in wanted:
+        path = shard_path(folder, place.index)
+        source, computed = _source_of(path) if path.exists() else (None, 0.0)
+        if source is None:
+            continue
+        entry, _, name = source.rpartition("/")
+        found = read_json(Path(root) / entry / DAMAGED).get(name)
+        if found is not None and found >= computed:
+            derived.append(path)
+    return derived
+
+
+def _source_of(path: Path) -> tuple[str | None, float]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception:  # noqa: BLE001 - an unreadable shard is the checksum check's to report
+        return None, 0.0
+    return metadata.get(SOURCE), float(metadata.get(COMPUTED, 0.0))
+
+
+def drop_derived(folder: Path, derived: list[Path]):
+    """Remove shards computed from damaged ones (with the entry's manifest), and record it."""
+    for path in derived:
+        warn(f"cached features {path} were computed from a damaged cached shard: recomputing them")
+        path.unlink(missing_ok=True)
+    (Path(folder) / MANIFEST).unlink(missing_ok=True)
+    mark_damaged(folder, [path.name for path in derived])
 
 
 def shard_index(path: Path) -> int:

@@ -30,8 +30,9 @@ from evalkit import distributed
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
 from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
-from evalkit.cache.identity import cache_root, library_versions, spec_key
+from evalkit.cache.identity import cache_root, library_versions, read_json, spec_key
 from evalkit.cache.pixels import PIXELS
+from evalkit.cache.shards import DAMAGED
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
@@ -559,7 +560,8 @@ def _run_task(
         ctx.predictions = predictions_file(out_dir, task.name, backbone.info.name, ctx.seed, key)
     distributed.barrier()  # every rank has decided before rank 0 appends anything
     have_predictions = ctx.predictions is None or readable_parquet(ctx.predictions)
-    if not rerun and rows_complete(task.metrics(), done) and have_predictions:
+    sound = not rows_after_damage(done, ctx.extract.cache_dir)
+    if not rerun and rows_complete(task.metrics(), done) and have_predictions and sound:
         return done, True
     if not force and (problems := unfit(task, backbone, ctx, tp=distributed.current().tp_size)):
         raise EvalkitError(
@@ -582,6 +584,25 @@ def _run_task(
     elif distributed.current().main:
         append_rows(path, rows)  # the job's rows land together or not at all
     return rows, False
+
+
+def rows_after_damage(rows: list[Row], cache_dir: Path | None) -> bool:
+    """Whether ``rows`` were computed from cached features later found damaged (or derived
+    from damaged views): their numbers may carry the damage, so the job is recomputed, with
+    one line saying why."""
+    if cache_dir is None or not rows:
+        return False
+    for row in rows:
+        sources = row.get("sources") or {}
+        for key in sources.get("features", ()):
+            found = read_json(Path(cache_dir) / "features" / key / DAMAGED)
+            if found and max(found.values()) >= sources.get("at", 0.0):
+                warn(
+                    f"the rows of {row['task']} × {row['backbone']} were computed from cached "
+                    "features since found damaged: recomputing them"
+                )
+                return True
+    return False
 
 
 def readable_parquet(path: Path) -> bool:

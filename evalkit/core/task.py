@@ -297,6 +297,8 @@ class TaskContext:
             self.stats["images"] += feats.extracted
             self.stats["seconds"] += time.perf_counter() - start
         self.stats["data"][split] = feats.dataset_id
+        if getattr(feats, "key", None):  # the rows follow their features (derived_from_damaged)
+            self.stats.setdefault("features", set()).add(feats.key)
         if (decoder := decoder_of(getattr(dataset, "transform", None))) is not None:
             self.stats["decoder"] = decoder
         return feats
