@@ -216,3 +216,31 @@ def test_a_pixel_shard_flipped_in_place_cannot_survive_cache_verify(cli_env):
     assert knn("R", **second) == clean
     rows = load_rows([cli_env / "R"])
     assert sorted(r["value"] for r in rows if r["backbone_options"]) == sorted(clean.values())
+
+
+def test_a_read_only_pixel_folder_is_read_and_never_written(cli_env, capsys, monkeypatch):
+    """A pixel folder this process cannot write (a read-only mount, another member's files:
+    emulated, since root writes anywhere) is read where it serves, and nothing in it changes;
+    features are still kept."""
+    import evalkit.writes
+    from evalkit.core.runner import RunSpec, run
+
+    cache = cli_env / "cache"
+
+    def knn(**options) -> dict[str, float]:
+        spec = {"tasks": ("imagenet-knn",), "backbones": ("fake",), "data": "embedded"}
+        spec |= {"out": cli_env / "R", "cache_dir": cache, "progress": False, "pixels": "cache"}
+        (result,) = list(run(RunSpec(**(spec | options))))
+        return {r["metric"]: r["value"] for r in result.rows}
+
+    knn()  # keeps the views
+    before = {p: p.stat().st_mtime_ns for p in (cache / "pixels").rglob("*")}
+    real = evalkit.writes.writable
+    monkeypatch.setattr(
+        evalkit.writes, "writable", lambda folder: "pixels" not in str(folder) and real(folder)
+    )
+    values = knn(model_args={"dim": 16})
+    assert set(values) == {"top1/k=20", "top5/k=20"}
+    assert {p: p.stat().st_mtime_ns for p in (cache / "pixels").rglob("*")} == before
+    assert "cannot be written" in capsys.readouterr().err
+    assert len(list((cache / "features").glob("*/manifest.json"))) == 4  # two splits each

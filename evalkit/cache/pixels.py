@@ -112,12 +112,32 @@ def pixel_store(dataset, settings, *, dataset_id: str, split: str, subset_key: s
     key = spec_key(spec)
     folder = Path(settings.cache_dir) / "pixels" / key
     wanted = files.places(key, n, settings.shard_size)
-    if settings.read_only:
+    if settings.read_only or not _writable_area(folder.parent):
         return PixelStore(folder, wanted, writable=False) if folder.exists() else None
     if settings.pixels == "auto" and not folder.exists() and not fits(folder, view, n):
         return None
     _write_meta(folder, view, split, n, settings.shard_size)
     return PixelStore(folder, wanted, writable=True)
+
+
+_WARNED: set[Path] = set()
+
+
+def _writable_area(area: Path) -> bool:
+    """Whether views can be kept under ``area`` (``<cache>/pixels``). One that exists and
+    cannot be written (a team's read-only copy) is read and never written, with one warning;
+    features are still written to the feature cache beside it."""
+    from evalkit.writes import writable
+
+    if not area.exists() or writable(area):
+        return True
+    if area not in _WARNED:
+        _WARNED.add(area)
+        warn(
+            f"{area} cannot be written (permissions or a read-only mount): its decoded views "
+            "are read where they serve, and no new ones are kept"
+        )
+    return False
 
 
 def fits(folder: Path, view: EvalView, images: int) -> bool:
