@@ -165,6 +165,7 @@ def predictions(folder: Path) -> dict:
     frames = {}
     for row in rows:
         label = row["backbone"] + (" [dim=16]" if row["backbone_options"].get("dim") else "")
+        label += " (random init)" if row["random_init"] else ""
         slug = f"{row['task']}--{row['backbone']}--s{row['seed']}--{row['run_key']}"
         frames[(row["task"], label)] = pd.read_parquet(
             folder / "predictions" / (slug.replace("/", "_") + ".parquet")

@@ -60,22 +60,16 @@ def print_terminal(console, board: dict):
     from rich.table import Table
 
     for task in board["tasks"]:
-        arrow = "↑" if task["higher_is_better"] else "↓"
-        table = Table("rank", "backbone", f"{task['metric']} {arrow}", title=plain(task["task"]))
-        for cell in task["cells"]:
-            table.add_row(_rank(cell["rank"]), plain(cell["backbone"]), cell["shown"])
+        table = Table(*task_header(task), title=plain(task["task"]))
+        for row in task_rows(task):
+            table.add_row(*map(plain, row))
         console.print(table)
         for pair in task["pairs"]:
             line = f"  {pair['a']} vs {pair['b']}: {pair['verdict']}"
             console.print(plain(line), highlight=False, soft_wrap=True)
-    table = Table("mean rank", "backbone", "tasks", "missing", title="over all tasks")
-    for entry in board["overall"]:
-        table.add_row(
-            _mean_rank(entry),
-            plain(entry["backbone"]),
-            str(entry["tasks"]),
-            plain(", ".join(entry["missing"]) or "–"),
-        )
+    table = Table(*OVERALL_HEADER, title="over all tasks")
+    for row in overall_rows(board):
+        table.add_row(*map(plain, row))
     console.print(table)
     for task, lines in board["curves"].items():
         levels = sorted({level for by in lines.values() for level in by})
@@ -87,11 +81,67 @@ def print_terminal(console, board: dict):
         console.print(plain(note), highlight=False, soft_wrap=True)
 
 
+OVERALL_HEADER = ["mean rank", "rank interval", "P(first)", "backbone", "tasks", "missing"]
+
+
+def overall_rows(board: dict) -> list[list[str]]:
+    """The overall table, every format: a complete setup's mean rank, the 95% interval of its
+    place and P(first) over resampled tasks; a setup that lacks tasks, what it lacks."""
+    rows = []
+    for entry in board["overall"]:
+        interval = entry.get("rank_interval")
+        rows.append(
+            [
+                _mean_rank(entry),
+                f"[{interval[0]:g}, {interval[1]:g}]" if interval else "–",
+                f"{entry['p_first']:.2f}" if "p_first" in entry else "–",
+                entry["backbone"],
+                str(entry["tasks"]),
+                ", ".join(entry["missing"]) or "–",
+            ]
+        )
+    return rows
+
+
+def task_header(task: dict) -> list[str]:
+    arrow = "↑" if task["higher_is_better"] else "↓"
+    return ["rank", "tier", "backbone", f"{task['metric']} {arrow}", "seeds (sd)"]
+
+
+def task_rows(task: dict) -> list[list[str]]:
+    """One task's table, every format: rank, tier (not significantly different from the
+    tier's leader), the value with its image-level interval, the seeds and their spread."""
+    return [
+        [
+            _rank(cell["rank"]),
+            str(cell.get("tier", "–")),
+            cell["backbone"],
+            cell["shown"],
+            _seeds(cell),
+        ]
+        for cell in task["cells"]
+    ]
+
+
+def _seeds(cell: dict) -> str:
+    seeds, spread = cell.get("seeds", 1), cell.get("seed_sd")
+    return f"{seeds} (sd {spread:.2f})" if spread is not None else str(seeds)
+
+
 def notes(board: dict) -> list[str]:
     lines = [
         f"pairs: paired tests on the same images, p-values {board['correction']}; "
-        f"significant at {board['level']:g}"
+        f"significant at {board['level']:g}; a tier holds the setups not significantly "
+        "different from its leader",
+        "over all tasks: complete setups only; rank interval and P(first) from a bootstrap "
+        "over the suite's tasks (the tasks as a sample, not the images)",
     ]
+    if (test := board.get("friedman")) is not None:
+        lines.append(
+            f"Friedman over {test['tasks']} tasks and {test['setups']} setups: "
+            f"chi² = {test['statistic']:.3g}, p = {test['p']:.3g}"
+            + (" (the overall order may be noise)" if test["p"] > board["level"] else "")
+        )
     lines += [
         f"failed cell: {f['task']} × {f['backbone']} (seed {f['seed']}): {f['error']}"
         for f in board["failed"]
@@ -112,17 +162,15 @@ def _mean_rank(entry: dict) -> str:
     return "–" if entry["mean_rank"] is None else f"{entry['mean_rank']:.2f}"
 
 
+def _pipes(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def markdown(board: dict) -> str:
-    parts = ["# Leaderboard", ""]
-    parts += ["| mean rank | backbone | tasks | missing |", "|---|---|---|---|"]
-    for e in board["overall"]:
-        missing = ", ".join(e["missing"]) or "–"
-        parts.append(f"| {_mean_rank(e)} | {e['backbone']} | {e['tasks']} | {missing} |")
+    parts = ["# Leaderboard", "", *_pipes(OVERALL_HEADER, overall_rows(board))]
     for task in board["tasks"]:
-        arrow = "↑" if task["higher_is_better"] else "↓"
-        parts += ["", f"## {task['task']}", "", f"| rank | backbone | {task['metric']} {arrow} |"]
-        parts.append("|---|---|---|")
-        parts += [f"| {_rank(c['rank'])} | {c['backbone']} | {c['shown']} |" for c in task["cells"]]
+        parts += ["", f"## {task['task']}", "", *_pipes(task_header(task), task_rows(task))]
         parts += [""] + [f"- {p['a']} vs {p['b']}: {p['verdict']}" for p in task["pairs"]]
     for task, lines in board["curves"].items():
         levels = sorted({level for by in lines.values() for level in by})
@@ -156,24 +204,11 @@ def page(board: dict) -> str:
     body = [
         "<h1>Leaderboard</h1>",
         ranks_figure(board),
-        _table_html(
-            ["mean rank", "backbone", "tasks", "missing"],
-            [
-                [
-                    _mean_rank(e),
-                    e["backbone"],
-                    str(e["tasks"]),
-                    ", ".join(e["missing"]) or "–",
-                ]
-                for e in board["overall"]
-            ],
-        ),
+        _table_html(OVERALL_HEADER, overall_rows(board)),
     ]
     for task in board["tasks"]:
-        arrow = "↑" if task["higher_is_better"] else "↓"
         body.append(f"<h2>{html.escape(task['task'])}</h2>")
-        rows = [[_rank(c["rank"]), c["backbone"], c["shown"]] for c in task["cells"]]
-        body.append(_table_html(["rank", "backbone", f"{task['metric']} {arrow}"], rows))
+        body.append(_table_html(task_header(task), task_rows(task)))
         items = [
             f'<li class="{"sig" if p.get("significant") else "ns"}">'
             f"{html.escape(p['a'])} vs {html.escape(p['b'])}: {html.escape(p['verdict'])}</li>"

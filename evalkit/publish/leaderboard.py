@@ -40,8 +40,10 @@ from evalkit.publish.significance import (
     ece_of,
     holm,
     mcnemar,
+    mean_of,
     miou_of,
     paired_bootstrap,
+    paired_bootstrap_seeds,
 )
 
 
@@ -72,11 +74,14 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0) -> dict:
     for board in boards:
         board.pairs = paired_tests(board, level, seed)
     backbones = sorted({cell.backbone for board in boards for cell in board.cells})
+    ranked = overall(boards, backbones, seed)
+    complete = [entry["backbone"] for entry in ranked if entry["mean_rank"] is not None]
     return {
         "level": level,
         "correction": "Holm, over each task's pairs",
-        "tasks": [_board_record(board) for board in boards],
-        "overall": overall(boards, backbones),
+        "tasks": [_board_record(board, level) for board in boards],
+        "overall": ranked,
+        "friedman": friedman(boards, complete),
         "curves": parity_curves(rows),
         "failed": failed_cells(paths),
     }
@@ -148,31 +153,104 @@ def _ranked(board: Board) -> Board:
     return board
 
 
-def overall(boards: list[Board], backbones: list[str]) -> list[dict]:
+def overall(boards: list[Board], backbones: list[str], seed: int = 0) -> list[dict]:
     """The aggregate over a consistent suite: each setup with a value on every board gets its
     mean rank among those complete setups only (re-ranked per board, so a setup that ran one
-    task cannot lead, and one that skipped a task cannot move the others); a setup that lacks
-    a board is listed after them with what it lacks and no mean rank."""
+    task cannot lead, and one that skipped a task cannot move the others), with the
+    uncertainty of the task sample (``rank_uncertainty``); a setup that lacks a board is listed
+    after them with what it lacks and no mean rank."""
     missing = {
         name: [b.task for b in boards if name not in {c.backbone for c in b.cells}]
         for name in backbones
     }
     complete = [name for name in backbones if not missing[name]]
-    ranks = defaultdict(list)
-    for board in boards:
-        kept = [replace(cell) for cell in board.cells if cell.backbone in complete]
-        for cell in _ranked(Board(board.task, board.metric, board.higher_is_better, kept)).cells:
-            ranks[cell.backbone].append(cell.rank)
-    table = [
+    table = complete_ranks(boards, complete)
+    spread = rank_uncertainty(table, seed) if len(complete) > 1 else {}
+    records = [
         {
             "backbone": name,
-            "mean_rank": round(float(np.mean(ranks[name])), 3) if name in complete else None,
-            "tasks": len(boards) - len(missing[name]),
-            "missing": missing[name],
+            "mean_rank": round(float(table[:, i].mean()), 3) if table.size else None,
+            "tasks": len(boards),
+            "missing": [],
+            **spread.get(i, {}),
         }
-        for name in backbones
+        for i, name in enumerate(complete)
     ]
-    return sorted(table, key=lambda r: (r["mean_rank"] is None, r["mean_rank"] or 0, r["backbone"]))
+    records += [
+        {"backbone": name, "mean_rank": None, "tasks": len(boards) - len(lack), "missing": lack}
+        for name, lack in missing.items()
+        if lack
+    ]
+    return sorted(
+        records, key=lambda r: (r["mean_rank"] is None, r["mean_rank"] or 0, r["backbone"])
+    )
+
+
+def complete_ranks(boards: list[Board], complete: list[str]) -> np.ndarray:
+    """(boards, setups) ranks of the complete setups among themselves, board by board."""
+    table = np.zeros((len(boards), len(complete)))
+    for b, board in enumerate(boards):
+        kept = [replace(cell) for cell in board.cells if cell.backbone in complete]
+        ranked = _ranked(Board(board.task, board.metric, board.higher_is_better, kept))
+        place = {cell.backbone: cell.rank for cell in ranked.cells}
+        table[b] = [place[name] for name in complete]
+    return table
+
+
+TASK_RESAMPLES = 2000
+
+
+def rank_uncertainty(table: np.ndarray, seed: int) -> dict[int, dict]:
+    """The second level of uncertainty: the suite's tasks as a sample. A bootstrap over the
+    boards (rows of ``table``, drawn with replacement) recomputes every setup's mean rank and
+    its place among the setups; per setup its place's 95% interval [low, high] and P(first),
+    the share of resamples where it is first (a tie for first shared). Keyed by column."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(table), size=(TASK_RESAMPLES, len(table)))
+    means = table[draws].mean(axis=1)  # (resamples, setups)
+    places = np.apply_along_axis(_places, 1, means)
+    first = (places == places.min(axis=1, keepdims=True)).astype(float)
+    first /= first.sum(axis=1, keepdims=True)
+    low, high = np.percentile(places, [2.5, 97.5], axis=0)
+    return {
+        index: {
+            "rank_interval": [float(low[index]), float(high[index])],
+            "p_first": round(float(first[:, index].mean()), 4),
+        }
+        for index in range(table.shape[1])
+    }
+
+
+def _places(values: np.ndarray) -> np.ndarray:
+    """1 … n by value (smaller first), ties sharing the mean of their places."""
+    order = np.argsort(values, kind="stable")
+    places = np.empty(len(values))
+    sorted_values = values[order]
+    start = 0
+    while start < len(values):
+        stop = start
+        while stop + 1 < len(values) and sorted_values[stop + 1] == sorted_values[start]:
+            stop += 1
+        places[order[start : stop + 1]] = (start + stop) / 2 + 1
+        start = stop + 1
+    return places
+
+
+def friedman(boards: list[Board], complete: list[str]) -> dict | None:
+    """Friedman's test over the suite's tasks that the complete setups' ranks differ at all
+    (tie-corrected; scipy's ``friedmanchisquare``): None with fewer than 2 tasks or 3 setups."""
+    if len(boards) < 2 or len(complete) < 3:
+        return None
+    from scipy import stats
+
+    table = complete_ranks(boards, complete)
+    result = stats.friedmanchisquare(*table.T)
+    return {
+        "statistic": float(result.statistic),
+        "p": float(result.pvalue),
+        "tasks": len(boards),
+        "setups": len(complete),
+    }
 
 
 def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
@@ -215,16 +293,19 @@ def _pair_record(result: dict, board: Board, level: float) -> dict:
 
 
 def _paired(board: Board, outputs: tuple, seed: int) -> Paired | str:
-    """The paired test of two cells' per-image outputs (``per_image``) on their shared
-    images, or why there is none."""
+    """The paired test of two cells' per-image outputs (``per_image``: each seed's) on their
+    shared images, or why there is none."""
     if any(isinstance(o, str) for o in outputs):
         return next(o for o in outputs if isinstance(o, str))
-    (ids_a, frame_a), (ids_b, frame_b) = outputs
+    (ids_a, frames_a), (ids_b, frames_b) = outputs
     if sorted(ids_a) != sorted(ids_b):
         return "the two ran on different images"
     order_b = {image: i for i, image in enumerate(ids_b)}
-    frame_b = frame_b.iloc[[order_b[image] for image in ids_a]].reset_index(drop=True)
-    return paired_on(board.metric, frame_a, frame_b, seed)
+    rows = [order_b[image] for image in ids_a]
+    frames_b = [frame.iloc[rows].reset_index(drop=True) for frame in frames_b]
+    if len(frames_a) == len(frames_b) == 1:
+        return paired_on(board.metric, frames_a[0], frames_b[0], seed)
+    return paired_on_seeds(board.metric, frames_a, frames_b, seed)
 
 
 def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
@@ -241,6 +322,25 @@ def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
     parts_of, statistic = found
     parts = parts_of(frame_a), parts_of(frame_b)
     return not_numbers(*parts) or paired_bootstrap(*parts, statistic, seed=seed)
+
+
+def paired_on_seeds(metric: str, frames_a: list, frames_b: list, seed: int) -> Paired | str:
+    """Cells of several seeds: a paired bootstrap over images of the mean over seeds of the
+    metric (what is ranked), each image one cluster of its seeds' outputs. McNemar needs one
+    right-or-wrong per image, so accuracies are bootstrapped here too."""
+    if "correct" in frames_a[0] and metric.startswith("top1"):
+        found = (lambda f: 100.0 * f[["correct"]].to_numpy(float), mean_of)
+    elif "top5" in frames_a[0] and "label_classes" in frames_a[0] and metric.startswith("top5"):
+        found = (lambda f: 100.0 * top5_right(f)[:, None].astype(float), mean_of)
+    else:
+        found = bootstrap_parts(metric, frames_a[0])
+    if found is None:
+        return f"no per-image outputs of {metric}"
+    parts_of, statistic = found
+    seeds_a, seeds_b = [parts_of(f) for f in frames_a], [parts_of(f) for f in frames_b]
+    return not_numbers(*seeds_a, *seeds_b) or paired_bootstrap_seeds(
+        seeds_a, seeds_b, statistic, seed=seed
+    )
 
 
 def not_numbers(*sides: np.ndarray) -> str | None:
@@ -263,9 +363,9 @@ def bootstrap_parts(metric: str, frame):
         column, bins = "confidence" if metric == "ece" else "confidence_ts", int(frame["bins"][0])
         return lambda f: np.column_stack([f[column], f["correct"]]), lambda p: ece_of(p, bins)
     if metric == "top1" and "correct_share" in frame:
-        return lambda f: 100.0 * f[["correct_share"]].to_numpy(float), _column_mean
+        return lambda f: 100.0 * f[["correct_share"]].to_numpy(float), mean_of
     if metric in frame and pd_numeric(frame[metric]):
-        return lambda f: f[[metric]].to_numpy(float), _column_mean
+        return lambda f: f[[metric]].to_numpy(float), mean_of
     return None
 
 
@@ -280,28 +380,33 @@ def pd_numeric(column) -> bool:
     return np.issubdtype(column.dtype, np.number) or column.dtype == bool
 
 
-def _column_mean(parts: np.ndarray) -> float:
-    return float(parts[:, 0].mean())
-
-
 def per_image(cell: Cell):
-    """(image ids relative to their common folder, outputs) of the cell's first seed, or why
-    there are none."""
+    """(image ids relative to their common folder, one outputs frame per seed of the cell, in
+    the order of the ids), or why there are none."""
     import pandas as pd
 
-    row = min(cell.rows, key=lambda r: r.get("seed", 0))
-    slug = f"{row['task']}--{row['backbone']}--s{row.get('seed', 0)}--{row.get('run_key')}"
-    path = Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet")
-    if not path.exists():
-        return f"no per-image outputs for {cell.backbone} (run the zoo with several backbones or --save-predictions)"
-    try:
-        frame = pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a damaged file
-        return (
-            f"the per-image outputs of {cell.backbone} cannot be read ({path.name}: "
-            f"{type(exc).__name__}); the next run of the cell recomputes them"
-        )
-    return relative_ids(frame["image"].astype(str).tolist()), frame
+    by_seed = {row.get("seed", 0): row for row in cell.rows}
+    frames = []
+    for number, row in sorted(by_seed.items()):
+        slug = f"{row['task']}--{row['backbone']}--s{number}--{row.get('run_key')}"
+        path = Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet")
+        if not path.exists():
+            return f"no per-image outputs for {cell.backbone} (run the zoo with several backbones or --save-predictions)"
+        try:
+            frames.append(pd.read_parquet(path))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a damaged file
+            return (
+                f"the per-image outputs of {cell.backbone} cannot be read ({path.name}: "
+                f"{type(exc).__name__}); the next run of the cell recomputes them"
+            )
+    ids = relative_ids(frames[0]["image"].astype(str).tolist())
+    for index, frame in enumerate(frames[1:], start=1):
+        own = relative_ids(frame["image"].astype(str).tolist())
+        if sorted(own) != sorted(ids):
+            return f"the seeds of {cell.backbone} ran on different images"
+        order = {image: i for i, image in enumerate(own)}
+        frames[index] = frame.iloc[[order[i] for i in ids]].reset_index(drop=True)
+    return ids, frames
 
 
 def relative_ids(ids: list[str]) -> list[str]:
@@ -332,17 +437,50 @@ def _lines(files) -> list[str]:
     return [line for file in files for line in file.read_text(encoding="utf-8").splitlines()]
 
 
-def _board_record(board: Board) -> dict:
+def _board_record(board: Board, level: float = LEVEL) -> dict:
+    tier = tiers(board)
     return {
         "task": board.task,
         "metric": board.metric,
         "higher_is_better": board.higher_is_better,
         "cells": [
-            {"backbone": c.backbone, "value": c.value, "shown": c.shown, "rank": c.rank}
+            {
+                "backbone": c.backbone,
+                "value": c.value,
+                "shown": c.shown,
+                "rank": c.rank,
+                "tier": tier[c.backbone],
+                "seeds": len({r.get("seed", 0) for r in c.rows}),
+                "seed_sd": seed_spread(c),
+            }
             for c in board.cells
         ],
         "pairs": board.pairs,
     }
+
+
+def tiers(board: Board) -> dict[str, int]:
+    """Tier of each cell: the best cell not yet placed leads a tier, and every unplaced cell
+    not significantly different from that leader (after Holm; an untested pair cannot tell
+    them apart) shares it."""
+    apart = {frozenset((pair["a"], pair["b"])) for pair in board.pairs if pair.get("significant")}
+    placed, tier = {}, 0
+    for leader in board.cells:  # best first
+        if leader.backbone in placed:
+            continue
+        tier += 1
+        for cell in board.cells:
+            together = frozenset((leader.backbone, cell.backbone)) not in apart
+            if cell.backbone not in placed and (cell is leader or together):
+                placed[cell.backbone] = tier
+    return placed
+
+
+def seed_spread(cell: Cell) -> float | None:
+    """The standard deviation over a cell's seeds (None with one seed): the spread of the
+    training, apart from the image-level interval."""
+    values = {r.get("seed", 0): r["value"] for r in cell.rows}
+    return float(np.std(list(values.values()), ddof=1)) if len(values) > 1 else None
 
 
 def paired_compare(records: list[dict], base: list[dict], new: list[dict], **options) -> list[dict]:

@@ -1,0 +1,139 @@
+"""A leaderboard whose every order is one the data supports: bootstrap-tested pairs can be
+significant at any zoo size, what is tested is what is ranked (seeds as clusters), tiers
+follow the verdicts, and the overall order carries its own uncertainty (rank intervals,
+P(first), Friedman's test over the tasks). Zoos are built here as files, as runs write them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from evalkit.publish.leaderboard import leaderboard
+from evalkit.publish.significance import bootstrap_p, paired_bootstrap
+
+
+def write_cell(folder: Path, task: str, backbone: str, per_image: dict, seed: int = 0):
+    """One cell as a run writes it: a row (the mean of the per-image metric) and its
+    per-image outputs under ``predictions/``."""
+    metric = next(k for k in per_image if k != "image")
+    key = f"{abs(hash((task, backbone, seed))):016x}"[:16]
+    row = {
+        "task": task,
+        "backbone": backbone,
+        "metric": metric,
+        "value": float(np.mean(per_image[metric])) * (100 if metric == "top1" else 1),
+        "higher_is_better": metric != "mse",
+        "seed": seed,
+        "run_key": key,
+        "dataset": {"name": "synthetic", "own": True, "stand_in": False},
+    }
+    if metric == "top1":
+        per_image = {"image": per_image["image"], "correct": per_image["top1"]}
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{task}.jsonl", "a") as rows:
+        rows.write(json.dumps(row) + "\n")
+    slug = f"{task}--{backbone}--s{seed}--{key}".replace("/", "_")
+    (folder / "predictions").mkdir(exist_ok=True)
+    pd.DataFrame(per_image).to_parquet(folder / "predictions" / f"{slug}.parquet")
+
+
+def test_a_clear_gap_is_significant_after_holm_in_a_20_backbone_zoo(tmp_path):
+    """190 pairs: the bootstrap's counted p (at least 2/2001) times Holm's family would be
+    0.19; the normal tail of the resamples has no such floor."""
+    rng = np.random.default_rng(0)
+    images = [f"{i}.png" for i in range(300)]
+    base = rng.gamma(2.0, 5.0, size=300)
+    for b in range(20):
+        noise = rng.normal(0, 0.5, size=300)
+        shift = -10.0 if b == 0 else rng.normal(0, 0.05)  # backbone-00 errs 10 points less
+        write_cell(tmp_path, "depth", f"b{b:02d}", {"image": images, "mse": base + shift + noise})
+    (task,) = leaderboard([tmp_path])["tasks"]
+    assert task["cells"][0]["backbone"] == "b00" and task["cells"][0]["tier"] == 1
+    best = [p for p in task["pairs"] if "b00" in (p["a"], p["b"])]
+    assert len(best) == 19 and all(p["significant"] for p in best), best[0]
+    assert all(p["verdict"].startswith("b00 > ") for p in best)
+    assert all(c["tier"] > 1 for c in task["cells"][1:])
+
+
+def test_the_normal_tail_is_used_only_where_the_count_is_too_thin():
+    rng = np.random.default_rng(1)
+    a = rng.normal(0, 1, size=(400, 1))
+    b = a + rng.normal(0.05, 1, size=(400, 1))  # a small difference: many far-side resamples
+    close = paired_bootstrap(a, b, lambda x: float(x.mean()))
+    assert "far-side count" in close.test and 0.05 < close.p <= 1
+    far = paired_bootstrap(a, a + 3.0, lambda x: float(x.mean()))
+    assert "normal tail" in far.test and far.p < 1e-12
+    p, how = bootstrap_p(1.0, np.array([1.2, 0.8, 1.1, 0.9]))
+    assert how.startswith("normal tail")
+    assert p == pytest.approx(2 * stats.norm.sf(1.0 / np.std([1.2, 0.8, 1.1, 0.9], ddof=1)))
+
+
+def test_what_is_tested_is_what_is_ranked_when_cells_have_seeds(tmp_path):
+    """A's first seed beats B's first seed by far, but B's mean over seeds is higher: B ranks
+    first, and no verdict may say A beats B (today's first-seed test did, at p < 1e-4)."""
+    rng = np.random.default_rng(2)
+    images = [f"{i}.png" for i in range(384)]
+    draws = {
+        ("A", 0): 0.80,
+        ("A", 1): 0.40,
+        ("B", 0): 0.55,
+        ("B", 1): 0.75,
+    }
+    for (name, seed), share in draws.items():
+        right = rng.uniform(size=384) < share
+        write_cell(tmp_path, "probe", name, {"image": images, "top1": right}, seed=seed)
+    (task,) = leaderboard([tmp_path])["tasks"]
+    ranked = [c["backbone"] for c in task["cells"]]
+    assert ranked == ["B", "A"]
+    (pair,) = task["pairs"]
+    assert "2 and 2 seeds per image" in pair["test"]
+    assert not pair["verdict"].startswith("A > B")
+    assert all(c["seeds"] == 2 and c["seed_sd"] > 10 for c in task["cells"])
+
+
+def test_the_overall_order_carries_its_uncertainty(tmp_path):
+    """Five setups on six tasks with no real order: Friedman's p (scipy's on the same ranks)
+    says so; rank intervals and P(first) are there for every complete setup."""
+    rng = np.random.default_rng(3)
+    images = [f"{i}.png" for i in range(50)]
+    for t in range(6):
+        for b in range(5):
+            values = rng.normal(5.0, 1.0, size=50)
+            write_cell(tmp_path, f"task{t}", f"b{b}", {"image": images, "mse": values})
+    board = leaderboard([tmp_path])
+    ranks = np.array(
+        [
+            [c["rank"] for c in sorted(t["cells"], key=lambda c: c["backbone"])]
+            for t in board["tasks"]
+        ]
+    )
+    expected = stats.friedmanchisquare(*ranks.T)
+    assert board["friedman"]["p"] == pytest.approx(expected.pvalue)
+    assert board["friedman"]["tasks"] == 6 and board["friedman"]["setups"] == 5
+    assert sum(e["p_first"] for e in board["overall"]) == pytest.approx(1.0, abs=1e-3)
+    for entry in board["overall"]:
+        low, high = entry["rank_interval"]
+        assert 1 <= low <= high <= 5
+        assert 0 <= entry["p_first"] < 0.9  # no setup is surely first when there is no order
+
+
+def test_the_board_prints_tiers_intervals_and_friedman(tmp_path, capsys):
+    from evalkit.cli import main
+
+    rng = np.random.default_rng(4)
+    images = [f"{i}.png" for i in range(40)]
+    for t in range(3):
+        for b in range(3):
+            write_cell(
+                tmp_path, f"task{t}", f"b{b}", {"image": images, "mse": rng.normal(b, 1, 40)}
+            )
+    assert main(["leaderboard", str(tmp_path), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| mean rank | rank interval | P(first) |" in out and "| rank | tier |" in out
+    assert main(["leaderboard", str(tmp_path)]) == 0
+    assert "Friedman over 3 tasks and 3 setups" in " ".join(capsys.readouterr().out.split())
