@@ -318,14 +318,16 @@ def error_consistency(correct_a, correct_b) -> dict[str, float]:
     """Agreement of two observers' errors on the same trials (Geirhos, Meding & Wichmann 2020):
     observed consistency c_obs = share of trials both get right or both get wrong; expected
     c_exp = p_a·p_b + (1−p_a)(1−p_b) from their accuracies alone; error consistency is Cohen's
-    kappa (c_obs − c_exp)/(1 − c_exp), 1 when c_obs is 1."""
+    kappa (c_obs − c_exp)/(1 − c_exp). Where c_exp is 1 — both observers perfect, or both
+    always wrong — kappa is 0/0 and undefined: NaN (Klein et al. 2025 show that the benchmark's
+    own code returns 1 there, which inflates consistency on easy conditions)."""
     a, b = (np.asarray(v, dtype=bool) for v in (correct_a, correct_b))
     if len(a) != len(b) or not len(a):
         raise ValueError(f"error consistency needs the same trials: {len(a)} vs {len(b)}")
     observed = float(np.mean(a == b))
     p_a, p_b = float(a.mean()), float(b.mean())
     expected = p_a * p_b + (1 - p_a) * (1 - p_b)
-    kappa = 1.0 if observed == 1.0 else (observed - expected) / (1 - expected)
+    kappa = math.nan if expected == 1.0 else (observed - expected) / (1 - expected)
     return {"observed": observed, "expected": expected, "kappa": kappa}
 
 

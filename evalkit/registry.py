@@ -55,7 +55,14 @@ class Registry:
         **params: Any,
     ):
         """Register ``name`` → ``target``; ``params`` are the keyword arguments it is built with
-        (a task variant is a class plus its settings, written once)."""
+        (a task variant is a class plus its settings, written once). A name (or alias) that is
+        taken is refused: a second registration would silently replace the first."""
+        for taken in (name, *aliases):
+            if taken in self._entries:
+                raise EvalkitError(
+                    f"{self.kind} {taken!r} is registered twice ({self._entries[taken].target} "
+                    f"and {target}): give one of them another name"
+                )
         self._entries[name] = Entry(name, target, summary, params=params)
         for alias in aliases:
             self._entries[alias] = Entry(alias, target, summary, alias_of=name, params=params)

@@ -43,6 +43,7 @@ from evalkit.protocols.human_alignment import (
     category_classes,
     cue_conflict,
     decide,
+    defined_mean,
     score_set,
 )
 from evalkit.protocols.linear_classifier import LinearClassifier
@@ -191,12 +192,12 @@ class ModelVsHuman(LinearClassifier):
                 **shared,
                 "sets_with_people": list(judged),
                 f"{metric}_by_set": {n: s.against_people[metric] for n, s in judged.items()},
-                "people": statistics.mean(p[metric] for p in people) if people else None,
+                "people": defined_mean(p[metric] for p in people) if people else None,
                 "observers": {n: s.observers for n, s in judged.items()},
             }
             yield Metric(
                 metric,
-                statistics.mean(s.against_people[metric] for s in judged.values()),
+                defined_mean(s.against_people[metric] for s in judged.values()),
                 higher_is_better=metric != "accuracy_difference",
                 n=len(judged),
                 extra=extra,

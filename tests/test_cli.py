@@ -162,6 +162,18 @@ def test_entry_point_plugins_are_listed(monkeypatch):
     assert reg.names() == ["my-task"] and reg.get("my-task").target == "mypkg.tasks:build"
 
 
+def test_a_name_registered_twice_is_refused():
+    from evalkit import registry
+    from evalkit.errors import EvalkitError
+
+    reg = registry.Registry("task", "nothing")
+    reg.add("probe", "a:b", aliases=("prob",))
+    with pytest.raises(EvalkitError, match="task 'probe' is registered twice"):
+        reg.add("probe", "c:d")
+    with pytest.raises(EvalkitError, match="task 'prob' is registered twice"):
+        reg.add("other", "c:d", aliases=("prob",))
+
+
 def test_update_baselines_is_explicit(cli_env, capsys):
     assert _run("--task", "imagenet-1shot") == 0
     base = cli_env / "baselines"

@@ -38,7 +38,10 @@ def test_error_consistency_by_hand():
     assert out["observed"] == pytest.approx(0.6)
     assert out["expected"] == pytest.approx(0.52)
     assert out["kappa"] == pytest.approx(1 / 6)
-    assert error_consistency([1, 1, 1], [1, 1, 1])["kappa"] == 1.0  # the benchmark's rule
+    assert math.isnan(error_consistency([1, 1, 1], [1, 1, 1])["kappa"])  # 0/0: undefined
+    assert math.isnan(error_consistency([0, 0], [0, 0])["kappa"])
+    assert error_consistency([1, 0, 1], [1, 0, 1])["kappa"] == 1.0  # the same errors
+    assert error_consistency([1, 1, 1, 1], [1, 0, 1, 0])["kappa"] == 0.0  # one perfect
     assert error_consistency([1, 0], [0, 1])["kappa"] == pytest.approx(-1.0)
     assert accuracy_difference(0.8, 0.5) == pytest.approx(0.09)  # squared
     with pytest.raises(ValueError, match="same trials"):

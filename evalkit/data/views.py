@@ -172,7 +172,9 @@ def normalise(images: torch.Tensor, mean, std) -> torch.Tensor:
         return images
     mean = torch.tensor(mean, dtype=torch.float32, device=images.device).view(3, 1, 1)
     std = torch.tensor(std, dtype=torch.float32, device=images.device).view(3, 1, 1)
-    return images.to(torch.float32).div(255).sub(mean).div(std)
+    return (
+        images.to(torch.float32).div_(255).sub_(mean).div_(std)
+    )  # in place: one tensor, same bits
 
 
 def with_decoder(transform, decoder: str):

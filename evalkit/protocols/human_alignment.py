@@ -169,9 +169,15 @@ def _versus(answers: dict, trials, observer, kept, name: str) -> dict[str, float
 
 
 def _mean_rows(rows: list[dict]) -> dict[str, float]:
-    if not rows:
-        return {m: math.nan for m in AGAINST_PEOPLE}
-    return {m: statistics.mean(r[m] for r in rows) for m in AGAINST_PEOPLE}
+    """The mean of each metric over conditions where it is defined (error consistency is not
+    where both observers are perfect); NaN where it is defined in none."""
+    return {metric: defined_mean(r[metric] for r in rows) for metric in AGAINST_PEOPLE}
+
+
+def defined_mean(values) -> float:
+    """The mean of the values that are numbers (NaN: undefined, left out); NaN if none is."""
+    defined = [v for v in values if not math.isnan(v)]
+    return statistics.mean(defined) if defined else math.nan
 
 
 def cue_conflict(decisions: np.ndarray, stimuli) -> dict:
