@@ -249,6 +249,15 @@ def test_compare_paired_passes_a_one_image_flip_and_fails_a_real_regression(
     assert "tolerance: regression" in out
     _, five = planted(cli_env, 19)  # 19 of 384 images: 4.9 points
     assert main(["compare", str(base), str(five), "--paired", "--tolerance", "10"]) == 1
+    capsys.readouterr()
+    assert main(["compare", str(base), str(one), "--equivalent", "1"]) == 0  # a drop-in
+    out = " ".join(capsys.readouterr().out.split())
+    assert "equivalent within ±1" in out and "every metric equivalent within ±1" in out
+    assert main(["compare", str(base), str(five), "--equivalent", "1"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not shown equivalent" in out and "right→wrong" not in out
+    assert main(["compare", str(base), str(five), "--paired", "--tolerance", "10"]) == 1
+    assert "19 right→wrong, 0 wrong→right" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_leaderboard_page_stands_alone(cli_env, capsys):
@@ -262,7 +271,7 @@ def test_the_leaderboard_page_stands_alone(cli_env, capsys):
     assert checker.svg and not checker.fetched, checker.fetched  # nothing from the network
     assert checker.open == [], f"unclosed elements {checker.open}"
     record = json.loads((cli_env / "board.json").read_text())
-    assert [e["backbone"] for e in record["overall"]][-1] == "vit22b/test"
+    assert [e["backbone"] for e in record["overall"]][-1] == "vit22b/test (random init)"
     assert "no significant difference" in (cli_env / "board.markdown").read_text()
 
 

@@ -66,6 +66,14 @@ def add_compare(sub) -> None:
         "--level", type=float, default=0.05, help="--paired: the significance level (Holm)"
     )
     compare.add_argument(
+        "--equivalent",
+        type=float,
+        metavar="MARGIN",
+        help="is NEW a drop-in for BASE? a paired equivalence test (TOST, 5%% each side) per "
+        "metric at ±MARGIN points, on both sides' per-image outputs; exit 1 unless every "
+        "metric is shown equivalent",
+    )
+    compare.add_argument(
         "--junit",
         type=Path,
         metavar="FILE",
@@ -332,8 +340,10 @@ def cmd_compare(args, console) -> int:
     records = compare(base, new, tolerance=tolerance, one_sided=args.one_sided)
     if not args.allow_new and not args.update_baselines:
         refuse_empty_gate(records, args)
-    if args.paired:
+    if args.paired or args.equivalent is not None:
         records = judged_paired(records, args)
+    if args.equivalent is not None:
+        records = [with_equivalence(rec, args.equivalent) for rec in records]
     table = Table()
     for column in ("task", "data", "backbone"):
         table.add_column(column, overflow="fold")  # names are folded, never cut
@@ -341,6 +351,8 @@ def cmd_compare(args, console) -> int:
         table.add_column(column, no_wrap=True)  # short: kept whole
     if args.paired:
         table.add_column("paired test (tolerance)", overflow="fold")
+    if args.equivalent is not None:
+        table.add_column(f"equivalence (±{args.equivalent:g})", overflow="fold")
     colours = {"regression": "red", "missing": "red", "changed-up": "red", "improved": "green"}
 
     def fmt(v):
@@ -358,6 +370,7 @@ def cmd_compare(args, console) -> int:
             "–" if rec["delta"] is None else f"{rec['delta']:+.2f}",
             f"[{colours.get(status, 'white')}]{status}[/]",
             *([paired_cell(rec)] if args.paired else []),
+            *([escape(rec["equivalence"])] if args.equivalent is not None else []),
         )
     console.print(table)
     if args.junit:
@@ -369,6 +382,15 @@ def cmd_compare(args, console) -> int:
         console.print(f"baselines in {args.base} replaced by the rows of {args.new}")
         return 0
     bad = [r for r in records if r["status"] in FAILING]
+    if args.equivalent is not None:
+        bad = [r for r in records if r.get("equivalence", "").startswith("not shown")]
+        console.print(
+            f"{len(bad)} metric(s) not shown equivalent within ±{args.equivalent:g}"
+            if bad
+            else f"every metric equivalent within ±{args.equivalent:g}",
+            highlight=False,
+        )
+        return 1 if bad and args.fail_on_regression else 0
     console.print(verdict(records, args.one_sided), highlight=False)
     old = unrecorded(base)
     if old and unrecorded(new) < len(new) and any(r["status"] == "missing" for r in records):
@@ -408,11 +430,30 @@ def judged_paired(records: list[dict], args) -> list[dict]:
 
 
 def paired_cell(record: dict) -> str:
-    """What the paired test found, and the tolerance's own verdict beside it."""
+    """What the paired test found (and, for accuracies, the images that flipped), and the
+    tolerance's own verdict beside it."""
     tolerance = f" (tolerance: {record.get('tolerance_status', record['status'])})"
+    flips = record.get("flips")
+    moved = f"; {flips['right_to_wrong']} right→wrong, {flips['wrong_to_right']} wrong→right"
     if "p_holm" in record:
-        return f"p = {record['p_holm']:.3g}, Holm{tolerance}"
+        return f"p = {record['p_holm']:.3g}, Holm{moved if flips else ''}{tolerance}"
     return escape(record.get("paired", "–")) + tolerance
+
+
+def with_equivalence(record: dict, margin: float) -> dict:
+    """The record with its equivalence verdict at ±``margin`` (TOST on the paired outputs)."""
+    from evalkit.publish.significance import Paired, equivalence
+
+    if margin <= 0:
+        raise EvalkitError(f"--equivalent {margin}: expected a margin above 0, in metric points")
+    test = record.get("test")
+    if record["base"] is None or record["new"] is None:
+        found = f"not shown equivalent: {record['status']}"
+    elif not isinstance(test, Paired) or test.interval90 is None:
+        found = f"not shown equivalent: untested ({test or 'no per-image outputs'})"
+    else:
+        found = equivalence(test, margin, record["higher_is_better"])
+    return record | {"equivalence": found}
 
 
 def verdict(records: list[dict], one_sided: bool) -> str:

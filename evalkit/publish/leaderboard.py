@@ -289,6 +289,11 @@ def _pair_record(result: dict, board: Board, level: float) -> dict:
         "images": test.images,
         "significant": significant,
         "verdict": verdict,
+        **(
+            {"flips": {"only_a_right": test.flips[0], "only_b_right": test.flips[1]}}
+            if test.flips
+            else {}
+        ),
     }
 
 
@@ -509,9 +514,11 @@ def paired_compare(records: list[dict], base: list[dict], new: list[dict], **opt
 
 
 def _judged(record: dict, test, p_holm: float | None, level: float, one_sided: bool) -> dict:
-    record = {**record, "tolerance_status": record["status"]}
+    record = {**record, "tolerance_status": record["status"], "test": test}
     if not isinstance(test, Paired):
         return record | ({"paired": f"untested: {test}"} if test else {})
+    if test.flips:  # NEW is side A: right→wrong are the images only BASE got right
+        record["flips"] = {"right_to_wrong": test.flips[1], "wrong_to_right": test.flips[0]}
     gain = test.difference if record["higher_is_better"] else -test.difference
     significant = p_holm <= level and test.difference != 0
     status = "ok"

@@ -47,6 +47,8 @@ class Paired:
     test: str
     interval: tuple[float, float] | None = None
     images: int = 0
+    interval90: tuple[float, float] | None = None  # for equivalence at 5% each side (TOST)
+    flips: tuple[int, int] | None = None  # images only A got right, only B got right
 
 
 def mcnemar(a_right: np.ndarray, b_right: np.ndarray) -> Paired:
@@ -56,12 +58,33 @@ def mcnemar(a_right: np.ndarray, b_right: np.ndarray) -> Paired:
     only_b = int((~a_right & b_right).sum())
     difference = 100.0 * (only_a - only_b) / max(len(a_right), 1)
     test = f"exact McNemar ({only_a} images only A right, {only_b} only B)"
+    count = max(len(a_right), 1)
+    # the paired difference of two proportions: var = (b + c − (b − c)²/n) / n²
+    spread = 100.0 * math.sqrt(max(only_a + only_b - (only_a - only_b) ** 2 / count, 0)) / count
+    half = Z90 * spread
     return Paired(
         difference,
         binomial_two_sided(min(only_a, only_b), only_a + only_b),
         test,
         images=len(a_right),
+        interval90=(difference - half, difference + half),
+        flips=(only_a, only_b),
     )
+
+
+Z90 = 1.6448536269514722  # the standard normal's 95th percentile: a 90% two-sided interval
+
+
+def equivalence(test: Paired, margin: float, higher_is_better: bool) -> str:
+    """Two one-sided tests at 5% each (TOST) that A − B lies within ±``margin`` (in the
+    metric's points), from the 90% interval of the difference: "equivalent within ±margin"
+    when the interval lies inside; otherwise "not shown equivalent", said to be worse when
+    the whole interval lies beyond the margin on the losing side."""
+    low, high = test.interval90
+    if -margin < low and high < margin:
+        return f"equivalent within ±{margin:g}"
+    worse = high < -margin if higher_is_better else low > margin
+    return "not shown equivalent" + (f"; worse by more than {margin:g}" if worse else "")
 
 
 def binomial_two_sided(k: int, n: int) -> float:
@@ -122,6 +145,7 @@ def paired_bootstrap_seeds(
         draws = rng.integers(0, count, size=(min(CHUNK, resamples - start), count))
         differences[start : start + len(draws)] = differences_of(draws)
     low, high = np.percentile(differences, [2.5, 97.5])
+    low90, high90 = np.percentile(differences, [5, 95])
     p, how = bootstrap_p(observed, differences)
     clusters = (
         f", {len(seeds_a)} and {len(seeds_b)} seeds per image"
@@ -129,7 +153,9 @@ def paired_bootstrap_seeds(
         else ""
     )
     test = f"paired bootstrap over {count} images ({resamples} resamples{clusters}; p: {how})"
-    return Paired(observed, p, test, (float(low), float(high)), count)
+    return Paired(
+        observed, p, test, (float(low), float(high)), count, (float(low90), float(high90))
+    )
 
 
 def bootstrap_p(observed: float, differences: np.ndarray) -> tuple[float, str]:
