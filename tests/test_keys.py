@@ -266,7 +266,7 @@ def test_table_keeps_two_weights_files_of_one_backbone_apart():
         }
 
     frame = pivot_table([row("sha256:aaaa", 50.0), row("sha256:bbbb", 60.0)])
-    assert list(frame.index) == ["timm/x [sha256:aaaa]", "timm/x [sha256:bbbb]"]
+    assert list(frame.index) == ["timm/x [weights sha256:aaaa]", "timm/x [weights sha256:bbbb]"]
     assert list(frame.iloc[:, 0]) == ["50.00", "60.00"]
     single = pivot_table([row("sha256:aaaa", 50.0)])
     assert list(single.index) == ["timm/x"]

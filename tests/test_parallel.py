@@ -141,7 +141,10 @@ def api_rows_match_cli_rows_under_torchrun(cli_env: Path, env: dict):
 
     def stable(rows):
         return [
-            {**r, "provenance": {k: v for k, v in r["provenance"].items() if k not in volatile}}
+            {
+                **r,
+                "provenance": {k: v for k, v in r["provenance"].items() if k not in volatile},
+            }
             for r in rows
         ]
 

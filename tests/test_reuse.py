@@ -27,6 +27,7 @@ ROOT = Path(__file__).parents[1]
 # spec_key in the package fails the census below until it is listed here with its basis.
 REUSE_SITES = {
     ("evalkit/cache/features.py", "cache_key"): "feature_spec: backbone_spec + data + request",
+    ("evalkit/cache/features.py", "backbone_key"): "backbone_spec: a setup's entries (disk check)",
     ("evalkit/cache/pixels.py", "subset_key"): "the subset's indices, in feature and pixel keys",
     ("evalkit/cache/pixels.py", "pixel_store"): "data identity + view geometry/decoder + subset",
     ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",
@@ -94,7 +95,7 @@ def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
         assert spec_key(request_spec(other, other_task, "fake", other_ctx)) != base, change
     monkeypatch.setattr(type(task), "version", task.version + 1)
     assert checkpoint_dir(task, backbone, ctx).name != run_key
-    monkeypatch.setattr("evalkit.core.runner.library_versions", lambda: {"torch": "0.0"})
+    monkeypatch.setattr("evalkit.core.runner.library_versions", lambda *_: {"torch": "0.0"})
     assert spec_key(request_spec(spec, task, "fake", ctx)) != base
 
 

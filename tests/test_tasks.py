@@ -29,9 +29,10 @@ def test_rerun_skips_and_rerun_recomputes(fake, ctx, tmp_path):
     assert not skipped and len(rows) == 1
     rows2, skipped2 = run_task(task, fake, ctx, out_dir=tmp_path)
     assert skipped2 and rows2[0]["value"] == rows[0]["value"]
-    _, skipped3 = run_task(task, fake, ctx, out_dir=tmp_path, rerun=True)
-    assert not skipped3
-    assert len((tmp_path / "imagenet-5shot.jsonl").read_text().splitlines()) == 2
+    rows3, skipped3 = run_task(task, fake, ctx, out_dir=tmp_path, rerun=True)
+    assert not skipped3 and rows3[0]["value"] == rows[0]["value"]
+    lines = (tmp_path / "imagenet-5shot.jsonl").read_text().splitlines()
+    assert len(lines) == 1  # the rerun's rows replace the job's old ones
 
 
 def test_fewshot_row_has_mean_and_std_over_seeds(fake, ctx, tmp_path):

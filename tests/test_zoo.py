@@ -84,7 +84,7 @@ def zoo(cli_env, *extra) -> int:
 def test_a_zoo_runs_in_one_command_and_resumes_without_redoing_cells(cli_env, capsys):
     assert zoo(cli_env) == 0
     out = capsys.readouterr().out
-    assert "[9/9] imagenet-linear × vit22b/test (seed 0): done" in out
+    assert "[9/9] imagenet-linear × vit22b/test (random init) (seed 0): done" in out
     assert len(list((cli_env / "runs" / "predictions").glob("*.parquet"))) == 9  # per image
     assert zoo(cli_env) == 0
     assert capsys.readouterr().out.count("skipped (rows on disk)") == 9

@@ -54,7 +54,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "paper": dict(task.reference.get(metric.metric, {})) if dataset["own"] else {},
         **({"data_source": source} if (source := hub_source(task.config().get("dataset"))) else {}),
         "extra": metric.extra,
-        "sources": {"features": sorted(ctx.stats.get("features", ())), "at": time.time()},
+        "sources": {"features": sorted(ctx.stats.get("features", ()))},  # when: provenance
     }
 
 

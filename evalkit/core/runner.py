@@ -593,16 +593,28 @@ def rows_after_damage(rows: list[Row], cache_dir: Path | None) -> bool:
     if cache_dir is None or not rows:
         return False
     for row in rows:
-        sources = row.get("sources") or {}
-        for key in sources.get("features", ()):
+        computed = row_time(row)
+        for key in (row.get("sources") or {}).get("features", ()):
             found = read_json(Path(cache_dir) / "features" / key / DAMAGED)
-            if found and max(found.values()) >= sources.get("at", 0.0):
+            if found and max(found.values()) >= computed:
                 warn(
                     f"the rows of {row['task']} × {row['backbone']} were computed from cached "
                     "features since found damaged: recomputing them"
                 )
                 return True
     return False
+
+
+def row_time(row: Row) -> float:
+    """When a row was computed (seconds since the epoch, to the second; 0 when unknown)."""
+    import datetime
+
+    try:
+        return datetime.datetime.strptime(
+            row["provenance"]["time"], "%Y-%m-%dT%H:%M:%S%z"
+        ).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def readable_parquet(path: Path) -> bool:

@@ -87,7 +87,8 @@ def named_setups(rows: list[Row]) -> list[Row]:
     a card holding two setups of one backbone never lists one (task, metric) twice with nothing
     to tell the values apart."""
     labels = setup_labels(rows)
-    rows = [{**row, "setup": labels[setup_key(row)]} for row in rows]
+    several = len(set(labels.values())) > 1
+    rows = [{**row, "setup": labels[setup_key(row)], "setups_named": several} for row in rows]
     seen: dict[tuple, Row] = {}
     for row in rows:
         key = (row["setup"], row["task"], dataset_label(row), row["metric"], row.get("seed"))
@@ -147,7 +148,7 @@ def eval_result(row: Row):
     dataset_type, dataset_name = public_dataset(row)
     return EvalResult(
         task_type=task_type(row["task"]),
-        task_name=f"{row['task']} · {row['setup']}",
+        task_name=f"{row['task']} · {row['setup']}" if row["setups_named"] else row["task"],
         dataset_type=dataset_type,
         dataset_name=dataset_name,
         dataset_split=split,
