@@ -35,6 +35,7 @@ COMMANDS = {
     "table": (results.add_table, results.cmd_table),
     "compare": (results.add_compare, results.cmd_compare),
     "leaderboard": (leaderboard.add_leaderboard, leaderboard.cmd_leaderboard),
+    "merge": (results.add_merge, results.cmd_merge),
     "card": (card.add_card, card.cmd_card),
     "backbones": (listing.add_backbones, listing.cmd_backbones),
     "convert": (convert.add_convert, convert.cmd_convert),

@@ -616,3 +616,34 @@ def classification_tables(frame, top: int):
         ("most confused classes", pairs),
         (title, wrong.nlargest(top, score)[[*columns, score]]),
     ]
+
+
+def add_merge(sub) -> None:
+    merge = sub.add_parser(
+        "merge",
+        help="bring result folders from several machines (a zoo's shards) into one; refuse "
+        "rows that conflict; list the cells still missing",
+    )
+    merge.add_argument("out", type=Path, help="the folder to merge into (made if missing)")
+    merge.add_argument("sources", nargs="+", type=Path, help="result folders (evalkit run's --out)")
+
+
+def cmd_merge(args, console) -> int:
+    from evalkit.core.merge import MISSING, merge
+
+    if any(source.resolve() == args.out.resolve() for source in args.sources):
+        raise EvalkitError(f"{args.out} is both the target and a source: merge into another folder")
+    merged = merge(args.out, args.sources)
+    console.print(
+        f"merged into {args.out}: {merged.rows} row(s), {merged.outputs} per-image file(s), "
+        f"{merged.failed} failed-cell record(s) new",
+        highlight=False,
+    )
+    for cell in merged.missing:
+        line = f"missing: {cell['task']} · {cell['dataset']} × {cell['backbone']}"
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if merged.missing:
+        console.print(
+            f"{len(merged.missing)} cell(s) missing: {args.out / MISSING}", highlight=False
+        )
+    return 0

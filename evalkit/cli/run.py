@@ -40,6 +40,12 @@ def add_jobs_arguments(run) -> None:
         help="a TOML file of backbones to compare ([[backbone]] tables: name, and optionally "
         "weights, pretrained, model_args), in place of --backbone",
     )
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run the I-th (from 0) of N shares of the cells, after leaving out those already "
+        "done (default: from SLURM_ARRAY_TASK_ID, or JOB_COMPLETION_INDEX with EVALKIT_SHARDS)",
+    )
     run.add_argument("--weights", help="local checkpoint (.safetensors, .pt, .pth)")
     run.add_argument(
         "--pretrained",
@@ -204,6 +210,9 @@ def cmd_run(args, console) -> int:
     specs = zoo_specs(run_spec(args), args.zoo) if args.zoo else [run_spec(args)]
     if not is_main_process():
         console = quiet_console()
+    specs = shared_out(specs, args, console)
+    if not specs:
+        return 0
     for name in specs[0].tasks:
         if note := runner.alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
@@ -227,7 +236,27 @@ def cmd_run(args, console) -> int:
 
 
 def cell_count(spec) -> int:
+    if spec.cells is not None:
+        return len(spec.cells)
     return max(len(spec.backbones), 1) * len(spec.tasks) * len(spec.seeds)
+
+
+def shared_out(specs: list, args, console) -> list:
+    """The specs cut to this process's share of the cells (``--shard``, or a Slurm array
+    task's or Kubernetes Indexed Job pod's index), with one line saying what it runs. A
+    command of one cell is never split (evalkit sweep's array tasks each run one)."""
+    from evalkit.core import runner
+
+    shard = runner.shard_asked(args.shard, dict(os.environ))
+    if shard is None or (args.shard is None and sum(map(cell_count, specs)) < 2):
+        return specs
+    kept, counts = runner.share(specs, shard)
+    console.print(
+        f"shard {shard[0]}/{shard[1]}: {counts['mine']} cell(s) to run of its "
+        f"{counts['share']} ({counts['cells']} in all; the others are another shard's, or done)",
+        highlight=False,
+    )
+    return kept
 
 
 def cell_line(job, index: int, total: int, spec) -> str:

@@ -99,6 +99,8 @@ class RunSpec:
     decoder: str = "auto"  # how image files are decoded: auto | pil | tensor (evalkit.data.views)
     pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
     zoo: bool = False  # part of a comparison of backbones (set by --zoo; several --backbone)
+    # the (backbone, seed, task) cells this process runs (None: all): its share (``share``)
+    cells: frozenset | None = field(default=None, hash=False)
 
     def __post_init__(self):
         for name in ("tasks", "backbones", "seeds", "overrides", "log"):
@@ -274,6 +276,8 @@ def run(
     zoo = spec.is_zoo or len(tasks) > 1
     try:
         for name in backbones:
+            if spec.cells is not None and not any(cell[0] == name for cell in spec.cells):
+                continue  # another shard's backbone: not even loaded
             yield from _backbone_cells(spec, name, tasks, identities, on_backbone, zoo)
     finally:
         restore()
@@ -289,6 +293,8 @@ def _backbone_cells(spec: RunSpec, name: str, tasks: list[Task], identities, on_
         for seed, backbone, batch in seeded_backbones(spec, name, on_backbone):
             for task in tasks:
                 done.add((task.name, seed))
+                if spec.cells is not None and (name, seed, task.name) not in spec.cells:
+                    continue  # another shard's cell
                 if zoo and (lacking := task.lacks(backbone)) is not None:
                     yield JobResult(task.name, name, seed, [], False, note=lacking)
                 elif not zoo:
@@ -300,7 +306,8 @@ def _backbone_cells(spec: RunSpec, name: str, tasks: list[Task], identities, on_
             raise
         for seed in spec.seeds:
             for task in tasks:
-                if (task.name, seed) not in done:
+                mine = spec.cells is None or (name, seed, task.name) in spec.cells
+                if (task.name, seed) not in done and mine:
                     yield failed_cell(spec, JobResult(task.name, name, seed, [], False), exc)
 
 
@@ -342,6 +349,93 @@ def failed_cell(spec: RunSpec, result: JobResult, exc: Exception) -> JobResult:
         record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         appending(spec.out / FAILED, (json.dumps(record, sort_keys=True) + "\n").encode())
     return result
+
+
+def shard_asked(text: str | None, environ: dict) -> tuple[int, int] | None:
+    """The share of a zoo's cells this process runs, as (index, count): ``--shard I/N`` (I
+    from 0), else what the engine that started it says — a Slurm array task
+    (``SLURM_ARRAY_TASK_ID`` from ``SLURM_ARRAY_TASK_MIN``, over ``SLURM_ARRAY_TASK_COUNT``
+    tasks or the array's min…max) or a Kubernetes Indexed Job pod (``JOB_COMPLETION_INDEX``,
+    over ``EVALKIT_SHARDS``, the job's completions) — else None: every cell."""
+    if text is not None:
+        return _parsed_shard(text)
+    if "SLURM_ARRAY_TASK_ID" in environ:
+        first = int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
+        last = environ.get("SLURM_ARRAY_TASK_MAX")
+        count = environ.get("SLURM_ARRAY_TASK_COUNT") or (
+            str(int(last) - first + 1) if last else None
+        )
+        if count is None:
+            raise EvalkitError(
+                "SLURM_ARRAY_TASK_ID is set but not the array's size (SLURM_ARRAY_TASK_COUNT or "
+                "SLURM_ARRAY_TASK_MAX): pass --shard I/N"
+            )
+        return _parsed_shard(f"{int(environ['SLURM_ARRAY_TASK_ID']) - first}/{count}")
+    if "JOB_COMPLETION_INDEX" in environ:
+        if "EVALKIT_SHARDS" not in environ:
+            raise EvalkitError(
+                "JOB_COMPLETION_INDEX is set (a Kubernetes Indexed Job) but not EVALKIT_SHARDS: "
+                "set it to the job's completions in the pod's env, or pass --shard I/N"
+            )
+        return _parsed_shard(f"{environ['JOB_COMPLETION_INDEX']}/{environ['EVALKIT_SHARDS']}")
+    return None
+
+
+def _parsed_shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    try:
+        shard = int(index), int(count)
+    except ValueError:
+        shard = (-1, 0)
+    if not 0 <= shard[0] < shard[1]:
+        raise EvalkitError(f"--shard {text}: expected I/N with 0 ≤ I < N, e.g. --shard 0/4")
+    return shard
+
+
+def cells_of(spec: RunSpec) -> list[tuple[str, int, str]]:
+    """Every (backbone, seed, task) cell of a spec, in the order the runner runs them."""
+    backbones = spec.backbones or _no_backbone(
+        [resolve_task(t, spec.overrides) for t in spec.tasks]
+    )
+    return [(name, seed, task) for name in backbones for seed in spec.seeds for task in spec.tasks]
+
+
+def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], dict]:
+    """The specs of a zoo cut to the ``shard`` = (index, count) share of its cells: cell i of
+    the whole zoo (in the runner's order) is shard i mod count's, then the cells of the share
+    whose rows are on disk are left out, so a rerun of the same array does only what is left.
+    The share is cut from every cell, not from those left, since array tasks start at
+    different times: a share cut from what one of them saw left could miss a cell another
+    took for its own. Returns the specs (each with its ``cells``; a spec with none is
+    dropped) and the counts."""
+    index, count = shard
+    everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
+    identities: dict = {}
+    share_ = everything[index::count]
+    mine = [(n, cell) for n, cell in share_ if not finished(specs[n], cell, identities)]
+    cut = [
+        dataclasses.replace(spec, cells=frozenset(cell for n, cell in mine if n == number))
+        for number, spec in enumerate(specs)
+    ]
+    kept = [spec for spec in cut if spec.cells]
+    return kept, {"cells": len(everything), "share": len(share_), "mine": len(mine)}
+
+
+def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> bool:
+    """Whether a cell's rows are on disk under its request's key, every metric there (known
+    before its backbone is built)."""
+    name, seed, task_name = cell
+    path = rows_file(spec.out, task_name)
+    if not path.exists():
+        return False
+    task = resolve_task(task_name, spec.overrides)
+    ctx = spec.context(seed, identities)
+    try:
+        key = spec_key(request_spec(spec, task, name, ctx), length=16)
+    except EvalkitError:
+        return False  # its data cannot be read here: the cell runs and says why
+    rows = [r for r in load_rows([path]) if r.get("request_key") == key]
+    return rows_complete(task.metrics(), rows)
 
 
 def data_found(tasks: list[Task], spec: RunSpec) -> list[str]:

@@ -1,0 +1,172 @@
+"""``evalkit merge OUT DIR…``: result folders written on several machines (the shards of a
+zoo, runs made elsewhere) brought into one, as if one process had written them.
+
+Rows, per-image outputs and failed cells are copied into OUT under the same relative names.
+Merging is idempotent (a row already there is not written again) and safe beside runs and
+other merges (rows go through the same locked, all-or-nothing appends as runs; files are
+written under a temporary name and renamed). Before anything is written, every source is
+checked, and the merge is refused, naming both places, when two rows share a run key but not
+a value, when two rows of one setup, task, settings, data and seed were measured differently
+(another task version, other data files), or when two per-image files of one name differ.
+The cells still missing — a task some setup ran and another did not — are written to
+``missing-cells.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.core.results import (
+    FAILED,
+    dataset_label,
+    file_rows,
+    rows_files,
+    rows_text,
+    setup_key,
+    setup_labels,
+)
+from evalkit.errors import EvalkitError
+from evalkit.writes import appending, replacing
+
+MISSING = "missing-cells.json"
+
+
+@dataclass
+class Merged:
+    rows: int = 0  # rows written
+    outputs: int = 0  # per-image files copied
+    failed: int = 0  # failed-cell records added
+    missing: list[dict] = field(default_factory=list)
+
+
+def merge(out: Path, sources: list[Path]) -> Merged:
+    """Bring the result folders ``sources`` into ``out`` (see the module's docstring)."""
+    out = Path(out)
+    found = {rel: list(pairs) for rel, pairs in _rows_by_file(sources).items()}
+    present = _rows_by_file([out]) if out.exists() else {}
+    _check_rows([pair for pairs in [*present.values(), *found.values()] for pair in pairs])
+    outputs = _outputs_to_copy(out, sources)
+    merged = Merged()
+    for rel, pairs in sorted(found.items()):
+        have = {_row_id(row) for row, _ in present.get(rel, [])}
+        new = {}
+        for row, _ in pairs:
+            new.setdefault(_row_id(row), row)
+        rows = [row for key, row in new.items() if key not in have]
+        if rows:
+            appending(out / rel, rows_text(rows).encode())
+            merged.rows += len(rows)
+    for source, target in outputs:
+        with replacing(target) as tmp:
+            tmp.write_bytes(source.read_bytes())
+        merged.outputs += 1
+    merged.failed = _merge_failed(out, sources)
+    merged.missing = missing_cells(out)
+    return merged
+
+
+def _rows_by_file(folders) -> dict[str, list[tuple[dict, Path]]]:
+    """Rows files' relative names → (row, the file it was read from) of every folder."""
+    found: dict[str, list] = defaultdict(list)
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise EvalkitError(f"{folder} is not a folder of results (evalkit run's --out)")
+        for file in rows_files([folder]):
+            found[str(file.relative_to(folder))] += [(row, file) for row in file_rows(file)]
+    return found
+
+
+def _row_id(row: dict) -> tuple:
+    return (row.get("run_key"), row["metric"], row.get("seed", 0))
+
+
+def _check_rows(pairs: list[tuple[dict, Path]]):
+    """Refuse rows that would make one number two: one run key with two values, or one setup,
+    task, settings, data and seed measured two ways."""
+    by_id: dict[tuple, tuple[dict, Path]] = {}
+    by_measure: dict[tuple, tuple[dict, Path]] = {}
+    for row, file in pairs:
+        first = by_id.setdefault(_row_id(row), (row, file))
+        if not _same_value(first[0]["value"], row["value"]):
+            raise EvalkitError(
+                f"run key {row.get('run_key')} ({row['task']} {row['metric']}, seed "
+                f"{row.get('seed', 0)}) has {first[0]['value']!r} in {first[1]} and "
+                f"{row['value']!r} in {file}: one job cannot have two values; keep one"
+            )
+        measure = (row["task"], setup_key(row), row.get("config_hash"), dataset_label(row))
+        measure += (row["metric"], row.get("seed", 0))
+        other = by_measure.setdefault(measure, (row, file))[0]
+        for what in ("task_version", "data_id"):
+            if other.get(what) != row.get(what):
+                raise EvalkitError(
+                    f"{row['task']} {row['metric']} of {row['backbone']} (seed "
+                    f"{row.get('seed', 0)}) was measured with another {what} in "
+                    f"{by_measure[measure][1]} than in {file}: they cannot share a table; "
+                    "rerun one of them"
+                )
+
+
+def _same_value(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a + b))
+
+
+def _outputs_to_copy(out: Path, sources) -> list[tuple[Path, Path]]:
+    """(source, target) of each per-image file not yet in ``out``; one of the same name with
+    other contents is refused."""
+    copies = {}
+    for folder in map(Path, sources):
+        for source in sorted(folder.rglob("predictions/*.parquet")):
+            target = out / source.relative_to(folder)
+            known = copies.get(target, target if target.exists() else None)
+            if known is not None and not _same_outputs(known, source):
+                raise EvalkitError(
+                    f"per-image outputs {source} differ from {known}, which has the same name "
+                    "(the same cell): one job cannot have two outputs; keep one"
+                )
+            if known is None:
+                copies[target] = source
+    return [(source, target) for target, source in copies.items()]
+
+
+def _same_outputs(a: Path, b: Path) -> bool:
+    import pandas as pd
+
+    if a.read_bytes() == b.read_bytes():
+        return True
+    return pd.read_parquet(a).equals(pd.read_parquet(b))
+
+
+def _merge_failed(out: Path, sources) -> int:
+    """Failed-cell records of the sources not yet in ``out``'s file."""
+    target = out / FAILED
+    have = set(target.read_text(encoding="utf-8").splitlines()) if target.exists() else set()
+    new = []
+    for folder in map(Path, sources):
+        for file in sorted(Path(folder).rglob(FAILED)):
+            new += [x for x in file.read_text(encoding="utf-8").splitlines() if x not in have]
+            have |= set(new)
+    if new:
+        appending(target, "".join(line + "\n" for line in new).encode())
+    return len(new)
+
+
+def missing_cells(out: Path) -> list[dict]:
+    """The cells a merged folder lacks — a (task, data) some setup has and another does not —
+    written to ``missing-cells.json`` and returned."""
+    rows = [row for file in rows_files([out]) for row in file_rows(file)]
+    labels = setup_labels(rows)
+    tasks = {(row["task"], dataset_label(row)) for row in rows}
+    have = {(row["task"], dataset_label(row), setup_key(row)) for row in rows}
+    missing = [
+        {"task": task, "dataset": data, "backbone": labels[setup]}
+        for setup in sorted(labels, key=labels.get)
+        for task, data in sorted(tasks)
+        if (task, data, setup) not in have
+    ]
+    with replacing(out / MISSING) as tmp:
+        tmp.write_text(json.dumps(missing, indent=1) + "\n")
+    return missing

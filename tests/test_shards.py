@@ -1,0 +1,174 @@
+"""A zoo on many machines: each process runs its share of the cells (``--shard I/N``, a Slurm
+array task, a Kubernetes Indexed Job pod), finished cells are left out before the cut, and
+``evalkit merge`` brings the shards' folders into one that equals the one-process zoo; a merge
+refuses rows that conflict and lists the cells still missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from evalkit.cli import main
+from evalkit.core.runner import shard_asked
+from evalkit.errors import EvalkitError
+
+TASKS = ("imagenet-knn", "imagenet-1shot")
+ZOO = '[[backbone]]\nname = "fake"\n\n[[backbone]]\nname = "fake"\nmodel_args = { dim = 16 }\n'
+VOLATILE = {"time", "wall_s", "images_per_s", "peak_mem_mb", "images_extracted"}
+
+
+def zoo(cli_env: Path, out: str, *extra: str) -> int:
+    (cli_env / "zoo.toml").write_text(ZOO)
+    argv = ["run", "--zoo", "zoo.toml", "--data", "embedded", "--out", out, "--quiet"]
+    return main([*argv, *(a for task in TASKS for a in ("--task", task)), *extra])
+
+
+def stable(folder: Path) -> list[dict]:
+    """A folder's rows without what differs between two runs of one job (clock, machine)."""
+    rows = []
+    for file in sorted(folder.glob("*.jsonl")):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            row["provenance"] = {k: v for k, v in row["provenance"].items() if k not in VOLATILE}
+            rows.append(row)
+    return sorted(rows, key=lambda r: (r["task"], r["run_key"], r["metric"]))
+
+
+def outputs(folder: Path) -> dict[str, pd.DataFrame]:
+    return {p.name: pd.read_parquet(p) for p in sorted((folder / "predictions").glob("*"))}
+
+
+@pytest.mark.parametrize(
+    "environ,shard",
+    [
+        ({}, None),
+        ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4"}, (3, 4)),
+        (
+            {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "8"},
+            (4, 8),
+        ),
+        ({"JOB_COMPLETION_INDEX": "2", "EVALKIT_SHARDS": "5"}, (2, 5)),
+    ],
+)
+def test_the_share_comes_from_the_engine_that_started_the_process(environ, shard):
+    assert shard_asked(None, environ) == shard
+    assert shard_asked("1/2", environ) == (1, 2)  # --shard wins
+
+
+@pytest.mark.parametrize("text", ["2/2", "-1/3", "a/b", "3"])
+def test_a_bad_shard_is_one_line(text):
+    with pytest.raises(EvalkitError, match="expected I/N with 0 ≤ I < N"):
+        shard_asked(text, {})
+    with pytest.raises(EvalkitError, match="EVALKIT_SHARDS"):
+        shard_asked(None, {"JOB_COMPLETION_INDEX": "0"})
+
+
+def test_shards_then_merge_equal_the_one_process_zoo(cli_env, capsys):
+    assert zoo(cli_env, "whole") == 0
+    assert zoo(cli_env, "s0", "--shard", "0/2") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "shard 0/2: 2 cell(s) to run of its 2 (4 in all" in out
+    assert zoo(cli_env, "s1", "--shard", "1/2") == 0
+    assert main(["merge", "merged", "s0", "s1"]) == 0
+    assert stable(cli_env / "merged") == stable(cli_env / "whole")
+    mine, theirs = outputs(cli_env / "merged"), outputs(cli_env / "whole")
+    assert list(mine) == list(theirs) and len(mine) == 4
+    assert all(mine[name].equals(theirs[name]) for name in mine)
+    before = stable(cli_env / "merged")
+    assert main(["merge", "merged", "s0", "s1"]) == 0  # merging twice changes nothing
+    assert stable(cli_env / "merged") == before
+    assert json.loads((cli_env / "merged" / "missing-cells.json").read_text()) == []
+
+
+def test_a_rerun_of_the_array_does_only_what_is_left(cli_env, capsys, monkeypatch):
+    """Array tasks sharing one --out: a rerun leaves out the cells of its share that are done,
+    so it runs what is left of its share, or nothing."""
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    for index in ("0", "1"):
+        monkeypatch.setenv("SLURM_ARRAY_TASK_ID", index)
+        assert zoo(cli_env, "shared") == 0
+    capsys.readouterr()
+    assert zoo(cli_env, "shared") == 0
+    assert "shard 1/2: 0 cell(s) to run of its 2 (4 in all" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "0")
+    monkeypatch.setenv("EVALKIT_SHARDS", "2")
+    rows = cli_env / "shared" / "imagenet-knn.jsonl"
+    lines = rows.read_text().splitlines()
+    rows.write_text("\n".join(lines[:2]) + "\n")  # one kNN cell's rows lost
+    assert zoo(cli_env, "shared") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "shard 0/2: 1 cell(s) to run of its 2" in out
+    assert len(rows.read_text().splitlines()) == 4  # the lost cell, run again
+
+
+def test_a_shard_runs_as_its_own_process_under_slurms_variables(cli_env):
+    (cli_env / "zoo.toml").write_text(ZOO)
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2"}
+    argv = [sys.executable, "-m", "evalkit", "run", "--zoo", "zoo.toml", "--data", "embedded"]
+    argv += ["--task", "imagenet-knn", "--out", "p", "--quiet"]
+    done = subprocess.run(argv, cwd=cli_env, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "shard 1/2: 1 cell(s) to run of its 1" in " ".join(done.stdout.split())
+    assert len((cli_env / "p" / "imagenet-knn.jsonl").read_text().splitlines()) == 2
+
+
+def test_merge_refuses_conflicts_and_lists_missing_cells(cli_env, capsys):
+    assert zoo(cli_env, "a", "--shard", "0/2") == 0
+    shutil.copytree(cli_env / "a", cli_env / "b")
+    rows = cli_env / "b" / "imagenet-knn.jsonl"
+    changed = [json.loads(x) for x in rows.read_text().splitlines()]
+    changed[0]["value"] += 1.0
+    rows.write_text("".join(json.dumps(r) + "\n" for r in changed))
+    assert main(["merge", "m", "a", "b"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "one job cannot have two values" in err and "a/imagenet-knn.jsonl" in err
+    assert not (cli_env / "m").exists() or not list((cli_env / "m").glob("*.jsonl"))
+    changed[0]["value"] -= 1.0
+    changed[0]["task_version"] = 99
+    changed[0]["run_key"] = "another"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in changed))
+    assert main(["merge", "m", "a", "b"]) == 2
+    assert "measured with another task_version" in " ".join(capsys.readouterr().err.split())
+    one = ["run", "--task", "imagenet-1shot", "--backbone", "fake", "--data", "embedded"]
+    assert main([*one, "--out", "c", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["merge", "m", "a", "c"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "missing: imagenet-1shot · imagenet (stand-in) × fake [dim=16] (random init)" in out
+    assert out.count("missing: imagenet") == 1 and "missing-cells.json" in out
+
+
+def test_the_cluster_pages_slurm_script_and_kubernetes_job_are_ready(cli_env, capsys):
+    import re
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    script = re.search(r"```bash\n(#!/bin/bash.*?)```", page, re.S)[1]
+    array = re.search(r"#SBATCH --array=(\d+)-(\d+)", script)
+    first, last = int(array[1]), int(array[2])
+    command = " ".join(script.split("\\\n")).split("evalkit ", 1)[1].split()
+    assert command[:3] == ["run", "--zoo", "zoo.toml"] and "--out" in command
+    job = yaml.safe_load(re.search(r"```yaml\n(.*?)```", page, re.S)[1])
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert int(env["EVALKIT_SHARDS"]) == spec["completions"]
+    assert container["command"][:3] == ["evalkit", "run", "--zoo"]
+    # what the script's last array task and the job's last pod run, with their variables
+    slurm = {"SLURM_ARRAY_TASK_ID": str(last), "SLURM_ARRAY_TASK_MIN": str(first)}
+    slurm["SLURM_ARRAY_TASK_MAX"] = str(last)
+    assert shard_asked(None, slurm) == (last - first, last - first + 1)
+    pod = {"JOB_COMPLETION_INDEX": str(spec["completions"] - 1), **env}
+    assert shard_asked(None, pod) == (spec["completions"] - 1, spec["completions"])
