@@ -137,3 +137,73 @@ def test_the_board_prints_tiers_intervals_and_friedman(tmp_path, capsys):
     assert "| mean rank | rank interval | P(first) |" in out and "| rank | tier |" in out
     assert main(["leaderboard", str(tmp_path)]) == 0
     assert "Friedman over 3 tasks and 3 setups" in " ".join(capsys.readouterr().out.split())
+
+
+def test_snapshots_keep_a_boards_history_with_an_index(tmp_path):
+    from evalkit.cli import main
+
+    rng = np.random.default_rng(5)
+    images = [f"{i}.png" for i in range(40)]
+    for b in range(3):
+        write_cell(tmp_path / "R", "task0", f"b{b}", {"image": images, "mse": rng.normal(b, 1, 40)})
+    kept = tmp_path / "history"
+    for _ in range(2):
+        assert (
+            main(
+                [
+                    "leaderboard",
+                    str(tmp_path / "R"),
+                    "--snapshot",
+                    str(kept),
+                    "--format",
+                    "json",
+                    "--output",
+                    str(tmp_path / "b.json"),
+                ]
+            )
+            == 0
+        )
+    dated = sorted(p for p in kept.iterdir() if p.is_dir())
+    assert len(dated) == 2 and all((p / "leaderboard.html").exists() for p in dated)
+    index = (kept / "index.html").read_text()
+    assert all(f'href="{p.name}/leaderboard.html"' in index for p in dated)
+    assert "first overall: b0" in index
+
+
+@pytest.mark.slow
+def test_the_leaderboard_renders_in_a_real_browser(tmp_path):
+    """Headless Chromium (``apt-get install chromium``) draws the page and the snapshot index:
+    not blank, the ranks figure drawn, no console error."""
+    import shutil
+    import subprocess
+
+    from PIL import Image
+
+    from evalkit.cli import main
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium: apt-get install chromium")
+    rng = np.random.default_rng(6)
+    images = [f"{i}.png" for i in range(40)]
+    for t in range(2):
+        for b in range(3):
+            write_cell(
+                tmp_path / "R", f"task{t}", f"b{b}", {"image": images, "mse": rng.normal(b, 1, 40)}
+            )
+    assert main(["leaderboard", str(tmp_path / "R"), "--snapshot", str(tmp_path / "S")]) == 0
+    (dated,) = [p for p in (tmp_path / "S").iterdir() if p.is_dir()]
+    for page in (dated / "leaderboard.html", tmp_path / "S" / "index.html"):
+        shot = tmp_path / f"{page.stem}.png"
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+        flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+        flags += [f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+        flags += ["--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()]
+        done = subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
+        assert shot.exists(), done.stderr[-2000:]
+        console = [x for x in done.stderr.splitlines() if "CONSOLE" in x or "Uncaught" in x]
+        assert not console, console
+        pixels = np.asarray(Image.open(shot).convert("RGB")).reshape(-1, 3)
+        assert len(np.unique(pixels, axis=0)) > 20  # not blank
+        if page.name == "leaderboard.html":  # the ranks figure's mean-rank dots (#246)
+            assert (np.abs(pixels.astype(int) - (34, 68, 102)).sum(axis=1) < 30).sum() > 50

@@ -22,6 +22,13 @@ def add_leaderboard(sub) -> None:
         "--level", type=float, default=0.05, help="significance level after Holm's correction"
     )
     board.add_argument("--seed", type=int, default=0, help="of the paired bootstrap's resamples")
+    board.add_argument(
+        "--snapshot",
+        type=Path,
+        metavar="DIR",
+        help="also keep a dated, self-contained copy (HTML and JSON) under DIR, and an index "
+        "page of every snapshot there",
+    )
 
 
 def cmd_leaderboard(args, console) -> int:
@@ -38,6 +45,9 @@ def cmd_leaderboard(args, console) -> int:
     from evalkit.publish.leaderboard import leaderboard
 
     board = leaderboard(args.results, level=args.level, seed=args.seed)
+    if args.snapshot is not None:
+        kept = snapshot(board, args.snapshot)
+        console.print(f"snapshot: {kept} (index: {args.snapshot / 'index.html'})", highlight=False)
     if args.format == "terminal" and args.output is None:
         print_terminal(console, board)
         return 0
@@ -53,6 +63,49 @@ def cmd_leaderboard(args, console) -> int:
             tmp.write_text(text, encoding="utf-8")
         console.print(f"leaderboard: {args.output}", highlight=False)
     return 0
+
+
+def snapshot(board: dict, folder: Path) -> Path:
+    """A dated copy of the board — ``DIR/<date>/leaderboard.html`` and ``.json`` (a second one
+    the same day is ``<date>T<time>``) — and ``DIR/index.html`` listing every snapshot, newest
+    first, so a team's board keeps its history. Each page stands alone (nothing fetched)."""
+    import time
+
+    from evalkit.writes import replacing
+
+    name = time.strftime("%Y-%m-%d")
+    if (folder / name).exists():
+        name = time.strftime("%Y-%m-%dT%H%M%S")
+    target = folder / name
+    target.mkdir(parents=True, exist_ok=True)
+    for file, text in (("leaderboard.html", page(board)), ("leaderboard.json", as_json(board))):
+        with replacing(target / file) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    with replacing(folder / "index.html") as tmp:
+        tmp.write_text(snapshot_index(folder), encoding="utf-8")
+    return target
+
+
+def snapshot_index(folder: Path) -> str:
+    """The index page of the snapshots under ``folder``: one line each, newest first, with the
+    leader of its overall board."""
+    items = []
+    for dated in sorted(
+        (p for p in folder.iterdir() if (p / "leaderboard.json").exists()), reverse=True
+    ):
+        board = json.loads((dated / "leaderboard.json").read_text(encoding="utf-8"))
+        ranked = [e for e in board.get("overall", []) if e.get("mean_rank") is not None]
+        leader = f" — first overall: {html.escape(ranked[0]['backbone'])}" if ranked else ""
+        tasks = len(board.get("tasks", []))
+        link = html.escape(f"{dated.name}/leaderboard.html")
+        items.append(
+            f'<li><a href="{link}">{html.escape(dated.name)}</a>: {tasks} task(s){leader}</li>'
+        )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>evalkit leaderboard snapshots</title><style>{PAGE_STYLE}</style></head>"
+        f"<body><h1>Leaderboard snapshots</h1><ul>{''.join(items)}</ul></body></html>\n"
+    )
 
 
 def print_terminal(console, board: dict):
