@@ -36,6 +36,7 @@ COMMANDS = {
     "compare": (results.add_compare, results.cmd_compare),
     "leaderboard": (leaderboard.add_leaderboard, leaderboard.cmd_leaderboard),
     "merge": (results.add_merge, results.cmd_merge),
+    "export": (results.add_export, results.cmd_export),
     "card": (card.add_card, card.cmd_card),
     "backbones": (listing.add_backbones, listing.cmd_backbones),
     "convert": (convert.add_convert, convert.cmd_convert),
