@@ -207,3 +207,43 @@ def test_the_leaderboard_renders_in_a_real_browser(tmp_path):
         assert len(np.unique(pixels, axis=0)) > 20  # not blank
         if page.name == "leaderboard.html":  # the ranks figure's mean-rank dots (#246)
             assert (np.abs(pixels.astype(int) - (34, 68, 102)).sum(axis=1) < 30).sum() > 50
+
+
+def test_cells_carry_what_a_third_party_needs_to_redo_a_test(tmp_path):
+    import hashlib
+
+    rng = np.random.default_rng(7)
+    images = [f"{i}.png" for i in range(50)]
+    for b in range(2):
+        write_cell(
+            tmp_path, "probe", f"b{b}", {"image": images, "top1": rng.uniform(size=50) < 0.6}
+        )
+    (task,) = leaderboard([tmp_path])["tasks"]
+    for cell in task["cells"]:
+        (path,) = (tmp_path / "predictions").glob(f"probe--{cell['backbone']}--*.parquet")
+        assert cell["outputs"] == [hashlib.sha256(path.read_bytes()).hexdigest()]
+        assert cell["right"] == int(pd.read_parquet(path)["correct"].sum())
+        assert cell["right"] == round(cell["value"] * 50 / 100)
+
+
+def test_a_board_of_cells_measured_differently_is_refused_unless_asked(tmp_path, capsys):
+    from evalkit.cli import main
+    from evalkit.errors import EvalkitError
+
+    images = [f"{i}.png" for i in range(30)]
+    for b in range(2):
+        write_cell(tmp_path, "depth", f"b{b}", {"image": images, "mse": np.arange(30.0) + b})
+    rows = tmp_path / "depth.jsonl"
+    lines = [json.loads(x) for x in rows.read_text().splitlines()]
+    lines[1]["task_version"] = 2  # b1 was measured by another version of the task
+    rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(EvalkitError, match="measured with different task_version"):
+        leaderboard([tmp_path])
+    assert main(["leaderboard", str(tmp_path)]) == 2
+    assert "--allow-mixed" in capsys.readouterr().err
+    (task,) = leaderboard([tmp_path], mixed=True)["tasks"]
+    assert task["fingerprint"] == "mixed"
+    lines[1]["task_version"] = lines[0].get("task_version")
+    rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    board = leaderboard([tmp_path])
+    assert len(board["tasks"][0]["fingerprint"]) == 12 and len(board["suite"]) == 12

@@ -23,6 +23,12 @@ def add_leaderboard(sub) -> None:
     )
     board.add_argument("--seed", type=int, default=0, help="of the paired bootstrap's resamples")
     board.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="rank cells of one task measured differently (another task version, settings or "
+        "data files) together; refused by default",
+    )
+    board.add_argument(
         "--snapshot",
         type=Path,
         metavar="DIR",
@@ -44,7 +50,7 @@ def cmd_leaderboard(args, console) -> int:
         )
     from evalkit.publish.leaderboard import leaderboard
 
-    board = leaderboard(args.results, level=args.level, seed=args.seed)
+    board = leaderboard(args.results, level=args.level, seed=args.seed, mixed=args.allow_mixed)
     if args.snapshot is not None:
         kept = snapshot(board, args.snapshot)
         console.print(f"snapshot: {kept} (index: {args.snapshot / 'index.html'})", highlight=False)
@@ -158,7 +164,16 @@ def overall_rows(board: dict) -> list[list[str]]:
 
 def task_header(task: dict) -> list[str]:
     arrow = "↑" if task["higher_is_better"] else "↓"
-    return ["rank", "tier", "backbone", f"{task['metric']} {arrow}", "seeds (sd)"]
+    return [
+        "rank",
+        "tier",
+        "backbone",
+        f"{task['metric']} {arrow}",
+        "seeds (sd)",
+        "n",
+        "right",
+        "outputs",
+    ]
 
 
 def task_rows(task: dict) -> list[list[str]]:
@@ -171,6 +186,9 @@ def task_rows(task: dict) -> list[list[str]]:
             cell["backbone"],
             cell["shown"],
             _seeds(cell),
+            str(cell.get("n") or "–"),
+            "–" if cell.get("right") is None else str(cell["right"]),
+            ", ".join(h[:12] for h in cell.get("outputs", [])) or "–",
         ]
         for cell in task["cells"]
     ]
@@ -188,6 +206,8 @@ def notes(board: dict) -> list[str]:
         "different from its leader",
         "over all tasks: complete setups only; rank interval and P(first) from a bootstrap "
         "over the suite's tasks (the tasks as a sample, not the images)",
+        f"suite fingerprint {board.get('suite', '–')}: "
+        + ", ".join(f"{t['task']} {t.get('fingerprint', '–')}" for t in board["tasks"]),
     ]
     if (test := board.get("friedman")) is not None:
         lines.append(

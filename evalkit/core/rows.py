@@ -48,7 +48,8 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "config_hash": hash_json(task.config()),
         "run_key": key,
         "request_key": ctx.request_key,
-        "data_id": dict(ctx.stats["data"]),
+        "data_id": dict(ctx.stats["data"]),  # per split: its files, labels and how they are read
+        "data_files": {name: ctx.data_identity(name) for name in task.datasets()},  # files only
         "decoder": ctx.stats.get("decoder"),  # of the image files read (None: no evaluation view)
         "dataset": (dataset := dataset_record(task, ctx)),
         "paper": dict(task.reference.get(metric.metric, {})) if dataset["own"] else {},

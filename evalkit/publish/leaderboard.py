@@ -34,6 +34,7 @@ from evalkit.core.results import (
     rows_files,
     run_spec,
 )
+from evalkit.errors import EvalkitError
 from evalkit.publish.significance import (
     LEVEL,
     Paired,
@@ -67,10 +68,12 @@ class Board:
     pairs: list[dict] = field(default_factory=list)
 
 
-def leaderboard(paths, *, level: float = LEVEL, seed: int = 0) -> dict:
-    """The leaderboard of the rows under ``paths`` as one JSON-ready record."""
+def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = False) -> dict:
+    """The leaderboard of the rows under ``paths`` as one JSON-ready record. A board whose
+    cells were measured differently (``fingerprint``) is refused unless ``mixed``."""
     rows = folder_rows(paths)
     boards = [_ranked(board) for board in _boards(rows)]
+    prints = {board.task: fingerprint(board, mixed) for board in boards}
     for board in boards:
         board.pairs = paired_tests(board, level, seed)
     backbones = sorted({cell.backbone for board in boards for cell in board.cells})
@@ -79,7 +82,10 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0) -> dict:
     return {
         "level": level,
         "correction": "Holm, over each task's pairs",
-        "tasks": [_board_record(board, level) for board in boards],
+        "suite": _short_hash(sorted(prints.items())),
+        "tasks": [
+            _board_record(board, level) | {"fingerprint": prints[board.task]} for board in boards
+        ],
         "overall": ranked,
         "friedman": friedman(boards, complete),
         "curves": parity_curves(rows),
@@ -126,6 +132,46 @@ def _boards(rows: list[dict]) -> list[Board]:
         rows_of = members(rows, record["spec"], record["metric"])
         board.cells.append(Cell(record["backbone"], record["mean"], format_value(record), rows_of))
     return [boards[label] for label in sorted(boards, key=natural_order)]
+
+
+# What a board's cells must share: the task's version and settings, the data's files (not how
+# each backbone's preprocessing reads them), the headline metric.
+MEASURED = ("task_version", "config", "data_files", "metric")
+
+
+def fingerprint(board: Board, mixed: bool) -> str:
+    """A short hash of what a board compares — the task's version and settings, the data's
+    identity, the headline metric — shared by all its cells. Cells measured differently are
+    refused, naming what differs, unless ``mixed`` (then the board's fingerprint is
+    ``mixed``): a ranking must compare like with like."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for cell in board.cells:
+        for row in cell.rows:
+            for part in MEASURED:
+                seen[part].add(json.dumps(_measured(row, part), sort_keys=True, default=str))
+    differ = [part for part in MEASURED if len(seen[part]) > 1]
+    if not differ:
+        return _short_hash(sorted((part, sorted(seen[part])) for part in MEASURED))
+    if mixed:
+        return "mixed"
+    raise EvalkitError(
+        f"the cells of {board.task} were measured with different {', '.join(differ)}: one "
+        "ranking would compare unlike numbers; run them alike, look at each with evalkit "
+        "table, or pass --allow-mixed"
+    )
+
+
+def _measured(row: dict, part: str):
+    value = row.get(part)
+    if part == "config":  # the data is the board's; a backbone's settings are its label's
+        return {k: v for k, v in (value or {}).items() if k != "dataset"}
+    return value
+
+
+def _short_hash(value) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:12]
 
 
 def members(rows: list[dict], spec: tuple, metric: str) -> list[dict]:
@@ -390,11 +436,8 @@ def per_image(cell: Cell):
     the order of the ids), or why there are none."""
     import pandas as pd
 
-    by_seed = {row.get("seed", 0): row for row in cell.rows}
     frames = []
-    for number, row in sorted(by_seed.items()):
-        slug = f"{row['task']}--{row['backbone']}--s{number}--{row.get('run_key')}"
-        path = Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet")
+    for path in output_files(cell):
         if not path.exists():
             return f"no per-image outputs for {cell.backbone} (run the zoo with several backbones or --save-predictions)"
         try:
@@ -457,11 +500,43 @@ def _board_record(board: Board, level: float = LEVEL) -> dict:
                 "tier": tier[c.backbone],
                 "seeds": len({r.get("seed", 0) for r in c.rows}),
                 "seed_sd": seed_spread(c),
+                **recomputable(c),
             }
             for c in board.cells
         ],
         "pairs": board.pairs,
     }
+
+
+def recomputable(cell: Cell) -> dict:
+    """What a third party needs to redo a cell's tests: its test items (``n``), for an
+    accuracy the images right (over its seeds' files, summed), and the SHA-256 of each seed's
+    per-image file."""
+    import hashlib
+
+    files = [path for path in output_files(cell) if path.exists()]
+    found = {"n": next((r.get("n") for r in cell.rows if r.get("n")), None)}
+    found["outputs"] = [hashlib.sha256(path.read_bytes()).hexdigest() for path in files]
+    found["right"] = None
+    if files and cell.rows[0]["metric"].startswith("top1"):
+        import pandas as pd
+
+        try:
+            frames = [pd.read_parquet(path, columns=["correct"]) for path in files]
+            found["right"] = int(sum(frame["correct"].sum() for frame in frames))
+        except Exception:  # noqa: BLE001 - no such column, or a damaged file (named elsewhere)
+            pass
+    return found
+
+
+def output_files(cell: Cell) -> list[Path]:
+    """The per-image file of each seed of a cell (whether or not it exists)."""
+    by_seed = {row.get("seed", 0): row for row in cell.rows}
+    paths = []
+    for number, row in sorted(by_seed.items()):
+        slug = f"{row['task']}--{row['backbone']}--s{number}--{row.get('run_key')}"
+        paths.append(Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet"))
+    return paths
 
 
 def tiers(board: Board) -> dict[str, int]:
