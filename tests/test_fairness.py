@@ -246,6 +246,22 @@ def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, mon
     saved = pd.read_parquet(ctx.predictions)  # the rows are the means of the per-image outputs
     for metric in ("accuracy", "accuracy@0", "accuracy@0.2"):
         assert saved[metric].mean() == pytest.approx(rows[metric].value, abs=1e-12)
+    from fairlearn.metrics import MetricFrame
+
+    for metric in ("accuracy", "accuracy@0", "accuracy@0.2"):  # each point with its interval
+        row = rows[metric]
+        assert row.stderr == pytest.approx(saved[metric].std(ddof=1) / len(saved) ** 0.5)
+        frame = MetricFrame(
+            metrics=lambda truth, right: float(np.mean(right)),
+            y_true=saved["target"],
+            y_pred=saved[metric],
+            sensitive_features=saved["group"],
+            n_boot=1000,
+            ci_quantiles=[0.025, 0.975],
+            random_state=0,
+        )
+        theirs = [float(v) for v in frame.overall_ci]
+        assert row.extra["interval95"] == pytest.approx(theirs, abs=0.012)  # Monte Carlo
     tables = dict(error_tables(saved, 3))  # evalkit errors reads these outputs too
     worst = tables["images of lowest expected accuracy"]
     assert list(worst["accuracy"]) == sorted(saved["accuracy"])[:3]
@@ -294,7 +310,11 @@ def test_the_leaderboard_draws_one_curve_per_backbone(cli_env, capsys):
     page = cli_env / "board.html"
     assert main(["leaderboard", str(out), "--format", "html", "--output", str(page)]) == 0
     assert page.read_text().count("<polyline") == 2
+    assert page.read_text().count("<line") == 4  # each point's interval over test images
     pair = leaderboard([out])["tasks"][0]["pairs"][0]  # per-image outputs: a paired test
     assert "bootstrap" in pair["test"] and pair["p_holm"] is not None
+    capsys.readouterr()
     assert main(["leaderboard", str(out), "--format", "markdown"]) == 0
-    assert "| fake | " in capsys.readouterr().out
+    text = capsys.readouterr().out
+    (line,) = [x for x in text.splitlines() if x.startswith("| fake (random init) | 0.")]
+    assert line.count(" [0.") == 2  # both levels: value [low, high]

@@ -133,8 +133,10 @@ def print_terminal(console, board: dict):
     for task, lines in board["curves"].items():
         levels = sorted({level for by in lines.values() for level in by})
         table = Table("backbone", *(f"ε={lv:g}" for lv in levels), title=plain(f"{task}: accuracy"))
+        bands = board.get("curve_intervals", {}).get(task, {})
         for backbone, by in lines.items():
-            table.add_row(plain(backbone), *(_accuracy(by.get(lv)) for lv in levels))
+            band = bands.get(backbone, {})
+            table.add_row(plain(backbone), *(_point(by.get(lv), band.get(lv)) for lv in levels))
         console.print(table)
     for note in notes(board):
         console.print(plain(note), highlight=False, soft_wrap=True)
@@ -226,6 +228,13 @@ def _accuracy(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def _point(value: float | None, interval) -> str:
+    """A curve's point with its 95% interval over test images, where there is one."""
+    if value is None or not interval:
+        return _accuracy(value)
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
 def _rank(rank: float) -> str:
     return f"{rank:g}"
 
@@ -250,8 +259,11 @@ def markdown(board: dict) -> str:
         parts += ["", f"## {task}: accuracy under demographic parity", ""]
         parts += ["| backbone | " + " | ".join(f"ε={lv:g}" for lv in levels) + " |"]
         parts += ["|---|" + "---|" * len(levels)]
+        bands = board.get("curve_intervals", {}).get(task, {})
         parts += [
-            f"| {b} | " + " | ".join(_accuracy(by.get(lv)) for lv in levels) + " |"
+            f"| {b} | "
+            + " | ".join(_point(by.get(lv), bands.get(b, {}).get(lv)) for lv in levels)
+            + " |"
             for b, by in lines.items()
         ]
     return "\n".join([*parts, "", *(f"_{note}_" for note in notes(board)), ""])
@@ -290,7 +302,7 @@ def page(board: dict) -> str:
         body.append(f"<ul>{''.join(items)}</ul>")
     for task, lines in board["curves"].items():
         body.append(f"<h2>{html.escape(task)}: accuracy under demographic parity</h2>")
-        body.append(curves_figure(lines))
+        body.append(curves_figure(lines, board.get("curve_intervals", {}).get(task, {})))
     body += [f"<p><em>{html.escape(note)}</em></p>" for note in notes(board)]
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
@@ -353,10 +365,13 @@ def ranks_figure(board: dict) -> str:
 COLOURS = ("#246", "#c52", "#396", "#a3a", "#b90", "#18a", "#777", "#e74")
 
 
-def curves_figure(lines: dict) -> str:
-    """Accuracy (y) against the parity level ε (x), a line and a legend entry per backbone."""
+def curves_figure(lines: dict, bands: dict | None = None) -> str:
+    """Accuracy (y) against the parity level ε (x), a line and a legend entry per backbone,
+    each point with a whisker over its 95% interval where it has one."""
+    bands = bands or {}
     levels = sorted({level for by in lines.values() for level in by})
-    values = [v for by in lines.values() for v in by.values()]
+    ends = [e for by in bands.values() for band in by.values() if band for e in band]
+    values = [v for by in lines.values() for v in by.values()] + ends
     low, high = min(values), max(values)
     width, height, left, top, bottom = 640, 300, 60, 20, 40
     span_x, span_y = max(levels[-1] - levels[0], 1e-9), max(high - low, 1e-9)
@@ -371,6 +386,12 @@ def curves_figure(lines: dict) -> str:
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(point(level, value) for level, value in sorted(by.items()))
         marks.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for level, band in bands.get(backbone, {}).items():
+            if band:
+                (x1, y1), (x2, y2) = (point(level, end).split(",") for end in band)
+                marks.append(
+                    f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{colour}" stroke-width="1"/>'
+                )
         marks.append(
             f'<text x="{width - 170}" y="{top + 16 * i + 4}" fill="{colour}">'
             f"{html.escape(backbone)}</text>"

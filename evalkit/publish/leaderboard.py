@@ -89,6 +89,7 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = Fal
         "overall": ranked,
         "friedman": friedman(boards, complete),
         "curves": parity_curves(rows),
+        "curve_intervals": curve_intervals(rows),
         "failed": failed_cells(paths),
     }
 
@@ -96,12 +97,28 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = Fal
 def parity_curves(rows: list[dict]) -> dict:
     """Per fairness task, each backbone's test accuracy at each demographic-parity level
     (its ``accuracy@<level>`` rows, means over seeds): one curve per backbone."""
+    return _per_level(rows, lambda record, _: record["mean"])
+
+
+def curve_intervals(rows: list[dict]) -> dict:
+    """The 95% interval over test images of each point of ``parity_curves``, from the rows'
+    bootstrap (a cell of several seeds: None, its spread over seeds is in its table)."""
+
+    def interval(record, members_of):
+        found = [r.get("extra", {}).get("interval95") for r in members_of(record)]
+        return found[0] if len(found) == 1 else None
+
+    return _per_level(rows, interval)
+
+
+def _per_level(rows: list[dict], value_of) -> dict:
     curves: dict = defaultdict(lambda: defaultdict(dict))
     for record in aggregate(rows):
         name, at, level = record["metric"].partition("@")
         if name == "accuracy" and at:
             label = task_label(record["task"], record["dataset"])
-            curves[label][record["backbone"]][float(level)] = record["mean"]
+            rows_of = lambda rec: members(rows, rec["spec"], rec["metric"])  # noqa: E731
+            curves[label][record["backbone"]][float(level)] = value_of(record, rows_of)
     return {
         task: {backbone: dict(sorted(by.items())) for backbone, by in sorted(lines.items())}
         for task, lines in sorted(curves.items())
