@@ -28,9 +28,19 @@ import numpy as np
 import torch
 
 from evalkit.cache.features import FeatureRequest
-from evalkit.core.task import Metric, Rule, Stage, extraction_stage, resolve_pool, setting
+from evalkit.core.task import (
+    POSITIVE,
+    Metric,
+    Rule,
+    Stage,
+    extraction_stage,
+    one_of,
+    resolve_pool,
+    setting,
+)
 from evalkit.data import open_dataset
 from evalkit.errors import EvalkitError
+from evalkit.heads.debias import fit_rto
 from evalkit.heads.fairness import expected_accuracy, fit_parity, parity_gap
 from evalkit.heads.linear import fit_logistic
 from evalkit.protocols.classification import ProbeData, stratified_holdout
@@ -58,8 +68,12 @@ class Fairness(LinearClassifier):
     fit_split: str = "valid"  # where the thresholds are fitted
     eval_split: str = "test"
     levels: tuple[float, ...] = setting((0.0, 0.01, 0.02, 0.05, 0.1, 0.2), LEVELS)
+    # rto: the paper's randomized threshold optimizer (label-free, anchored at the mean
+    # score); labelled: the accuracy-optimal post-processing on labels (Hardt et al. 2016)
+    debiaser: str = setting("rto", one_of("rto", "labelled"))
+    rto_gamma: float = setting(0.05, POSITIVE)  # RTO's randomised band, on scores in [-1, 1]
 
-    version = 2  # 2: accuracy rows carry their standard error and a bootstrap interval
+    version = 2  # 2: the paper's debiaser (RTO) by default; accuracy rows with their intervals
 
     def __post_init__(self):
         super().__post_init__()
@@ -129,12 +143,12 @@ class Fairness(LinearClassifier):
         positives = {"unconstrained": (test > 0.5).astype(float)}
         rules = {}
         for level in self.levels:
-            rule = fit_parity(scores[self.fit_split], fitted.targets, fitted.groups, level)
+            rule = self.debias(scores[self.fit_split], fitted, level)
             rules[f"{level:g}"] = {names[g]: rate for g, rate in rule.rates.items()}
             positives[level] = rule.positive_probability(test, groups)
         curves = {key: _outcome(p, targets, groups, names) for key, p in positives.items()}
         save_outcomes(ctx, tested, test, positives)
-        extra = {**extra, "selection_rates_by_level": rules}
+        extra = {**extra, "selection_rates_by_level": rules, "debiaser": self.debiaser_name()}
         extra["picture"] = self.plot(curves, backbone, ctx)
         for key, outcome in curves.items():
             suffix = "" if key == "unconstrained" else f"@{key:g}"
@@ -151,6 +165,18 @@ class Fairness(LinearClassifier):
                     stderr=spread.pop("stderr", None),
                     extra={**extra, **spread},
                 )
+
+    def debiaser_name(self) -> str:
+        if self.debiaser == "rto":
+            return f"randomized threshold optimizer (Alabdulmohsin & Lucic 2021), γ={self.rto_gamma:g}"
+        return "labelled post-processing (Hardt et al. 2016)"
+
+    def debias(self, scores: np.ndarray, fitted, level: float):
+        """The rule that holds the subgroups' selection rates within ``level`` of each other
+        where it is fitted: RTO from the scores alone, or the labelled post-processing."""
+        if self.debiaser == "rto":
+            return fit_rto(scores, fitted.groups, level, self.rto_gamma)
+        return fit_parity(scores, fitted.targets, fitted.groups, level)
 
     def plot(self, curves: dict, backbone, ctx) -> str | None:
         if ctx.artifacts is None:

@@ -106,6 +106,32 @@ def test_parity_thresholds_are_fairlearns_threshold_optimizer(seed, level):
     assert expected_accuracy(ours, labels)["all"] <= max(unconstrained, rule.objective) + 1e-12
 
 
+@pytest.mark.parametrize("level", [0.0, 0.05])
+def test_on_unseen_scores_thresholds_sit_where_fairlearn_puts_them(level):
+    """Scores that fall between two fitted ones (test images) are selected as fairlearn's
+    ThresholdOptimizer selects them: the same probability for every unseen image."""
+    from fairlearn.postprocessing import ThresholdOptimizer
+
+    scores, labels, groups = scored_groups(4)
+    theirs = ThresholdOptimizer(
+        estimator=Passthrough(),
+        constraints="demographic_parity",
+        objective="accuracy_score",
+        prefit=True,
+        predict_method="predict_proba",
+        tol=level or None,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs.fit(scores[:, None], labels, sensitive_features=groups)
+    rule = fit_parity(scores, labels, groups, level)
+    for offset in (0.003, 0.007):  # between two fitted scores (0.01 apart), either side of mid
+        unseen = np.clip(scores + offset, 0, 1)
+        their_positive = theirs._pmf_predict(unseen[:, None], sensitive_features=groups)[:, 1]
+        ours = rule.positive_probability(unseen, groups)
+        assert np.abs(ours - their_positive).max() < 1e-9, offset
+
+
 def test_a_looser_level_never_loses_accuracy():
     scores, labels, groups = scored_groups(3)
     objectives = [fit_parity(scores, labels, groups, lv).objective for lv in (0, 0.05, 0.2, 1)]
@@ -233,7 +259,7 @@ def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, mon
     monkeypatch.setattr(fairness.ParityRule, "positive_probability", watched)
     ctx.artifacts = tmp_path / "pictures"
     ctx.predictions = tmp_path / "predictions.parquet"
-    task = resolve_task("celeba-fairness-smiling", ["levels=0,0.05,0.2"])
+    task = resolve_task("celeba-fairness-smiling", ["levels=0,0.05,0.2", "debiaser=labelled"])
     rows = {m.metric: m for m in task.run(load_backbone("fake"), ctx)}
     assert set(rows) == set(task.metrics())
     assert rows["parity_gap"].value > 0.3  # the planted correlation, learnt
@@ -251,6 +277,10 @@ def test_celeba_fairness_meets_each_level_where_it_was_fitted(ctx, tmp_path, mon
     for metric in ("accuracy", "accuracy@0", "accuracy@0.2"):  # each point with its interval
         row = rows[metric]
         assert row.stderr == pytest.approx(saved[metric].std(ddof=1) / len(saved) ** 0.5)
+        low, high = row.extra["interval95"]
+        assert low < row.value < high
+    for metric in ("accuracy@0.2",):  # fairlearn's bootstrap takes 10 s a point
+        row = rows[metric]
         frame = MetricFrame(
             metrics=lambda truth, right: float(np.mean(right)),
             y_true=saved["target"],
@@ -318,3 +348,88 @@ def test_the_leaderboard_draws_one_curve_per_backbone(cli_env, capsys):
     text = capsys.readouterr().out
     (line,) = [x for x in text.splitlines() if x.startswith("| fake (random init) | 0.")]
     assert line.count(" [0.") == 2  # both levels: value [low, high]
+
+
+def authors_rto(scores, groups, level, gamma, seed=0):
+    """The randomized threshold optimizer as its authors' code solves it (projected SGD on
+    the dual, then full gradient descent), written here apart from evalkit: per subgroup,
+    thresholds t = λ − μ on scores rescaled to [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    y, rho, eps0 = 2 * scores - 1, scores.mean(), level / 2
+    thresholds = {}
+    for group in np.unique(groups):
+        mine = y[groups == group]
+
+        def gradient(batch, lam, mu):
+            mean = np.mean(np.clip((batch - (lam - mu)) / gamma, 0, 1))
+            return eps0 + rho - mean, eps0 - rho + mean
+
+        def step(lam, mu, alpha, batch):
+            g_lam, g_mu = gradient(batch, lam, mu)
+            if eps0 > 1e-3:
+                return max(0.0, lam - alpha * g_lam), max(0.0, mu - alpha * g_mu)
+            return lam - alpha * g_lam, mu
+
+        steps, size = 4000, 256
+        alpha = gamma * np.sqrt(1.0 / (steps * size)) * size
+        lam = mu = lam_avg = mu_avg = 0.0
+        for _ in range(steps):
+            lam, mu = step(lam, mu, alpha, mine[rng.integers(0, len(mine), size)])
+            lam_avg, mu_avg = lam_avg + lam / steps, mu_avg + mu / steps
+        lam, mu = lam_avg, mu_avg
+        for _ in range(1000):
+            lam, mu = step(lam, mu, 0.5, mine)
+        thresholds[int(group)] = lam - mu
+    return thresholds
+
+
+@pytest.mark.parametrize("level", [0.0, 0.02, 0.1])
+def test_rto_is_the_authors_algorithm_on_the_same_scores(level):
+    from evalkit.heads.debias import fit_rto
+
+    rng = np.random.default_rng(11)
+    groups = rng.integers(0, 2, 3000)
+    targets = (rng.uniform(size=3000) < np.where(groups == 1, 0.7, 0.3)).astype(int)
+    scores = 1 / (1 + np.exp(-(2.0 * targets - 1 + rng.normal(0, 1.2, 3000) + 0.6 * groups)))
+    gamma = 0.05
+    ours = fit_rto(scores, groups, level, gamma)
+    theirs = authors_rto(scores, groups, level, gamma)
+    rescaled = 2 * scores - 1
+    for group, threshold in theirs.items():
+        mine = rescaled[groups == group]
+        their_rate = np.clip((mine - threshold) / gamma, 0, 1).mean()
+        assert ours.rates[group] == pytest.approx(their_rate, abs=0.01)  # selection rates
+    spread = max(ours.rates.values()) - min(ours.rates.values())
+    assert spread <= level + 1e-9 and all(
+        abs(rate - scores.mean()) <= level / 2 + 1e-9 for rate in ours.rates.values()
+    )  # the band, anchored at the mean score
+    positive = ours.positive_probability(scores, groups)
+    shift = np.array([theirs[int(g)] for g in groups])
+    their_positive = np.clip((rescaled - shift) / gamma, 0, 1)
+    accuracy = lambda p: float(np.mean(np.where(targets == 1, p, 1 - p)))  # noqa: E731
+    assert accuracy(positive) == pytest.approx(accuracy(their_positive), abs=0.01)
+
+
+def test_rto_needs_no_labels_and_leaves_scores_inside_the_band_alone():
+    from evalkit.heads.debias import fit_rto
+
+    scores = np.array([0.9, 0.2, 0.8, 0.3])
+    groups = np.array([0, 0, 1, 1])
+    rule = fit_rto(scores, groups, 1.0, 0.05)  # any rates are within a level of 1
+    assert rule.thresholds == {0: 0.0, 1: 0.0}
+    assert list(rule.positive_probability(scores, groups)) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_the_fairness_task_debiases_with_rto_by_default(ctx, tmp_path):
+    from evalkit import load_backbone
+    from evalkit.core.runner import resolve_task
+
+    task = resolve_task("celeba-fairness-smiling", ["levels=0,0.1"])
+    assert task.debiaser == "rto"
+    ctx.artifacts = tmp_path
+    rows = {m.metric: m for m in task.run(load_backbone("fake"), ctx)}
+    assert rows["accuracy@0"].extra["debiaser"].startswith("randomized threshold optimizer")
+    for level in (0.0, 0.1):
+        rates = rows[f"accuracy@{level:g}"].extra["selection_rates_by_level"][f"{level:g}"]
+        assert max(rates.values()) - min(rates.values()) <= level + 1e-9
+    assert rows["parity_gap@0"].value < rows["parity_gap"].value / 3

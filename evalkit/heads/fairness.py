@@ -32,16 +32,21 @@ class Hull:
     rates: np.ndarray
     accuracy: np.ndarray
     thresholds: np.ndarray
+    cuts: np.ndarray  # midway between each threshold and the fitted score just below it
 
     def positive_probability(self, scores: np.ndarray, rate: float) -> np.ndarray:
         """Each image's probability of selection under the randomised rule that selects a
-        ``rate`` share of the images the hull was fitted on."""
+        ``rate`` share of the images the hull was fitted on. An image is selected when its
+        score is above the cut midway between the threshold and the fitted score just below
+        it, as fairlearn's ``ThresholdOptimizer`` cuts (``score > t``): on fitted scores the
+        same as ``≥`` the threshold, and an unseen score between two fitted ones is placed
+        as fairlearn places it."""
         upper = int(np.clip(np.searchsorted(self.rates, rate), 1, len(self.rates) - 1))
         lower = upper - 1
         span = self.rates[upper] - self.rates[lower]
         mix = (rate - self.rates[lower]) / span if span else 0.0
-        sure = scores >= self.thresholds[lower]
-        maybe = (scores >= self.thresholds[upper]) & ~sure
+        sure = scores > self.cuts[lower]
+        maybe = (scores > self.cuts[upper]) & ~sure
         return sure.astype(np.float64) + mix * maybe
 
 
@@ -58,8 +63,12 @@ def tradeoff_hull(scores: np.ndarray, labels: np.ndarray) -> Hull:
     rates = np.r_[0.0, selected / n]
     accuracy = np.r_[(n - total_positive) / n, (true_pos + true_neg) / n]
     thresholds = np.r_[np.inf, ordered[last_of_tie]]
+    below = np.r_[thresholds[1:], -np.inf]  # distinct scores, descending: the next one down
+    with np.errstate(invalid="ignore"):
+        cuts = np.where(np.isinf(thresholds), thresholds, (thresholds + below) / 2)
+    cuts[-1] = -np.inf  # everything selected
     keep = _upper_hull(rates, accuracy)
-    return Hull(rates[keep], accuracy[keep], thresholds[keep])
+    return Hull(rates[keep], accuracy[keep], thresholds[keep], cuts[keep])
 
 
 def _upper_hull(x: np.ndarray, y: np.ndarray) -> list[int]:
