@@ -23,6 +23,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from evalkit.core.task import Metric, Rule, Stage, extraction_stage, setting
@@ -41,6 +42,7 @@ from evalkit.metrics import (
 from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
+from evalkit.publish.significance import PerImageTest, ece_of
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
 CORRUPTION_NAMES = Rule(
@@ -58,6 +60,17 @@ class Calibration(LinearClassifier):
     severities: tuple[int, ...] = setting(SEVERITIES, SEVERITY_LEVELS)
 
     version = 1
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """ECE (raw or temperature-scaled) from each image's confidence and right or wrong,
+        binned as the task bins; anything else as a per-image column's mean."""
+        if metric in ("ece", "ece_ts") and "confidence" in columns:
+            column = "confidence" if metric == "ece" else "confidence_ts"
+            return PerImageTest(
+                lambda frame: np.column_stack([frame[column], frame["correct"], frame["bins"]]),
+                lambda parts: ece_of(parts[:, :2], int(parts[0, 2])),
+            )
+        return super().paired_test(metric, columns)
 
     @property
     def reference(self) -> dict:

@@ -168,7 +168,9 @@ class Fairness(LinearClassifier):
 
     def debiaser_name(self) -> str:
         if self.debiaser == "rto":
-            return f"randomized threshold optimizer (Alabdulmohsin & Lucic 2021), γ={self.rto_gamma:g}"
+            return (
+                f"randomized threshold optimizer (Alabdulmohsin & Lucic 2021), γ={self.rto_gamma:g}"
+            )
         return "labelled post-processing (Hardt et al. 2016)"
 
     def debias(self, scores: np.ndarray, fitted, level: float):

@@ -19,6 +19,7 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
+from evalkit.publish.significance import column_mean
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class FewShot(FrozenClassification):
     l2: float = setting(1024.0, POSITIVE)
 
     version = 2  # 2: the spread over seeds is in ``std`` (it was in ``stderr``)
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """Top-1 from each image's share of seeds right (its mean × 100 is the row)."""
+        return column_mean("correct_share", 100.0) if metric == "top1" else None
 
     def metrics(self) -> list[str]:
         return ["top1"]

@@ -44,6 +44,7 @@ from evalkit.protocols.grids import (
     save_picture_grid,
 )
 from evalkit.protocols.predictions import image_ids
+from evalkit.publish.significance import PerImageTest, miou_of
 from evalkit.training.loop import sampled_batches
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a
@@ -79,6 +80,18 @@ class Segmentation(FinetuneSettings, DenseSettings):
 
     version = 1
     trains_in_loop = True
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """mIoU from each image's per-class intersections and unions (summed, then averaged
+        over classes: the row's own arithmetic)."""
+        if metric == "miou" and {"intersection", "union"} <= columns:
+            return PerImageTest(
+                lambda frame: np.hstack(
+                    [np.stack(frame["intersection"]), np.stack(frame["union"])]
+                ),
+                miou_of,
+            )
+        return super().paired_test(metric, columns)
 
     @property
     def reference(self) -> dict:

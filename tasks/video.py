@@ -42,7 +42,7 @@ from evalkit.heads.linear import Standardizer
 from evalkit.heads.temporal import HEADS, HeadConfig, build_head
 from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
 from evalkit.metrics import accuracy_stderr, reported_ks
-from evalkit.protocols.predictions import save_classifications
+from evalkit.protocols.predictions import classification_test, save_classifications
 
 PAPER = {"kinetics400": {"top1": {"ViT-22B": 88.0}}}
 CROPS = Rule("1 or 3 spatial crops", lambda v: v in (1, 3))
@@ -73,6 +73,10 @@ class VideoClassification(Task):
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training splits are streamed
 
     version = 3  # 3: a clip with any undecodable view is dropped whole; padded counts clips
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
+        return classification_test(metric, columns)
 
     @property
     def reference(self) -> dict:

@@ -71,7 +71,7 @@ from evalkit.heads.zeroshot import (
     templates,
 )
 from evalkit.metrics import accuracy_stderr, reported_ks
-from evalkit.protocols.predictions import save_classifications
+from evalkit.protocols.predictions import classification_test, save_classifications
 
 TEMPLATES = Rule(
     f"auto, one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",
@@ -107,6 +107,10 @@ class ZeroShot(Task):
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
     version = 2  # 2: prompts follow the tower; ImageNet val scored over all its classes
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
+        return classification_test(metric, columns)
 
     def config(self) -> dict:
         """The settings, and the content of the files they name: a templates file or a saved

@@ -86,7 +86,7 @@ def test_what_is_tested_is_what_is_ranked_when_cells_have_seeds(tmp_path):
     }
     for (name, seed), share in draws.items():
         right = rng.uniform(size=384) < share
-        write_cell(tmp_path, "probe", name, {"image": images, "top1": right}, seed=seed)
+        write_cell(tmp_path, "imagenet-linear", name, {"image": images, "top1": right}, seed=seed)
     (task,) = leaderboard([tmp_path])["tasks"]
     ranked = [c["backbone"] for c in task["cells"]]
     assert ranked == ["B", "A"]
@@ -216,11 +216,14 @@ def test_cells_carry_what_a_third_party_needs_to_redo_a_test(tmp_path):
     images = [f"{i}.png" for i in range(50)]
     for b in range(2):
         write_cell(
-            tmp_path, "probe", f"b{b}", {"image": images, "top1": rng.uniform(size=50) < 0.6}
+            tmp_path,
+            "imagenet-linear",
+            f"b{b}",
+            {"image": images, "top1": rng.uniform(size=50) < 0.6},
         )
     (task,) = leaderboard([tmp_path])["tasks"]
     for cell in task["cells"]:
-        (path,) = (tmp_path / "predictions").glob(f"probe--{cell['backbone']}--*.parquet")
+        (path,) = (tmp_path / "predictions").glob(f"imagenet-linear--{cell['backbone']}--*.parquet")
         assert cell["outputs"] == [hashlib.sha256(path.read_bytes()).hexdigest()]
         assert cell["right"] == int(pd.read_parquet(path)["correct"].sum())
         assert cell["right"] == round(cell["value"] * 50 / 100)
@@ -247,3 +250,43 @@ def test_a_board_of_cells_measured_differently_is_refused_unless_asked(tmp_path,
     rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
     board = leaderboard([tmp_path])
     assert len(board["tasks"][0]["fingerprint"]) == 12 and len(board["suite"]) == 12
+
+
+def test_a_task_plugin_declares_its_own_paired_test(tmp_path, monkeypatch):
+    """A plugin task with a metric of its own ("median error", recomputed from a per-image
+    column the default rule does not know) gets a paired test from its own declaration,
+    nothing in evalkit.publish touched."""
+    from dataclasses import dataclass
+
+    from evalkit.core import catalog
+    from evalkit.core.task import Task
+    from evalkit.publish.significance import PerImageTest
+
+    @dataclass(frozen=True)
+    class Toy(Task):
+        name: str = "toy-median"
+
+        def paired_test(self, metric, columns):
+            if metric == "median_error" and "error" in columns:
+                return PerImageTest(
+                    lambda f: f[["error"]].to_numpy(float), lambda p: float(np.median(p[:, 0]))
+                )
+            return None
+
+    monkeypatch.setattr(
+        catalog, "resolve_task", lambda name, *_: Toy() if name == "toy-median" else None
+    )
+    images = [f"{i}.png" for i in range(200)]
+    rng = np.random.default_rng(8)
+    for b, shift in enumerate((0.0, 3.0)):
+        errors = rng.gamma(2.0, 1.0, 200) + shift
+        write_cell(tmp_path, "toy-median", f"b{b}", {"image": images, "error": errors})
+    rows = tmp_path / "toy-median.jsonl"
+    lines = [
+        json.loads(x) | {"metric": "median_error", "higher_is_better": False}
+        for x in rows.read_text().splitlines()
+    ]
+    rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (task,) = leaderboard([tmp_path])["tasks"]
+    (pair,) = task["pairs"]
+    assert pair["significant"] and "bootstrap" in pair["test"], pair["verdict"]

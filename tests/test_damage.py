@@ -57,7 +57,7 @@ def test_a_pair_with_nan_images_is_untested_not_a_tie():
     assert paired_on("mse", a, b, seed=0) == "1 NaN images"
     right = pd.DataFrame({"correct": [True] * 50 + [None] * 2}, dtype=object)
     wrong = pd.DataFrame({"correct": [False] * 52})
-    assert paired_on("top1", right, wrong, seed=0) == "2 NaN images"
+    assert paired_on("top1", right, wrong, seed=0, task="imagenet-linear") == "2 NaN images"
 
 
 def test_a_cut_off_per_image_file_is_one_line_and_recomputed(cli_env, capsys):

@@ -362,18 +362,20 @@ def test_every_per_image_kind_gets_its_paired_test():
     union = rng.integers(1, 50, size=(2, n, 4))
     inter = np.minimum(union, rng.integers(0, 50, size=(2, n, 4)))
     a, b = frames(intersection=[list(x) for x in inter], union=[list(x) for x in union])
-    seg = paired_on("miou", a, b, seed=0)
+    seg = paired_on("miou", a, b, seed=0, task="ade20k-1/16")
     expected = [100 * (i.sum(0) / u.sum(0)).mean() for i, u in zip(inter, union, strict=True)]
     assert seg.difference == pytest.approx(expected[0] - expected[1]) and seg.interval
     confidence = rng.uniform(0, 1, size=(2, n))
     correct = rng.uniform(0, 1, size=(2, n)) < confidence
     a, b = frames(confidence=confidence, correct=correct, bins=np.full((2, n), 15))
-    ece = paired_on("ece", a, b, seed=0)
+    ece = paired_on("ece", a, b, seed=0, task="imagenet-ece")
     assert ece.test.startswith("paired bootstrap") and 0 < ece.p <= 1
     a, b = frames(mse=rng.uniform(0, 1, size=(2, n)))
-    depth = paired_on("mse", a, b, seed=0)
+    depth = paired_on("mse", a, b, seed=0, task="waymo-depth-dpt")
     assert depth.difference == pytest.approx(a["mse"].mean() - b["mse"].mean())
-    assert paired_on("abs_rel", a, b, seed=0) == "no per-image outputs of abs_rel"
+    assert paired_on("abs_rel", a, b, seed=0, task="waymo-depth-dpt") == (
+        "no per-image outputs of abs_rel"
+    )
 
 
 def test_a_zoo_on_slurm_is_one_array_task_per_cell(cli_env, capsys):

@@ -29,6 +29,7 @@ from evalkit.cache.features import (
 from evalkit.data import DataConfig, data_identity
 from evalkit.data.views import decoder_of, with_decoder
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.publish.significance import PerImageTest, column_mean
 from evalkit.writes import replacing
 
 
@@ -188,6 +189,13 @@ class Task:
         maps (dataset, split) to every split the command reads, opened without decoding an
         image. By default nothing is checked."""
 
+    def paired_test(self, metric: str, columns: set[str]) -> PerImageTest | None:
+        """How ``metric`` is recomputed from this task's per-image outputs (a frame with
+        ``columns``), for the leaderboard's paired tests; None when it cannot be. By default
+        a per-image column of the metric's name whose mean is the metric; a task whose
+        outputs say more declares its own."""
+        return default_paired_test(metric, columns)
+
     def lacks(self, backbone) -> str | None:
         """Why this task does not apply to ``backbone`` (None when it does): a zoo records
         such a cell as not applicable rather than failed."""
@@ -302,6 +310,12 @@ class TaskContext:
         if (decoder := decoder_of(getattr(dataset, "transform", None))) is not None:
             self.stats["decoder"] = decoder
         return feats
+
+
+def default_paired_test(metric: str, columns: set[str]) -> PerImageTest | None:
+    """A metric that is the mean of a per-image column of its name (a task that declares no
+    paired test of its own, or one not known here)."""
+    return column_mean(metric) if metric in columns else None
 
 
 def resolve_pool(pool: str, backbone) -> str:

@@ -25,6 +25,7 @@ from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, hits
 from evalkit.heads.logistic import FeatureRows
 from evalkit.progress import ProgressBar
+from evalkit.protocols.predictions import classification_test
 
 from .predictions import scored_hits
 
@@ -60,6 +61,10 @@ class FrozenClassification(Task):
     pool: str = setting("auto", one_of("auto", *POOLS))
     resize: str = setting("shorter", one_of("shorter", "square"))  # square: big_vision's
     layers: tuple[int, ...] = setting((-1,), LAYERS)
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
+        return classification_test(metric, columns)
 
     def split_features(self, backbone, ctx):
         """Cached features of the train and eval splits, with the backbone's eval transform,

@@ -34,15 +34,13 @@ from evalkit.core.results import (
     rows_files,
     run_spec,
 )
+from evalkit.core.task import default_paired_test
 from evalkit.errors import EvalkitError
 from evalkit.publish.significance import (
     LEVEL,
     Paired,
-    ece_of,
     holm,
     mcnemar,
-    mean_of,
-    miou_of,
     paired_bootstrap,
     paired_bootstrap_seeds,
 )
@@ -371,44 +369,54 @@ def _paired(board: Board, outputs: tuple, seed: int) -> Paired | str:
     order_b = {image: i for i, image in enumerate(ids_b)}
     rows = [order_b[image] for image in ids_a]
     frames_b = [frame.iloc[rows].reset_index(drop=True) for frame in frames_b]
+    task = board.cells[0].rows[0]["task"] if board.cells and board.cells[0].rows else None
     if len(frames_a) == len(frames_b) == 1:
-        return paired_on(board.metric, frames_a[0], frames_b[0], seed)
-    return paired_on_seeds(board.metric, frames_a, frames_b, seed)
+        return paired_on(board.metric, frames_a[0], frames_b[0], seed, task)
+    return paired_on_seeds(board.metric, frames_a, frames_b, seed, task)
 
 
-def paired_on(metric: str, frame_a, frame_b, seed: int) -> Paired | str:
-    """The test a metric's per-image outputs allow: McNemar on per-image right or wrong, else a
-    paired bootstrap of the metric recomputed from per-image parts (``bootstrap_parts``)."""
-    if "correct" in frame_a and metric.startswith("top1"):
-        sides = [frame["correct"].to_numpy() for frame in (frame_a, frame_b)]
-        return not_numbers(*sides) or mcnemar(*(side.astype(bool) for side in sides))
-    if "top5" in frame_a and "label_classes" in frame_a and metric.startswith("top5"):
-        return mcnemar(top5_right(frame_a), top5_right(frame_b))
-    found = bootstrap_parts(metric, frame_a)
-    if found is None:
+def paired_on(metric: str, frame_a, frame_b, seed: int, task: str | None = None) -> Paired | str:
+    """The paired test of two one-seed cells' per-image outputs that ``task`` declares for
+    ``metric`` (``Task.paired_test``): exact McNemar on right-or-wrong parts, else a paired
+    bootstrap of the metric recomputed from its parts."""
+    test = declared_test(task, metric, set(frame_a.columns))
+    if test is None:
         return f"no per-image outputs of {metric}"
-    parts_of, statistic = found
-    parts = parts_of(frame_a), parts_of(frame_b)
-    return not_numbers(*parts) or paired_bootstrap(*parts, statistic, seed=seed)
+    parts = test.parts(frame_a), test.parts(frame_b)
+    if (bad := not_numbers(*parts)) is not None:
+        return bad
+    if test.binary:
+        return mcnemar(*(side[:, 0] > 0 for side in parts))
+    return paired_bootstrap(*parts, test.statistic, seed=seed)
 
 
-def paired_on_seeds(metric: str, frames_a: list, frames_b: list, seed: int) -> Paired | str:
+def paired_on_seeds(
+    metric: str, frames_a: list, frames_b: list, seed: int, task=None
+) -> Paired | str:
     """Cells of several seeds: a paired bootstrap over images of the mean over seeds of the
     metric (what is ranked), each image one cluster of its seeds' outputs. McNemar needs one
     right-or-wrong per image, so accuracies are bootstrapped here too."""
-    if "correct" in frames_a[0] and metric.startswith("top1"):
-        found = (lambda f: 100.0 * f[["correct"]].to_numpy(float), mean_of)
-    elif "top5" in frames_a[0] and "label_classes" in frames_a[0] and metric.startswith("top5"):
-        found = (lambda f: 100.0 * top5_right(f)[:, None].astype(float), mean_of)
-    else:
-        found = bootstrap_parts(metric, frames_a[0])
-    if found is None:
+    test = declared_test(task, metric, set(frames_a[0].columns))
+    if test is None:
         return f"no per-image outputs of {metric}"
-    parts_of, statistic = found
-    seeds_a, seeds_b = [parts_of(f) for f in frames_a], [parts_of(f) for f in frames_b]
+    seeds_a, seeds_b = [test.parts(f) for f in frames_a], [test.parts(f) for f in frames_b]
     return not_numbers(*seeds_a, *seeds_b) or paired_bootstrap_seeds(
-        seeds_a, seeds_b, statistic, seed=seed
+        seeds_a, seeds_b, test.statistic, seed=seed
     )
+
+
+def declared_test(task: str | None, metric: str, columns: set[str]):
+    """The paired test ``task`` declares for ``metric`` on outputs with ``columns``; for a
+    task not known here, the default one (a per-image column of the metric's name)."""
+    from evalkit.core.catalog import resolve_task
+
+    try:
+        declared = resolve_task(task) if task else None
+    except EvalkitError:
+        declared = None
+    if declared is None:
+        return default_paired_test(metric, columns)
+    return declared.paired_test(metric, columns)
 
 
 def not_numbers(*sides: np.ndarray) -> str | None:
@@ -419,33 +427,6 @@ def not_numbers(*sides: np.ndarray) -> str | None:
         values = np.asarray(side, dtype=float).reshape(len(side), -1)
         bad |= ~np.isfinite(values).all(axis=1)
     return f"{int(bad.sum())} NaN images" if bad.any() else None
-
-
-def bootstrap_parts(metric: str, frame):
-    """(per-image parts of a frame, the metric computed from them), or None: mIoU from each
-    image's intersections and unions, ECE from its confidence and correctness, few-shot's
-    top-1 from the share of seeds right, else a per-image value whose mean is the metric."""
-    if metric == "miou" and {"intersection", "union"} <= set(frame.columns):
-        return lambda f: np.hstack([np.stack(f["intersection"]), np.stack(f["union"])]), miou_of
-    if metric in ("ece", "ece_ts") and "confidence" in frame:
-        column, bins = "confidence" if metric == "ece" else "confidence_ts", int(frame["bins"][0])
-        return lambda f: np.column_stack([f[column], f["correct"]]), lambda p: ece_of(p, bins)
-    if metric == "top1" and "correct_share" in frame:
-        return lambda f: 100.0 * f[["correct_share"]].to_numpy(float), mean_of
-    if metric in frame and pd_numeric(frame[metric]):
-        return lambda f: f[[metric]].to_numpy(float), mean_of
-    return None
-
-
-def top5_right(frame) -> np.ndarray:
-    """Whether any of an image's correct classes is among its top five."""
-    return np.array(
-        [bool(set(c) & set(t)) for c, t in zip(frame["label_classes"], frame["top5"], strict=True)]
-    )
-
-
-def pd_numeric(column) -> bool:
-    return np.issubdtype(column.dtype, np.number) or column.dtype == bool
 
 
 def per_image(cell: Cell):

@@ -185,6 +185,32 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
+@dataclass(frozen=True)
+class PerImageTest:
+    """How a task's metric is recomputed from one cell's per-image outputs, for its paired
+    test: ``parts(frame)`` gives an (images, k) array and ``statistic(parts)`` the metric from
+    it; ``binary`` parts are one right-or-wrong per image, ×100, so a pair of one-seed cells
+    gets the exact McNemar test. Tasks declare theirs (``Task.paired_test``)."""
+
+    parts: Callable
+    statistic: Callable[[np.ndarray], float]
+    binary: bool = False
+
+
+def column_mean(column: str, scale: float = 1.0) -> PerImageTest:
+    """A metric that is the mean of a per-image column (× ``scale``)."""
+    return PerImageTest(lambda frame: scale * frame[[column]].to_numpy(float), mean_of)
+
+
+def right_or_wrong(correct_of: Callable) -> PerImageTest:
+    """An accuracy in points from each image's right or wrong (``correct_of(frame)``)."""
+    return PerImageTest(
+        lambda frame: 100.0 * np.asarray(correct_of(frame), float).reshape(-1, 1),
+        mean_of,
+        binary=True,
+    )
+
+
 def mean_of(parts: np.ndarray) -> float:
     """The mean over images of a per-image value (the first column when there are several)."""
     return float(parts.reshape(len(parts), -1)[:, 0].mean())
