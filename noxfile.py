@@ -89,6 +89,7 @@ def bench(session):
         "bench_knn",
         "bench_dense_memory",
         "bench_loader",
+        "bench_leaderboard",
     ):
         session.run("python", "-m", f"benchmarks.{module}", *session.posargs, env=OFFLINE)
 

@@ -290,3 +290,20 @@ def test_a_task_plugin_declares_its_own_paired_test(tmp_path, monkeypatch):
     (task,) = leaderboard([tmp_path])["tasks"]
     (pair,) = task["pairs"]
     assert pair["significant"] and "bootstrap" in pair["test"], pair["verdict"]
+
+
+def test_a_boards_shared_resamples_give_each_pairs_own_bootstrap(tmp_path, monkeypatch):
+    """Scoring every cell once on shared draws is only faster: each pair's p-value and
+    interval are the bits its own bootstrap gives on the same seed."""
+    import evalkit.publish.leaderboard as board_module
+
+    rng = np.random.default_rng(9)
+    images = [f"{i}.png" for i in range(120)]
+    for b in range(5):
+        write_cell(
+            tmp_path, "depth", f"b{b}", {"image": images, "mse": rng.gamma(2.0, 1.0, 120) + 0.2 * b}
+        )
+    shared = leaderboard([tmp_path], seed=4)["tasks"][0]["pairs"]
+    monkeypatch.setattr(board_module, "shared_resamples", lambda *_: None)
+    alone = leaderboard([tmp_path], seed=4)["tasks"][0]["pairs"]
+    assert [(p["p"], p["interval"]) for p in shared] == [(p["p"], p["interval"]) for p in alone]
