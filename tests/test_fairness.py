@@ -77,14 +77,11 @@ def scored_groups(seed: int, n: int = 400):
     return scores, labels, groups
 
 
-@pytest.mark.parametrize("level", [0.0, 0.02, 0.1])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_parity_thresholds_are_fairlearns_threshold_optimizer(seed, level):
-    """The same scores, labels and subgroups: the same optimum (accuracy, to rounding) and the
-    same probability of a positive prediction for every image."""
+def fairlearns_thresholds(scores, labels, groups, level: float):
+    """fairlearn's ThresholdOptimizer fitted to demographic parity at ``level`` on the
+    scores (passed through as the estimator's probabilities)."""
     from fairlearn.postprocessing import ThresholdOptimizer
 
-    scores, labels, groups = scored_groups(seed)
     theirs = ThresholdOptimizer(
         estimator=Passthrough(),
         constraints="demographic_parity",
@@ -96,6 +93,16 @@ def test_parity_thresholds_are_fairlearns_threshold_optimizer(seed, level):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs.fit(scores[:, None], labels, sensitive_features=groups)
+    return theirs
+
+
+@pytest.mark.parametrize("level", [0.0, 0.02, 0.1])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_parity_thresholds_are_fairlearns_threshold_optimizer(seed, level):
+    """The same scores, labels and subgroups: the same optimum (accuracy, to rounding) and the
+    same probability of a positive prediction for every image."""
+    scores, labels, groups = scored_groups(seed)
+    theirs = fairlearns_thresholds(scores, labels, groups, level)
     their_positive = theirs._pmf_predict(scores[:, None], sensitive_features=groups)[:, 1]
     rule = fit_parity(scores, labels, groups, level)
     ours = rule.positive_probability(scores, groups)
@@ -110,20 +117,8 @@ def test_parity_thresholds_are_fairlearns_threshold_optimizer(seed, level):
 def test_on_unseen_scores_thresholds_sit_where_fairlearn_puts_them(level):
     """Scores that fall between two fitted ones (test images) are selected as fairlearn's
     ThresholdOptimizer selects them: the same probability for every unseen image."""
-    from fairlearn.postprocessing import ThresholdOptimizer
-
     scores, labels, groups = scored_groups(4)
-    theirs = ThresholdOptimizer(
-        estimator=Passthrough(),
-        constraints="demographic_parity",
-        objective="accuracy_score",
-        prefit=True,
-        predict_method="predict_proba",
-        tol=level or None,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs.fit(scores[:, None], labels, sensitive_features=groups)
+    theirs = fairlearns_thresholds(scores, labels, groups, level)
     rule = fit_parity(scores, labels, groups, level)
     for offset in (0.003, 0.007):  # between two fitted scores (0.01 apart), either side of mid
         unseen = np.clip(scores + offset, 0, 1)
