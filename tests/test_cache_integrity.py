@@ -24,7 +24,9 @@ def _extract(backbone, data_cache, cache, pool="cls"):
         DataConfig(source="embedded", cache=data_cache),
         transform=backbone.transform(),
     )
-    settings = ExtractSettings(cache_dir=cache, shard_size=128, progress=False)
+    # the views decoded each time: a shard computed from kept views also names them (its
+    # source), and these tests swap shards of equal size between entries
+    settings = ExtractSettings(cache_dir=cache, shard_size=128, progress=False, pixels="decode")
     return extract_features(
         backbone, dataset, request=FeatureRequest(pool=pool), settings=settings, split="val"
     )

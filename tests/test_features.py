@@ -103,8 +103,8 @@ SCRIPT = textwrap.dedent("""
     ready, data_cache, cache, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     if ready != "-":  # after the third shard is on disk: say so, then wait to be killed
         save = shards.save_shard
-        def save_then_wait(folder, place, shard):
-            save(folder, place, shard)
+        def save_then_wait(folder, place, shard, **source):
+            save(folder, place, shard, **source)
             if place.index == 2:
                 Path(ready).touch()
                 time.sleep(3600)

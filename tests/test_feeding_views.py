@@ -251,10 +251,10 @@ def test_a_full_disk_for_views_warns_and_keeps_the_features(tmp_path, monkeypatc
     folder = class_folder(tmp_path / "data", count=8)
     real = shards.save_shard
 
-    def full_for_views(folder, place, shard):
+    def full_for_views(folder, place, shard, **source):
         if "images" in shard:
             raise EvalkitError(f"no space left on the device writing {folder}")
-        real(folder, place, shard)
+        real(folder, place, shard, **source)
 
     monkeypatch.setattr(shards, "save_shard", full_for_views)
     assert extract(load_backbone("fake"), folder, tmp_path / "cache").shape[0] == 8

@@ -125,7 +125,7 @@ def exact_sqrt(values: torch.Tensor) -> torch.Tensor:
     differently); the C library's double square root is IEEE-exact, and rounding it to float32
     gives the correctly rounded float32 root (a double holds more than twice float32's bits)."""
     roots = [math.sqrt(value) for value in values.double().tolist()]
-    return torch.tensor(roots, dtype=torch.float64).float()
+    return torch.tensor(roots, dtype=torch.float64, device=values.device).float()
 
 
 def fixed_sum(values: torch.Tensor) -> torch.Tensor:
