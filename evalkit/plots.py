@@ -164,3 +164,21 @@ def parity_plot(series: dict[str, dict[float, float]], target: str, path: Path) 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
+
+
+def critical_difference_plot(mean_ranks: dict[str, float], cliques: list[list[str]], path: Path):
+    """The leaderboard's critical-difference diagram: setups on an axis of mean rank over the
+    tasks (1 on the left), a bar under each group no test separates."""
+    plt = pyplot()
+    order = sorted(mean_ranks, key=mean_ranks.get)
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.3 * len(order)))
+    for i, name in enumerate(order):
+        ax.plot([mean_ranks[name]] * 2, [0, -(i + 1)], color="#224466", lw=1)
+        ax.text(mean_ranks[name] + 0.03, -(i + 1), f"{name} ({mean_ranks[name]:.2f})", va="center")
+    for k, clique in enumerate(cliques):
+        values = [mean_ranks[name] for name in clique]
+        ax.plot([min(values), max(values)], [-0.3 - 0.15 * k] * 2, color="#cc5522", lw=4)
+    ax.set_xlim(1, max(max(mean_ranks.values()), 2) + 1)
+    ax.set_xlabel("mean rank over the tasks (1 is best); bars: not separated")
+    ax.set_yticks([])
+    return save_figure(fig, path)

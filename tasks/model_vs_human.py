@@ -44,7 +44,9 @@ from evalkit.protocols.human_alignment import (
     cue_conflict,
     decide,
     defined_mean,
+    ood_accuracy_test,
     score_set,
+    shape_bias_test,
 )
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
@@ -86,6 +88,17 @@ class ModelVsHuman(LinearClassifier):
         if "cue-conflict" in self.sets:
             names += ["shape_bias", "shape_fraction", "texture_fraction"]
         return names + [f"ood_accuracy/{s}" for s in self.sets]  # people's: where trials are
+
+    def paired_test(self, metric: str, columns: set[str]):
+        """OOD accuracy from each stimulus's right or wrong in its kept condition and set;
+        shape bias from each cue-conflict image's shape or texture decision."""
+        if not {"set", "condition", "correct"} <= columns:
+            return None
+        if metric == "ood_accuracy":
+            return ood_accuracy_test(EXCLUDED)
+        if metric == "shape_bias" and {"category", "decision", "texture"} <= columns:
+            return shape_bias_test()
+        return None
 
     def datasets(self) -> tuple[str, ...]:
         return (STIMULI,) if self.classifier == "own" else (self.dataset, STIMULI)

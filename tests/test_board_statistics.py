@@ -307,3 +307,54 @@ def test_a_boards_shared_resamples_give_each_pairs_own_bootstrap(tmp_path, monke
     monkeypatch.setattr(board_module, "shared_resamples", lambda *_: None)
     alone = leaderboard([tmp_path], seed=4)["tasks"][0]["pairs"]
     assert [(p["p"], p["interval"]) for p in shared] == [(p["p"], p["interval"]) for p in alone]
+
+
+def test_across_tasks_wilcoxon_holm_cliques_tiers_and_the_cd_diagram(tmp_path, capsys):
+    """Four setups on eight tasks; b0 is best on every task, the others interchange. The
+    pairs are scipy's Wilcoxon signed-rank test on per-task ranks, Holm-corrected; b0 stands
+    alone, the rest form one clique and one tier; the HTML page draws the diagram, a PNG
+    beside it."""
+    from evalkit.cli import main
+    from evalkit.publish.significance import holm
+
+    rng = np.random.default_rng(10)
+    images = [f"{i}.png" for i in range(30)]
+    for t in range(8):
+        shuffle = rng.permutation(3) + 1
+        for b in range(4):
+            level = 0.0 if b == 0 else float(shuffle[b - 1])
+            values = level + rng.normal(0, 0.01, 30)
+            write_cell(tmp_path / "R", f"task{t}", f"b{b}", {"image": images, "mse": values})
+    board = leaderboard([tmp_path / "R"])
+    across = board["across_tasks"]
+    names = ["b0", "b1", "b2", "b3"]
+    ranks = np.array(
+        [
+            [next(c["rank"] for c in t["cells"] if c["backbone"] == n) for n in names]
+            for t in board["tasks"]
+        ]
+    )
+    column = {name: i for i, name in enumerate(names)}
+    expected = [
+        stats.wilcoxon(
+            ranks[:, column[p["a"]]], ranks[:, column[p["b"]]], zero_method="zsplit"
+        ).pvalue
+        for p in across["pairs"]
+    ]
+    assert len(expected) == 6
+    assert [p["p"] for p in across["pairs"]] == pytest.approx(expected)
+    assert [p["p_holm"] for p in across["pairs"]] == pytest.approx(holm(expected))
+    assert all(p["significant"] for p in across["pairs"] if p["a"] == "b0")
+    assert across["cliques"] == [sorted(names[1:], key=across["mean_ranks"].get)]
+    assert {e["backbone"]: e["tier"] for e in board["overall"]} == {
+        "b0": 1,
+        "b1": 2,
+        "b2": 2,
+        "b3": 2,
+    }
+    page = tmp_path / "board.html"
+    assert (
+        main(["leaderboard", str(tmp_path / "R"), "--format", "html", "--output", str(page)]) == 0
+    )
+    assert "critical-difference diagram" in page.read_text()
+    assert (tmp_path / "board.cd.png").stat().st_size > 1000

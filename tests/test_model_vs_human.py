@@ -361,3 +361,19 @@ def test_the_stand_in_spells_conditions_and_headers_as_the_release_does(ctx):
     header = next((root / "raw-data" / "false-colour").glob("*.csv")).read_text().splitlines()[0]
     assert header.split(",")[:2] == ["subj", "Session"]
     assert set(read_trials(root, "false-colour")["condition"]) == {"true", "false"}
+
+
+def test_ood_accuracy_and_shape_bias_get_paired_tests_that_recompute_them(ctx, tmp_path):
+    """The task declares how its headline metrics are recomputed from its per-image outputs:
+    the declared statistic on the saved outputs equals the rows."""
+    from evalkit import load_backbone
+    from evalkit.core.runner import resolve_task
+
+    ctx.predictions = tmp_path / "predictions.parquet"
+    task = resolve_task("model-vs-human")
+    rows = {m.metric: m for m in task.run(load_backbone("fake"), ctx)}
+    saved = pd.read_parquet(ctx.predictions)
+    columns = set(saved.columns)
+    for metric in ("ood_accuracy", "shape_bias"):
+        test = task.paired_test(metric, columns)
+        assert test.statistic(test.parts(saved)) == pytest.approx(rows[metric].value, abs=1e-12)

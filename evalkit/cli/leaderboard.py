@@ -68,6 +68,13 @@ def cmd_leaderboard(args, console) -> int:
         with replacing(args.output) as tmp:
             tmp.write_text(text, encoding="utf-8")
         console.print(f"leaderboard: {args.output}", highlight=False)
+        if args.format == "html" and board.get("across_tasks"):
+            from evalkit.plots import critical_difference_plot
+
+            across = board["across_tasks"]
+            picture = args.output.with_suffix(".cd.png")
+            critical_difference_plot(across["mean_ranks"], across["cliques"], picture)
+            console.print(f"critical-difference diagram: {picture}", highlight=False)
     return 0
 
 
@@ -142,7 +149,7 @@ def print_terminal(console, board: dict):
         console.print(plain(note), highlight=False, soft_wrap=True)
 
 
-OVERALL_HEADER = ["mean rank", "rank interval", "P(first)", "backbone", "tasks", "missing"]
+OVERALL_HEADER = ["mean rank", "tier", "rank interval", "P(first)", "backbone", "tasks", "missing"]
 
 
 def overall_rows(board: dict) -> list[list[str]]:
@@ -154,6 +161,7 @@ def overall_rows(board: dict) -> list[list[str]]:
         rows.append(
             [
                 _mean_rank(entry),
+                str(entry.get("tier", "–")),
                 f"[{interval[0]:g}, {interval[1]:g}]" if interval else "–",
                 f"{entry['p_first']:.2f}" if "p_first" in entry else "–",
                 entry["backbone"],
@@ -211,6 +219,12 @@ def notes(board: dict) -> list[str]:
         f"suite fingerprint {board.get('suite', '–')}: "
         + ", ".join(f"{t['task']} {t.get('fingerprint', '–')}" for t in board["tasks"]),
     ]
+    if (across := board.get("across_tasks")) is not None:
+        groups = "; ".join(", ".join(c) for c in across["cliques"]) or "none"
+        lines.append(
+            f"across tasks ({across['test']}): setups no test separates — {groups}; the overall "
+            "tier holds the setups not separated from its leader"
+        )
     if (test := board.get("friedman")) is not None:
         lines.append(
             f"Friedman over {test['tasks']} tasks and {test['setups']} setups: "
@@ -290,6 +304,7 @@ def page(board: dict) -> str:
         "<h1>Leaderboard</h1>",
         ranks_figure(board),
         _table_html(OVERALL_HEADER, overall_rows(board)),
+        cd_figure(board.get("across_tasks")),
     ]
     for task in board["tasks"]:
         body.append(f"<h2>{html.escape(task['task'])}</h2>")
@@ -359,6 +374,46 @@ def ranks_figure(board: dict) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
         'aria-label="ranks per task (small) and mean rank (large), 1 is best">'
         f"{''.join(marks)}{ticks}</svg>"
+    )
+
+
+def cd_figure(across: dict | None) -> str:
+    """The critical-difference diagram: the complete setups on an axis of mean rank (1 on the
+    left), a bar under each clique no test over the tasks separates; empty without one."""
+    if not across:
+        return ""
+    ranks = across["mean_ranks"]
+    low, high = 1.0, max(max(ranks.values()), 2.0)
+    width, left, right = 640, 40, 40
+    order = sorted(ranks, key=ranks.get)
+    height = 60 + 18 * len(order) + 12 * len(across["cliques"])
+
+    def x(rank: float) -> float:
+        return left + (rank - low) / (high - low) * (width - left - right)
+
+    marks = [f'<line x1="{x(low):.1f}" y1="30" x2="{x(high):.1f}" y2="30" stroke="#222"/>']
+    for tick in range(1, int(high) + 1):
+        marks.append(f'<text x="{x(tick):.1f}" y="22" text-anchor="middle">{tick}</text>')
+    for i, name in enumerate(order):
+        y = 50 + 18 * i
+        marks.append(
+            f'<line x1="{x(ranks[name]):.1f}" y1="30" x2="{x(ranks[name]):.1f}" y2="{y}" stroke="#246"/>'
+        )
+        marks.append(
+            f'<text x="{x(ranks[name]) + 4:.1f}" y="{y + 4}">{html.escape(name)} ({ranks[name]:.2f})</text>'
+        )
+    for k, clique in enumerate(across["cliques"]):
+        y = 38 + 6 * k
+        xs = [x(ranks[name]) for name in clique]
+        marks.append(
+            f'<line x1="{min(xs) - 3:.1f}" y1="{y}" x2="{max(xs) + 3:.1f}" y2="{y}" stroke="#c52" stroke-width="3"/>'
+        )
+    return (
+        "<h2>Across tasks</h2>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        'aria-label="critical-difference diagram: mean rank over the tasks, bars join setups no '
+        'test separates">'
+        f"{''.join(marks)}</svg>"
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.metrics import accuracy_difference, error_consistency, shape_bias
+from evalkit.publish.significance import PerImageTest
 
 AGAINST_PEOPLE = ("accuracy_difference", "observed_consistency", "error_consistency")
 
@@ -193,3 +195,51 @@ def cue_conflict(decisions: np.ndarray, stimuli) -> dict:
         if (shapes == c).any()
     }
     return {**overall, "shape_bias_by_category": per_category}
+
+
+def ood_accuracy_test(excluded: dict) -> PerImageTest:
+    """OOD accuracy's paired test: per image, right or wrong, its (set, condition) group —
+    conditions the benchmark leaves out marked −1 — and its set; the statistic is the mean over
+    sets of the mean over kept conditions of the accuracy, as the rows compute it."""
+
+    def parts(frame) -> np.ndarray:
+        group, sets = np.full(len(frame), -1.0), np.zeros(len(frame))
+        names = sorted(set(frame["set"]))
+        for number, name in enumerate(names):
+            mine = (frame["set"] == name).to_numpy()
+            conditions = frame["condition"].to_numpy()[mine]
+            kept = kept_conditions(conditions, excluded.get(name, ()))
+            codes = {c: number * 10_000 + k for k, c in enumerate(kept)}
+            group[mine] = [codes.get(c, -1) for c in conditions]
+            sets[mine] = number
+        return np.column_stack([frame["correct"].to_numpy(float), group, sets])
+
+    def statistic(parts: np.ndarray) -> float:
+        kept = parts[parts[:, 1] >= 0]
+        groups, inverse = np.unique(kept[:, 1], return_inverse=True)
+        accuracy = np.bincount(inverse, weights=kept[:, 0]) / np.bincount(inverse)
+        per_set = defaultdict(list)
+        for code, value in zip(groups, accuracy, strict=True):
+            per_set[int(code) // 10_000].append(value)
+        return float(np.mean([np.mean(values) for values in per_set.values()]))
+
+    return PerImageTest(parts, statistic)
+
+
+def shape_bias_test() -> PerImageTest:
+    """Shape bias's paired test on the cue-conflict images: per image whether its decision is
+    its shape's category and whether it is its texture's, where the two differ; the statistic
+    is shape / (shape + texture)."""
+
+    def parts(frame) -> np.ndarray:
+        cue = (frame["set"] == "cue-conflict").to_numpy()
+        conflict = cue & (frame["category"] != frame["texture"]).to_numpy()
+        shape = conflict & (frame["decision"] == frame["category"]).to_numpy()
+        texture = conflict & (frame["decision"] == frame["texture"]).to_numpy()
+        return np.column_stack([shape, texture]).astype(float)
+
+    def statistic(parts: np.ndarray) -> float:
+        shape, texture = parts.sum(axis=0)
+        return float(shape / (shape + texture)) if shape + texture else math.nan
+
+    return PerImageTest(parts, statistic)

@@ -81,6 +81,10 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = Fal
     backbones = sorted({cell.backbone for board in boards for cell in board.cells})
     ranked = overall(boards, backbones, seed)
     complete = [entry["backbone"] for entry in ranked if entry["mean_rank"] is not None]
+    across = across_tasks(boards, complete, level)
+    for entry in ranked:
+        if across is not None and entry["backbone"] in across["tiers"]:
+            entry["tier"] = across["tiers"][entry["backbone"]]
     return {
         "level": level,
         "correction": "Holm, over each task's pairs",
@@ -90,6 +94,7 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = Fal
         ],
         "overall": ranked,
         "friedman": friedman(boards, complete),
+        "across_tasks": across,
         "curves": parity_curves(rows),
         "curve_intervals": curve_intervals(rows),
         "failed": failed_cells(paths),
@@ -299,6 +304,69 @@ def _places(values: np.ndarray) -> np.ndarray:
         places[order[start : stop + 1]] = (start + stop) / 2 + 1
         start = stop + 1
     return places
+
+
+def across_tasks(boards: list[Board], complete: list[str], level: float) -> dict | None:
+    """Which complete setups differ over the suite's tasks: for every two, the Wilcoxon
+    signed-rank test of their per-task ranks (ranks, not raw values, so tasks of different
+    metrics and units pair alike; scipy's ``wilcoxon``, exact where it can be), Holm-corrected
+    over the pairs; then the cliques of setups no test separates (the bars of a critical-
+    difference diagram) and a tier per setup. None with fewer than 2 tasks or 2 setups."""
+    if len(boards) < 2 or len(complete) < 2:
+        return None
+    from scipy import stats
+
+    table = complete_ranks(boards, complete)
+    pairs, raw = [], []
+    for i, j in itertools.combinations(range(len(complete)), 2):
+        if np.array_equal(table[:, i], table[:, j]):
+            p = 1.0  # the same rank on every task
+        else:
+            p = float(stats.wilcoxon(table[:, i], table[:, j], zero_method="zsplit").pvalue)
+        pairs.append({"a": complete[i], "b": complete[j], "p": p})
+        raw.append(p)
+    for pair, adjusted in zip(pairs, holm(raw), strict=True):
+        pair["p_holm"] = adjusted
+        pair["significant"] = adjusted <= level
+    means = table.mean(axis=0)
+    order = [complete[i] for i in np.argsort(means, kind="stable")]
+    apart = {frozenset((p["a"], p["b"])) for p in pairs if p["significant"]}
+    return {
+        "test": "Wilcoxon signed-rank on per-task ranks, Holm over the pairs",
+        "pairs": pairs,
+        "mean_ranks": {name: float(means[i]) for i, name in enumerate(complete)},
+        "cliques": cliques(order, apart),
+        "tiers": tiers_of(order, apart),
+    }
+
+
+def cliques(order: list[str], apart: set) -> list[list[str]]:
+    """The maximal runs of setups, in mean-rank order, no two of which a test separates:
+    the bars of a critical-difference diagram (runs of one are left out)."""
+    runs = []
+    for start in range(len(order)):
+        stop = start
+        while stop + 1 < len(order) and all(
+            frozenset((order[k], order[stop + 1])) not in apart for k in range(start, stop + 1)
+        ):
+            stop += 1
+        if stop > start and not any(s <= start and stop <= e for s, e in runs):
+            runs.append((start, stop))
+    return [order[s : e + 1] for s, e in runs]
+
+
+def tiers_of(order: list[str], apart: set) -> dict[str, int]:
+    """A tier per name, best first: the best name not yet placed leads a tier, and every
+    unplaced name not separated from it shares it (as ``tiers`` does on one task)."""
+    placed, tier = {}, 0
+    for leader in order:
+        if leader in placed:
+            continue
+        tier += 1
+        for name in order:
+            if name not in placed and (name == leader or frozenset((leader, name)) not in apart):
+                placed[name] = tier
+    return placed
 
 
 def friedman(boards: list[Board], complete: list[str]) -> dict | None:
@@ -617,16 +685,7 @@ def tiers(board: Board) -> dict[str, int]:
     not significantly different from that leader (after Holm; an untested pair cannot tell
     them apart) shares it."""
     apart = {frozenset((pair["a"], pair["b"])) for pair in board.pairs if pair.get("significant")}
-    placed, tier = {}, 0
-    for leader in board.cells:  # best first
-        if leader.backbone in placed:
-            continue
-        tier += 1
-        for cell in board.cells:
-            together = frozenset((leader.backbone, cell.backbone)) not in apart
-            if cell.backbone not in placed and (cell is leader or together):
-                placed[cell.backbone] = tier
-    return placed
+    return tiers_of([cell.backbone for cell in board.cells], apart)
 
 
 def seed_spread(cell: Cell) -> float | None:
