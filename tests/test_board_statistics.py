@@ -134,7 +134,7 @@ def test_the_board_prints_tiers_intervals_and_friedman(tmp_path, capsys):
             )
     assert main(["leaderboard", str(tmp_path), "--format", "markdown"]) == 0
     out = capsys.readouterr().out
-    assert "| mean rank | rank interval | P(first) |" in out and "| rank | tier |" in out
+    assert "| mean rank | tier | rank interval | P(first) |" in out and "| rank | tier |" in out
     assert main(["leaderboard", str(tmp_path)]) == 0
     assert "Friedman over 3 tasks and 3 setups" in " ".join(capsys.readouterr().out.split())
 

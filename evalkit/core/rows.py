@@ -49,7 +49,8 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "run_key": key,
         "request_key": ctx.request_key,
         "data_id": dict(ctx.stats["data"]),  # per split: its files, labels and how they are read
-        "data_files": {name: ctx.data_identity(name) for name in task.datasets()},  # files only
+        # the files alone, as the job's request walked them (never walked again here)
+        "data_files": {name: ctx.identities.get(name) for name in task.datasets()},
         "decoder": ctx.stats.get("decoder"),  # of the image files read (None: no evaluation view)
         "dataset": (dataset := dataset_record(task, ctx)),
         "paper": dict(task.reference.get(metric.metric, {})) if dataset["own"] else {},
