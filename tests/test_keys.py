@@ -47,6 +47,7 @@ NOT_IN_KEY = {
     "log": "sends rows and curves to trackers as well; the numbers do not change",
     "pixels": "decoded views read back bit for bit (tests/test_feeding_views.py)",
     "zoo": "keeps per-image outputs and goes on past a failed cell; the numbers do not change",
+    "cells": "which of a zoo's cells this process runs (--shard); each cell's job is the same",
 }
 BASE = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
 
