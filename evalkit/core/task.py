@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from evalkit.cache.features import (
     STORAGE,
     ExtractSettings,
@@ -314,8 +316,22 @@ class TaskContext:
 
 def default_paired_test(metric: str, columns: set[str]) -> PerImageTest | None:
     """A metric that is the mean of a per-image column of its name (a task that declares no
-    paired test of its own, or one not known here)."""
-    return column_mean(metric) if metric in columns else None
+    paired test of its own, or one not known here); a column of lists or text is no such
+    mean, and its pair is untested."""
+    if metric not in columns:
+        return None
+    test = column_mean(metric)
+    return PerImageTest(_numeric_parts(test.parts), test.statistic)
+
+
+def _numeric_parts(parts):
+    def numeric(frame):
+        try:
+            return parts(frame)
+        except (TypeError, ValueError):  # lists or text: NaN, and the pair says it is untested
+            return np.full((len(frame), 1), np.nan)
+
+    return numeric
 
 
 def resolve_pool(pool: str, backbone) -> str:

@@ -445,7 +445,7 @@ def _paired(board: Board, outputs: tuple, seed: int) -> Paired | str:
     order_b = {image: i for i, image in enumerate(ids_b)}
     rows = [order_b[image] for image in ids_a]
     frames_b = [frame.iloc[rows].reset_index(drop=True) for frame in frames_b]
-    task = board.cells[0].rows[0]["task"] if board.cells and board.cells[0].rows else None
+    task = board_task(board)
     if len(frames_a) == len(frames_b) == 1:
         return paired_on(board.metric, frames_a[0], frames_b[0], seed, task)
     return paired_on_seeds(board.metric, frames_a, frames_b, seed, task)
@@ -517,7 +517,7 @@ def shared_resamples(board: Board, outputs: dict, seed: int) -> SharedResamples 
     same images with numbers; None otherwise (each pair is then tested on its own)."""
     if len(board.cells) < 3 or any(isinstance(o, str) for o in outputs.values()):
         return None
-    task = board.cells[0].rows[0]["task"] if board.cells[0].rows else None
+    task = board_task(board)
     first_ids, first_frames = outputs[id(board.cells[0])]
     test = declared_test(task, board.metric, set(first_frames[0].columns))
     one_seed = all(len(frames) == 1 for _, frames in outputs.values())
@@ -546,6 +546,12 @@ def shared_resamples(board: Board, outputs: dict, seed: int) -> SharedResamples 
         count,
         {id(cell): len(outputs[id(cell)][1]) for cell in board.cells},
     )
+
+
+def board_task(board: Board) -> str | None:
+    """The task a board's cells ran (its name is the task and the data, for a board)."""
+    rows = [row for cell in board.cells for row in cell.rows]
+    return rows[0]["task"] if rows else board.task
 
 
 def declared_test(task: str | None, metric: str, columns: set[str]):
