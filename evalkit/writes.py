@@ -95,7 +95,7 @@ def appending(path: Path, data: bytes) -> bool:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked_file(path) as file:
+        with locked_file(path) as file:
             size = os.lseek(file.fileno(), 0, os.SEEK_END)
             torn = size > 0 and os.pread(file.fileno(), 1, size - 1) != b"\n"
             try:
@@ -113,9 +113,9 @@ def appending(path: Path, data: bytes) -> bool:
 def rewriting(path: Path, drop, data: bytes):
     """Rewrite ``path`` without the lines ``drop(line)`` picks, then ``data``, all or nothing
     (a temporary file renamed into place), under the lock appenders take: an append that was
-    waiting on the old file goes to the new one (``_locked_file``), so none is lost."""
+    waiting on the old file goes to the new one (``locked_file``), so none is lost."""
     path = Path(path)
-    with _locked_file(path) as file:
+    with locked_file(path) as file:
         old = os.pread(file.fileno(), os.fstat(file.fileno()).st_size, 0)
         kept = b"".join(line for line in old.splitlines(keepends=True) if not drop(line))
         kept += b"" if not kept or kept.endswith(b"\n") else b"\n"
@@ -124,14 +124,15 @@ def rewriting(path: Path, drop, data: bytes):
             os.fsync(out.fileno())
 
 
-def _locked_file(path: Path):
-    """``path`` opened for appending and exclusively locked; one replaced by ``rewriting``
-    while this process waited is opened and locked again, so a write never lands in a file
-    that is no longer there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def locked_file(path: Path, take=None):
+    """``path`` opened for appending and exclusively locked (by ``take(file)``, default a
+    blocking ``flock``); one replaced or removed by its holder while this process waited is
+    opened and locked again, so a write or a lock never lands on a file that is gone."""
+    take = take or (lambda file: fcntl.flock(file, fcntl.LOCK_EX))
     while True:
+        path.parent.mkdir(parents=True, exist_ok=True)  # its last holder may remove the folder
         file = open(path, "a+b", buffering=0)  # noqa: SIM115 - the caller closes it
-        fcntl.flock(file, fcntl.LOCK_EX)
+        take(file)
         try:
             if os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
                 return file

@@ -95,7 +95,8 @@ def holds_run_key(path: Path, key: str) -> bool:
     """Whether ``path`` has a line of run key ``key``, a row readers skip (a value that is not
     a number) included."""
     path = Path(path)
-    return path.exists() and any(_run_key(line) == key for line in path.read_bytes().splitlines())
+    data = path.read_bytes() if path.exists() else b""
+    return key.encode() in data and any(_run_key(line) == key for line in data.splitlines())
 
 
 def _run_key(line: bytes) -> str | None:

@@ -55,7 +55,7 @@ from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError, warn
 from evalkit.publish import tracking
 from evalkit.publish.tracking import LogTarget
-from evalkit.writes import appending, writable
+from evalkit.writes import appending, locked_file, writable
 
 RUN_SETTINGS = {"decoder": DECODERS, "pixels": PIXELS}  # also taken as --set key=value
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
@@ -411,8 +411,9 @@ def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], 
     index, count = shard
     everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
     identities: dict = {}
+    read: dict = {}  # rows file → its rows: each read once however many cells it holds
     share_ = everything[index::count]
-    mine = [(n, cell) for n, cell in share_ if not finished(specs[n], cell, identities)]
+    mine = [(n, cell) for n, cell in share_ if not finished(specs[n], cell, identities, read)]
     cut = [
         dataclasses.replace(spec, cells=frozenset(cell for n, cell in mine if n == number))
         for number, spec in enumerate(specs)
@@ -421,9 +422,9 @@ def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], 
     return kept, {"cells": len(everything), "share": len(share_), "mine": len(mine)}
 
 
-def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> bool:
+def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> bool:
     """Whether a cell's rows are on disk under its request's key, every metric there (known
-    before its backbone is built)."""
+    before its backbone is built); ``read`` keeps each rows file's rows once read."""
     name, seed, task_name = cell
     path = rows_file(spec.out, task_name)
     if not path.exists():
@@ -434,7 +435,9 @@ def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> boo
         key = spec_key(request_spec(spec, task, name, ctx), length=16)
     except EvalkitError:
         return False  # its data cannot be read here: the cell runs and says why
-    rows = [r for r in load_rows([path]) if r.get("request_key") == key]
+    if path not in read:
+        read[path] = load_rows([path])
+    rows = [r for r in read[path] if r.get("request_key") == key]
     return rows_complete(task.metrics(), rows)
 
 
@@ -609,18 +612,10 @@ def job_lock(out_dir: Path, key: str):
 
 
 def _locked(path: Path):
-    """``path`` opened and exclusively locked; a file removed by its last holder while this
-    process waited is stale, and the lock is taken again on the file now at ``path``."""
-    while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a")  # noqa: SIM115 - held until the job ends
-        wait_for_lock(handle, path)
-        try:
-            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
-                return handle
-        except FileNotFoundError:
-            pass
-        handle.close()
+    """``path`` opened and exclusively locked, saying so while another process holds it; a
+    file removed by its last holder while this process waited is stale, and the lock is
+    taken again on the file now at ``path``."""
+    return locked_file(path, take=lambda handle: wait_for_lock(handle, path))
 
 
 def wait_for_lock(handle, path: Path):
