@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import best_time, report
-from evalkit.cache.identity import CHUNK, RACY_NS, content_id, tree_identity
+from evalkit.storage.identity import CHUNK, RACY_NS, content_id, tree_identity
 
 
 def make_tree(root: Path, files: int):

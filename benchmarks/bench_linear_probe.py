@@ -60,8 +60,8 @@ def resnet_features():
     """Features of a seeded random timm/resnet18 on the embedded stand-in (train, val)."""
     from evalkit import load_backbone
     from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-    from evalkit.cache.identity import cache_root
     from evalkit.data import DataConfig, open_dataset
+    from evalkit.storage.identity import cache_root
 
     backbone = load_backbone("timm/resnet18")
     config = DataConfig(source="embedded", cache=cache_root())

@@ -116,7 +116,7 @@ def pixel_difference(paths: list[Path]) -> dict[str, float]:
 def pixel_cache_rate(paths: list[Path], folder: Path) -> dict:
     """Images per CPU-second read back from the pixel cache (a shard of the views, as a second
     backbone reads it), against decoding the same images with the tensor decoder."""
-    from evalkit.cache import shards
+    from evalkit.storage import shards
 
     load = view_path("tensor")
     views = torch.stack([load(p) for p in paths])

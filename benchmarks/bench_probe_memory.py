@@ -28,7 +28,7 @@ CLASSES, SHARD = 100, 4096
 
 def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32):
     """Synthetic class-structured features, written as the feature cache writes them."""
-    from evalkit.cache.shards import Place, save_shard
+    from evalkit.storage.shards import Place, save_shard
 
     gen = torch.Generator().manual_seed(seed)
     means = torch.randn(CLASSES, dim, generator=gen) * 0.08

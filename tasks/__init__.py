@@ -1,1 +1,5 @@
-"""Task plugins, one module per protocol family (installed as ``evalkit.tasks``)."""
+"""Task plugins, one module per protocol family (installed as ``evalkit.tasks``).
+
+Modules: ``linear_probe``, ``fewshot``, ``knn``, ``zeroshot``, ``segmentation``, ``depth``,
+``video``, ``calibration``, ``distillation``, ``fairness``, ``model_vs_human``, ``stability``
+and ``efficiency``."""

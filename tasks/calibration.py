@@ -42,7 +42,7 @@ from evalkit.metrics import (
 from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
-from evalkit.publish.significance import PerImageTest, ece_of
+from evalkit.significance import PerImageTest, ece_of
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
 CORRUPTION_NAMES = Rule(

@@ -19,7 +19,7 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
-from evalkit.publish.significance import column_mean
+from evalkit.significance import column_mean
 
 
 @dataclass(frozen=True)

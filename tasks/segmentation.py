@@ -44,7 +44,7 @@ from evalkit.protocols.grids import (
     save_picture_grid,
 )
 from evalkit.protocols.predictions import image_ids
-from evalkit.publish.significance import PerImageTest, miou_of
+from evalkit.significance import PerImageTest, miou_of
 from evalkit.training.loop import sampled_batches
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a

@@ -30,8 +30,6 @@ import torch
 from evalkit import distributed
 from evalkit.backbones.base import POOLS, TextTower, text_tower
 from evalkit.cache.features import FeatureRequest, backbone_spec
-from evalkit.cache.identity import library_versions, spec_key
-from evalkit.checkpoints import checkpoint_id
 from evalkit.core.task import (
     LAYERS,
     NON_NEGATIVE,
@@ -72,6 +70,8 @@ from evalkit.heads.zeroshot import (
 )
 from evalkit.metrics import accuracy_stderr, reported_ks
 from evalkit.protocols.predictions import classification_test, save_classifications
+from evalkit.storage.checkpoints import checkpoint_id
+from evalkit.storage.identity import library_versions, spec_key
 
 TEMPLATES = Rule(
     f"auto, one of {', '.join(TEMPLATE_SETS)}, or a templates file (a path ending .txt or with a /)",

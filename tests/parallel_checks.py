@@ -15,10 +15,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from evalkit import distributed as mesh
-from evalkit.checkpoints import SafetensorsSource
 from evalkit.models.vit22b import ViT, build, config, init_value
 from evalkit.parallel.load import RandomSource, materialize
 from evalkit.parallel.sharding import apply_fsdp, apply_tensor_parallel
+from evalkit.storage.checkpoints import SafetensorsSource
 
 SWITCHES = {
     "default": {},

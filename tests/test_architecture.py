@@ -464,3 +464,50 @@ def test_every_module_of_evalkit_is_on_a_floor():
         if not any(".".join(parts[:i]) in named for i in range(1, len(parts) + 1)):
             nowhere.append(".".join(parts))
     assert not nowhere, f"modules on no floor: {nowhere}"
+
+
+def contract_floors() -> list[set[str]]:
+    """The floors of the ``layers`` contract, top to bottom, each as the set of names it holds."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return [{part.strip() for part in layer.replace("|", ":").split(":")} for layer in layers]
+
+
+def test_every_package_docstring_names_exactly_its_modules():
+    """Each package's docstring ends with a ``Modules:`` paragraph naming every module it holds
+    and nothing else, so a module added, moved or removed makes its package say so."""
+    packages = [p.parent for p in (ROOT / "evalkit").rglob("__init__.py")] + [ROOT / "tasks"]
+    wrong = {}
+    for package in packages:
+        if package == ROOT / "evalkit":
+            continue
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        _, marker, listed = doc.partition("Modules")
+        named = set(re.findall(r"``(\w+)``", listed)) if marker else set()
+        held = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+        held |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+        if named != held:
+            wrong[str(package.relative_to(ROOT))] = {
+                "unnamed": sorted(held - named),
+                "missing": sorted(named - held),
+            }
+    assert not wrong, wrong
+
+
+def test_the_architecture_page_draws_the_contracts_floors():
+    """docs/architecture.md's floor drawing lists, top to bottom, exactly the floors of the
+    ``layers`` contract (``name/`` is a folder, a bare name a root module), and every module
+    path it mentions exists."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    drawing = text.split("```")[1].strip().splitlines()
+    drawn = []
+    for line in drawing:
+        names = re.findall(r"\w+/?", line.split(None, 1)[1])
+        drawn.append({("tasks" if n == "tasks/" else f"evalkit.{n.rstrip('/')}") for n in names})
+    assert drawn == contract_floors()
+    paths = set(re.findall(r"`((?:evalkit|tasks)/[\w/]+\.py)`", text))
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing

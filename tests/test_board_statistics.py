@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from evalkit.publish.leaderboard import leaderboard
-from evalkit.publish.significance import bootstrap_p, paired_bootstrap
+from evalkit.significance import bootstrap_p, paired_bootstrap
 
 
 def write_cell(folder: Path, task: str, backbone: str, per_image: dict, seed: int = 0):
@@ -260,7 +260,7 @@ def test_a_task_plugin_declares_its_own_paired_test(tmp_path, monkeypatch):
 
     from evalkit.core import catalog
     from evalkit.core.task import Task
-    from evalkit.publish.significance import PerImageTest
+    from evalkit.significance import PerImageTest
 
     @dataclass(frozen=True)
     class Toy(Task):
@@ -315,7 +315,7 @@ def test_across_tasks_wilcoxon_holm_cliques_tiers_and_the_cd_diagram(tmp_path, c
     alone, the rest form one clique and one tier; the HTML page draws the diagram, a PNG
     beside it."""
     from evalkit.cli import main
-    from evalkit.publish.significance import holm
+    from evalkit.significance import holm
 
     rng = np.random.default_rng(10)
     images = [f"{i}.png" for i in range(30)]

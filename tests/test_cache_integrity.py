@@ -9,12 +9,12 @@ import shutil
 import pytest
 import torch
 
-from evalkit.cache import shards
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-from evalkit.cache.identity import file_stamp
 from evalkit.cli import main
 from evalkit.data import DataConfig, open_dataset
 from evalkit.errors import EvalkitError
+from evalkit.storage import shards
+from evalkit.storage.identity import file_stamp
 
 
 def _extract(backbone, data_cache, cache, pool="cls"):
@@ -138,7 +138,7 @@ def test_run_verify_cache_finds_damage_that_kept_its_stamp(cli_env, tmp_path, ca
 
 
 def test_verify_all_rehashes_memoised_content_ids(tmp_path, capsys):
-    from evalkit.cache.identity import content_id
+    from evalkit.storage.identity import content_id
 
     weights = tmp_path / "w.bin"
     weights.write_bytes(b"a" * 1000)

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from evalkit import checkpoints
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.models import convert
 from evalkit.models.vit22b import ViT, ViTConfig, build
+from evalkit.storage import checkpoints
 
 TIMM_VARIANTS = {
     "default (class token)": {},

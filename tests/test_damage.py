@@ -42,7 +42,7 @@ def test_a_value_that_is_not_a_number_is_null_with_its_reason_and_never_ranked(t
 
 
 def test_the_leaderboards_json_is_valid_json(tmp_path, capsys):
-    from evalkit.cli.leaderboard import as_json
+    from evalkit.publish.rendering import as_json
 
     text = as_json({"tasks": [{"p": float("nan"), "interval": [float("-inf"), 1.0]}]})
     assert strict(text) == {"tasks": [{"p": None, "interval": [None, 1.0]}]}
@@ -83,7 +83,7 @@ def test_a_cut_off_per_image_file_is_one_line_and_recomputed(cli_env, capsys):
 def test_cache_files_are_readable_by_the_group_as_the_umask_allows(tmp_path):
     import torch
 
-    from evalkit.cache.shards import Place, save_shard
+    from evalkit.storage.shards import Place, save_shard
 
     old = os.umask(0o002)
     try:
@@ -222,7 +222,7 @@ def test_a_read_only_pixel_folder_is_read_and_never_written(cli_env, capsys, mon
     """A pixel folder this process cannot write (a read-only mount, another member's files:
     emulated, since root writes anywhere) is read where it serves, and nothing in it changes;
     features are still kept."""
-    import evalkit.writes
+    import evalkit.storage.writes
     from evalkit.core.runner import RunSpec, run
 
     cache = cli_env / "cache"
@@ -235,9 +235,11 @@ def test_a_read_only_pixel_folder_is_read_and_never_written(cli_env, capsys, mon
 
     knn()  # keeps the views
     before = {p: p.stat().st_mtime_ns for p in (cache / "pixels").rglob("*")}
-    real = evalkit.writes.writable
+    real = evalkit.storage.writes.writable
     monkeypatch.setattr(
-        evalkit.writes, "writable", lambda folder: "pixels" not in str(folder) and real(folder)
+        evalkit.storage.writes,
+        "writable",
+        lambda folder: "pixels" not in str(folder) and real(folder),
     )
     values = knn(model_args={"dim": 16})
     assert set(values) == {"top1/k=20", "top5/k=20"}

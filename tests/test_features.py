@@ -97,7 +97,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import torch
     from evalkit import load_backbone
-    from evalkit.cache import shards
+    from evalkit.storage import shards
     from evalkit.data import DataConfig, open_dataset
     from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
     ready, data_cache, cache, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]

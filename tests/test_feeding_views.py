@@ -246,7 +246,7 @@ def test_a_damaged_view_shard_is_decoded_again(tmp_path, capsys, decodes):
 
 
 def test_a_full_disk_for_views_warns_and_keeps_the_features(tmp_path, monkeypatch, capsys):
-    from evalkit.cache import shards
+    from evalkit.storage import shards
 
     folder = class_folder(tmp_path / "data", count=8)
     real = shards.save_shard

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from evalkit import checkpoints
 from evalkit.backbones import load_backbone
 from evalkit.backbones.options import BackboneOptions
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
+from evalkit.storage import checkpoints
 
 TIMM_TAGGED = "vit_tiny_patch16_224.augreg_in21k"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

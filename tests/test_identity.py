@@ -250,7 +250,7 @@ def test_boards_and_columns_read_numbers_as_numbers():
 
 
 def test_the_ranks_figure_has_a_legend_and_an_axis_title(two_setups):
-    from evalkit.cli.leaderboard import page
+    from evalkit.publish.rendering import page
 
     html = page(leaderboard([two_setups]))
     assert "rank (1 is best)" in html and "mean rank (complete setups)" in html
@@ -280,7 +280,7 @@ def test_an_empty_leaderboard_answers_before_the_heavy_imports(tmp_path):
 
 def test_a_timm_backbones_feature_key_names_no_open_clip():
     from evalkit.cache.features import FORMAT_VERSION
-    from evalkit.cache.identity import library_versions
+    from evalkit.storage.identity import library_versions
 
     assert set(library_versions("timm/vit_tiny_patch16_224")) == {"torch", "timm"}
     assert set(library_versions("vit22b/test")) == {"torch"}

@@ -16,15 +16,14 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import evalkit
-from evalkit import checkpoints
 from evalkit.backbones import load_backbone
-from evalkit.cache import identity
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 from evalkit.core.catalog import TASKS
 from evalkit.core.results import load_rows, pivot_table
 from evalkit.core.runner import RunSpec, job_spec, resolve_task
 from evalkit.core.task import Task
 from evalkit.data import DataConfig, open_dataset
+from evalkit.storage import checkpoints, identity
 
 # Every RunSpec field either reaches the run key or is listed here with why it may not.
 NOT_IN_KEY = {
@@ -274,7 +273,7 @@ def test_table_keeps_two_weights_files_of_one_backbone_apart():
 
 
 def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
-    from evalkit.cache import shards
+    from evalkit.storage import shards
 
     dataset = open_dataset(
         "imagenet",

@@ -135,8 +135,8 @@ def test_a_pickled_checkpoint_is_one_line_without_torchs_advice(tmp_path):
 
     import torch
 
-    from evalkit.checkpoints import read_state_dict
     from evalkit.errors import EvalkitError
+    from evalkit.storage.checkpoints import read_state_dict
 
     torch.save({"w": torch.ones(2), "args": argparse.Namespace(lr=1)}, tmp_path / "p.pt")
     with pytest.raises(EvalkitError) as caught:

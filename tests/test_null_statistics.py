@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from evalkit.publish.significance import holm, mcnemar, mean_of, paired_bootstrap
+from evalkit.significance import holm, mcnemar, mean_of, paired_bootstrap
 
 LEVEL, BOARDS = 0.05, 1000
 
@@ -56,7 +56,7 @@ def test_holm_holds_the_family_wise_error_of_a_boards_pairs():
 
 
 def test_a_twenty_backbone_board_finds_the_one_truly_better_backbone():
-    from evalkit.publish.significance import holm as adjust
+    from evalkit.significance import holm as adjust
 
     rng = np.random.default_rng(3)
     truth = rng.uniform(0.3, 0.9, size=2000)

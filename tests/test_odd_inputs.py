@@ -129,8 +129,8 @@ class Thing:
 
 
 def test_a_bare_pickle_as_weights_is_called_a_pickle(tmp_path):
-    from evalkit.checkpoints import read_state_dict
     from evalkit.errors import EvalkitError
+    from evalkit.storage.checkpoints import read_state_dict
 
     path = tmp_path / "model.pkl"
     path.write_bytes(pickle.dumps({"w": Thing()}, protocol=4))

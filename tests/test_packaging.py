@@ -113,7 +113,7 @@ def test_the_wheel_of_the_old_package_list_is_refused(tmp_path):
     assert {
         "evalkit/cli/__init__.py",
         "evalkit/core/runner.py",
-        "evalkit/cache/shards.py",
+        "evalkit/storage/shards.py",
     } <= missing
     assert "evalkit/data/prepare/waymo.py" in missing
 

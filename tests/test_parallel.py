@@ -35,8 +35,8 @@ def torchrun(*args, cwd=None, env_extra=None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
-    from evalkit.checkpoints import save_checkpoint
     from evalkit.models.vit22b import build, config
+    from evalkit.storage.checkpoints import save_checkpoint
 
     tmp = tmp_path_factory.mktemp("parallel")
     cfg = config("test")

@@ -64,7 +64,7 @@ def test_a_command_missing_an_optional_package_is_one_line_with_its_extra(
 
 
 def test_a_tracker_missing_its_package_names_the_extra():
-    from evalkit.publish.tracking import _failure
+    from evalkit.tracking import _failure
 
     message = _failure("mlflow", ModuleNotFoundError("no", name="sqlalchemy"))
     assert "pip install 'evalkit[mlflow]'" in message

@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from evalkit.cache.identity import spec_key, tree_identity
 from evalkit.core.results import append_row, compare, load_rows, pivot_table
 from evalkit.core.runner import RunSpec, job_spec, request_spec, resolve_task
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import spec_key, tree_identity
 
 ROOT = Path(__file__).parents[1]
 
@@ -40,7 +40,7 @@ REUSE_SITES = {
     ("evalkit/heads/zeroshot.py", "names_id"): "a record of class names, not a reuse key",
     ("evalkit/training/pretrain.py", "_train_size"): "size_spec (keyed folders)",
     ("evalkit/training/pretrain.py", "_finished"): "size_spec",
-    ("evalkit/checkpoints.py", "weights_id"): "content ids of every checkpoint file",
+    ("evalkit/storage/checkpoints.py", "weights_id"): "content ids of every checkpoint file",
     ("evalkit/data/folder.py", "identity"): "labels + transform, beside the files' identity",
     ("evalkit/data/captions.py", "identity"): "captions + transform, beside the files' identity",
 }
@@ -63,7 +63,7 @@ def _spec_key_calls():
 
 def test_every_reuse_site_is_enumerated():
     listed = {(file, name.split("/")[0]) for file, name in REUSE_SITES}
-    unlisted = _spec_key_calls() - listed - {("evalkit/cache/identity.py", "spec_key")}
+    unlisted = _spec_key_calls() - listed - {("evalkit/storage/identity.py", "spec_key")}
     assert not unlisted, f"a new reuse key: list it in REUSE_SITES with its basis: {unlisted}"
 
 
@@ -265,7 +265,7 @@ def test_a_full_disk_at_row_append_is_one_line(tmp_path, monkeypatch):
 
 
 def test_latest_json_may_point_only_inside_its_own_folder(tmp_path):
-    from evalkit.cache.identity import write_json
+    from evalkit.storage.identity import write_json
     from evalkit.training.loop import LATEST, latest_checkpoint
 
     victim = tmp_path / "precious"
@@ -282,7 +282,7 @@ def test_latest_json_may_point_only_inside_its_own_folder(tmp_path):
 
 
 def test_a_publish_never_deletes_outside_its_folder(tmp_path):
-    from evalkit.cache.identity import write_json
+    from evalkit.storage.identity import write_json
     from evalkit.training.loop import LATEST, _publish
 
     victim = tmp_path / "precious"

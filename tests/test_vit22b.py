@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from evalkit import checkpoints
 from evalkit.errors import EvalkitError
 from evalkit.models import convert
 from evalkit.models.vit22b import SIZES, build, config
+from evalkit.storage import checkpoints
 
 
 def test_22b_planner_counts_match_the_paper():

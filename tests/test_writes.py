@@ -1,4 +1,4 @@
-"""Every writer goes through ``evalkit.writes.replacing``: a full disk, a read-only file system
+"""Every writer goes through ``evalkit.storage.writes.replacing``: a full disk, a read-only file system
 or a missing permission is one line naming the path, whichever library raised it (safetensors
 raises its own error type, not ``OSError``); the temporary file is gone; a temporary left by a
 process that died is swept on the next write beside it."""
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from evalkit.cache.identity import write_json
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing, sweep_stale, temporary
+from evalkit.storage.identity import write_json
+from evalkit.storage.writes import replacing, sweep_stale, temporary
 
 
 def _leftovers(folder):

@@ -22,7 +22,7 @@ from evalkit.core.runner import FAILED, RunSpec, run
 from evalkit.core.suites import BUILT_IN, expand
 from evalkit.errors import EvalkitError
 from evalkit.publish.leaderboard import leaderboard
-from evalkit.publish.significance import binomial_two_sided, holm, mcnemar, paired_bootstrap
+from evalkit.significance import binomial_two_sided, holm, mcnemar, paired_bootstrap
 
 QUICK = ("imagenet-knn", "imagenet-5shot", "imagenet-linear")
 ZOO = """

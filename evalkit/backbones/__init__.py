@@ -2,7 +2,11 @@
 
 Families are registry entries, so listing them imports nothing heavy; plugins add families
 through the ``evalkit.backbones`` entry-point group (a callable ``build(variant, opts)``).
-"""
+
+Modules: ``base`` (the Backbone and text-tower protocols, features, preprocessing), ``options``
+(what every adapter accepts), ``timm_backbone``, ``open_clip_backbone``, ``vit22b`` (the
+built-in family), ``fake`` (tests and demos), ``none`` (tasks that train their own models) and
+``hub`` (checkpoints from the Hugging Face cache)."""
 
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def row_weights_id(spec: str, path) -> str:
     """The weights id a run's rows carry for ``spec`` loading ``path``: the built-in family
     reads safetensors checkpoints (a file, a folder or a shard index) and ids them over every
     file; the other families load one file and id its bytes."""
-    from evalkit import checkpoints
+    from evalkit.storage import checkpoints
 
     if spec.partition("/")[0] == "vit22b":
         return checkpoints.SafetensorsSource(path).weights_id()

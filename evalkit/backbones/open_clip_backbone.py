@@ -13,7 +13,6 @@ import functools
 
 import torch
 
-from evalkit import checkpoints
 from evalkit.backbones.base import (
     BackboneInfo,
     Features,
@@ -27,8 +26,9 @@ from evalkit.backbones.base import (
     random_init_id,
 )
 from evalkit.backbones.options import BackboneOptions, rejected_options
-from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.storage import checkpoints
+from evalkit.storage.checkpoints import load_strict, read_state_dict
 
 
 class OpenClipText:

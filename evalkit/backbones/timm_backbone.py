@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from evalkit import checkpoints
 from evalkit.backbones.base import (
     BackboneInfo,
     Features,
@@ -24,8 +23,9 @@ from evalkit.backbones.base import (
     resolve_layers,
 )
 from evalkit.backbones.options import BackboneOptions, rejected_options
-from evalkit.checkpoints import load_strict, read_state_dict
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.storage import checkpoints
+from evalkit.storage.checkpoints import load_strict, read_state_dict
 
 # Architecture and shape options of timm's ViT, ConvNeXt and ResNet constructors; everything
 # that names weights (checkpoint_path, pretrained_cfg_overlay, cache_dir…) is refused.

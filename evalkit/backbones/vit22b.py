@@ -90,8 +90,8 @@ class ViT22BBackbone:
 
 
 def build(variant: str, opts: BackboneOptions) -> ViT22BBackbone:
-    from evalkit.checkpoints import SafetensorsSource
     from evalkit.parallel.load import RandomSource
+    from evalkit.storage.checkpoints import SafetensorsSource
 
     size = variant or DEFAULT_VARIANT["vit22b"]
     if size not in vit.SIZES:

@@ -1,2 +1,5 @@
-"""The feature cache (``features``: extracted once, reused by every task and rerun) and the
-identities its keys and the run keys are made of (``identity``: files, specs, libraries)."""
+"""The caches a run reads instead of recomputing: features extracted once and reused by every
+task and rerun, and the decoded evaluation views a second backbone reads instead of decoding.
+Their files, checks and keys live one floor down, in ``evalkit.storage``.
+
+Modules: ``features`` (extraction and the feature cache) and ``pixels`` (the pixel cache)."""

@@ -30,13 +30,13 @@ import torch
 
 from evalkit import distributed
 from evalkit.batching import BatchLimit
-from evalkit.cache import shards as files
-from evalkit.cache.identity import library_versions, spec_key, write_json
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
 from evalkit.data.clips import split_status
 from evalkit.data.feeding import loader_options, loader_workers, on_device
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
+from evalkit.storage import shards as files
+from evalkit.storage.identity import library_versions, spec_key, write_json
 
 FORMAT_VERSION = 4  # 2: checksummed shards, keys from feature_spec; 3: shards know their place;
 # 4: a key names only the libraries that run its backbone

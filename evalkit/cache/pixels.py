@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from evalkit.cache import shards as files
-from evalkit.cache.identity import spec_key, write_json
 from evalkit.data.views import EvalView
 from evalkit.errors import EvalkitError, warn
+from evalkit.storage import shards as files
+from evalkit.storage.identity import spec_key, write_json
 
 PIXELS = ("auto", "cache", "decode")
 FORMAT_VERSION = 1
@@ -127,7 +127,7 @@ def _writable_area(area: Path) -> bool:
     """Whether views can be kept under ``area`` (``<cache>/pixels``). One that exists and
     cannot be written (a team's read-only copy) is read and never written, with one warning;
     features are still written to the feature cache beside it."""
-    from evalkit.writes import writable
+    from evalkit.storage.writes import writable
 
     if not area.exists() or writable(area):
         return True

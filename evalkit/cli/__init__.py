@@ -1,8 +1,10 @@
 """The ``evalkit`` command: parses arguments and calls the API, printing with rich; no
-evaluation logic lives here. Each command is a module holding its parser and its handler:
-``run``, ``listing`` (ls, backbones), ``results`` (table, compare, errors), ``convert``,
-``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce`` (reproduce, sweep) and
-``prepare``."""
+evaluation logic lives here.
+
+Modules (one per command, each holding its parser and its handler): ``run``, ``listing`` (ls,
+backbones), ``results`` (table, compare, errors, merge, export), ``leaderboard``,
+``convert``, ``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce``
+(reproduce, sweep) and ``prepare``."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from evalkit.cli import (
     run,
 )
 from evalkit.errors import EvalkitError, install_hint
-from evalkit.writes import disk_error
+from evalkit.storage.writes import disk_error
 
 # In ``evalkit --help`` order: each command's parser builder and handler.
 COMMANDS = {

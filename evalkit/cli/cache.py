@@ -21,7 +21,7 @@ def add_cache(sub) -> None:
 
 def cmd_cache(args, console) -> int:
     from evalkit.cache.features import clear_cache
-    from evalkit.cache.identity import cache_root
+    from evalkit.storage.identity import cache_root
 
     root = args.cache_dir or cache_root()
     if args.action == "clear":
@@ -63,8 +63,8 @@ def _verify(root: Path, args, console) -> int:
     from rich.table import Table
 
     from evalkit.cache.features import verify_cache
-    from evalkit.cache.identity import recheck_content_ids
-    from evalkit.writes import writable
+    from evalkit.storage.identity import recheck_content_ids
+    from evalkit.storage.writes import writable
 
     read_only = Path(root).is_dir() and not writable(root)
     report = verify_cache(

@@ -46,7 +46,7 @@ def cmd_convert(args, console) -> int:
         return export_big_vision(args, console)
     if args.kind is None:
         raise EvalkitError("convert needs --from timm or --from big_vision (or --to big_vision)")
-    from evalkit.checkpoints import parse_size, read_state_dict, save_checkpoint
+    from evalkit.storage.checkpoints import parse_size, read_state_dict, save_checkpoint
 
     if args.kind == "timm":
         if args.norm not in (None, "rms"):
@@ -65,9 +65,9 @@ def cmd_convert(args, console) -> int:
 
 
 def export_big_vision(args, console) -> int:
-    from evalkit.checkpoints import SafetensorsSource
     from evalkit.models import convert
     from evalkit.models.vit22b import ViTConfig
+    from evalkit.storage.checkpoints import SafetensorsSource
 
     if args.kind is not None:
         raise EvalkitError("--to big_vision reads an evalkit checkpoint: drop --from")

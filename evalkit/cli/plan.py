@@ -52,10 +52,10 @@ def add_plan(sub) -> None:
 
 
 def cmd_check_data(args, console) -> int:
-    from evalkit.cache.identity import cache_root
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
     from evalkit.data.check import check_dataset
+    from evalkit.storage.identity import cache_root
 
     task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
@@ -96,7 +96,6 @@ def print_data_report(report, console):
 def cmd_plan(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.cache.identity import cache_root
     from evalkit.core.costs import (
         feeding_rates,
         human,
@@ -110,6 +109,7 @@ def cmd_plan(args, console) -> int:
     from evalkit.data import DataConfig
     from evalkit.device import default_device, default_dtype
     from evalkit.parallel.sizing import human as flops
+    from evalkit.storage.identity import cache_root
 
     task = resolve_task(args.task, args.overrides)
     config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())

@@ -40,8 +40,8 @@ def cmd_pretrain(args, console) -> int:
     from rich.table import Table
 
     from evalkit import distributed
-    from evalkit.cache.identity import cache_root
     from evalkit.data import DataConfig
+    from evalkit.storage.identity import cache_root
     from evalkit.training.loop import Schedule
     from evalkit.training.pretrain import PretrainSpec, pretrain
 

@@ -442,7 +442,7 @@ def paired_cell(record: dict) -> str:
 
 def with_equivalence(record: dict, margin: float) -> dict:
     """The record with its equivalence verdict at ±``margin`` (TOST on the paired outputs)."""
-    from evalkit.publish.significance import Paired, equivalence
+    from evalkit.significance import Paired, equivalence
 
     if margin <= 0:
         raise EvalkitError(f"--equivalent {margin}: expected a margin above 0, in metric points")

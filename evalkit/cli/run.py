@@ -197,7 +197,7 @@ def add_log_argument(parser) -> None:
 
 def log_run_args(log: list[str]) -> tuple[str, ...]:
     """``--log`` values as options of each job's ``evalkit run`` (checked here, before any job)."""
-    from evalkit.publish.tracking import LogTarget
+    from evalkit.tracking import LogTarget
 
     for value in log:
         LogTarget.parse(value)

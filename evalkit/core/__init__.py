@@ -1,3 +1,8 @@
-"""The run's core: a task (``task``: settings, metrics, what it costs), the registries of tasks
-(``catalog``), the driver that runs tasks on backbones and writes rows (``runner``), the rows
-and their tables (``results``), and what a run will cost before it runs (``plan``)."""
+"""The run's core: what a task is, which tasks exist, the driver that runs tasks on backbones,
+what a row records, and what a run will cost before it runs.
+
+Modules: ``task`` (settings, metrics, paired tests), ``catalog`` (the built-in tasks),
+``suites`` (named sets of tasks), ``runner`` (the one driver), ``rows`` (what a row records),
+``results`` (rows files, tables, gates), ``merge`` (rows written on several machines),
+``costs`` and ``rates`` (the plan and this machine's speed) and ``numerics`` (how a run's
+arithmetic is set)."""

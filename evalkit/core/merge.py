@@ -30,7 +30,7 @@ from evalkit.core.results import (
     setup_labels,
 )
 from evalkit.errors import EvalkitError
-from evalkit.writes import appending, replacing
+from evalkit.storage.writes import appending, replacing
 
 MISSING = "missing-cells.json"
 

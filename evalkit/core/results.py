@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from evalkit.errors import EvalkitError, warn
-from evalkit.writes import appending, rewriting
+from evalkit.storage.writes import appending, rewriting
 
 
 class Row(TypedDict, total=False):

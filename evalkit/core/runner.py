@@ -26,13 +26,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit import distributed
+from evalkit import distributed, tracking
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
 from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
-from evalkit.cache.identity import cache_root, library_versions, read_json, spec_key
 from evalkit.cache.pixels import PIXELS
-from evalkit.cache.shards import DAMAGED
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
@@ -53,9 +51,10 @@ from evalkit.data.check import find_data
 from evalkit.data.views import DECODERS
 from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError, warn
-from evalkit.publish import tracking
-from evalkit.publish.tracking import LogTarget
-from evalkit.writes import appending, locked_file, writable
+from evalkit.storage.identity import cache_root, library_versions, read_json, spec_key
+from evalkit.storage.shards import DAMAGED
+from evalkit.storage.writes import appending, locked_file, writable
+from evalkit.tracking import LogTarget
 
 RUN_SETTINGS = {"decoder": DECODERS, "pixels": PIXELS}  # also taken as --set key=value
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it

@@ -31,8 +31,8 @@ from evalkit.cache.features import (
 from evalkit.data import DataConfig, data_identity
 from evalkit.data.views import decoder_of, with_decoder
 from evalkit.errors import EvalkitError, did_you_mean
-from evalkit.publish.significance import PerImageTest, column_mean
-from evalkit.writes import replacing
+from evalkit.significance import PerImageTest, column_mean
+from evalkit.storage.writes import replacing
 
 
 @dataclass(frozen=True)

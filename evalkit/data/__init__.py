@@ -7,6 +7,14 @@ registry entries (``DATASETS``; plugins add kinds under the entry-point group
 (image–text pairs, video clips) are resolved the same way: embedded stand-in, ``--data-dir``,
 ``$EVALKIT_DATA``, or Hugging Face ``datasets`` files. Readers never know which backbone reads
 them: a task hands them a transform or a size and normalisation.
+
+Modules: ``folder`` (class folders), ``shifted`` (ImageNet's shifted and relabelled test sets),
+``captions`` (image–text pairs), ``clips`` (video), ``dense_layouts`` (segmentation and depth),
+``corrupted`` and ``corruptions`` (ImageNet-C), ``model_vs_human`` and ``stimuli`` (the
+benchmark and its stand-in), ``celeba`` (fairness), ``multilabel`` (pretraining images),
+``embedded`` and ``scenes`` (the stand-ins), ``views`` (the evaluation view of an image),
+``feeding`` (decoding workers and batches to the device), ``check`` (``evalkit check-data``),
+``hub`` (the Hugging Face cache) and ``prepare`` (official files → the layouts).
 """
 
 from __future__ import annotations
@@ -161,7 +169,7 @@ def verifies_content(dataset) -> bool:
 
 def data_identity(name: str, config: DataConfig) -> str:
     """Identity of every file under dataset ``name``'s root (one walk): what a run read."""
-    from evalkit.cache.identity import tree_identity
+    from evalkit.storage.identity import tree_identity
 
     kind = data_kind(name)
     return tree_identity(dataset_root(kind, config), content=config.verify)

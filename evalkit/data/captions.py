@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.cache.identity import files_identity, spec_key
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import IMAGE_SUFFIXES, read_image, to_rgb
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import files_identity, spec_key
 
 UNREADABLE = -1  # the label of an image that could not be decoded
 

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import read_image
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import files_identity
 
 ATTRIBUTES_FILE, PARTITION_FILE, IMAGES = (
     "list_attr_celeba.txt",

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from evalkit.cache.identity import file_digest
 from evalkit.data import DataConfig, data_kind, dataset_root, is_stand_in, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
+from evalkit.storage.identity import file_digest
 
 
 @dataclass

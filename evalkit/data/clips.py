@@ -34,10 +34,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import class_index
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import files_identity
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v"}
 UNREADABLE = -1

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing, sweep_stale
+from evalkit.storage.identity import files_identity
+from evalkit.storage.writes import replacing, sweep_stale
 
 ADE_DIR = "ADEChallengeData2016"
 ADE_SPLITS = {"train": "training", "val": "validation"}

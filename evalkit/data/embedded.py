@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from evalkit.writes import replacing, sweep_stale
+from evalkit.storage.writes import replacing, sweep_stale
 
 SHAPES = ("circle", "square", "triangle", "cross")
 COLOURS = {"red": (220, 50, 40), "green": (40, 180, 60), "blue": (40, 80, 220)}

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from evalkit.cache.identity import files_identity, spec_key
 from evalkit.data import DataKind, verifies_content
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import files_identity, spec_key
 
 PIXEL_LIMIT_VARIABLE = "EVALKIT_MAX_IMAGE_PIXELS"  # PIL's decompression-bomb guard
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}

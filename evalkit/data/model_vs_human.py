@@ -24,10 +24,10 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from evalkit.cache.identity import read_json
 from evalkit.data import DataKind
 from evalkit.data.folder import IMAGE_SUFFIXES, ImageFolder
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import read_json
 
 PARAMETRIC = (
     "colour",

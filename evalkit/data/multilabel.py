@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalkit.cache.identity import files_identity
 from evalkit.data import DataKind, verifies_content
 from evalkit.data.folder import read_image
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import files_identity
 
 STAND_IN_IMAGES = 3000
 

@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 from PIL import ImageOps
 
-from evalkit.cache.identity import read_json
 from evalkit.data import DataConfig, DataKind, data_kind, dataset_root, open_dataset
 from evalkit.data.folder import ImageFolder
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import read_json
 
 REFERENCE_FILE = "imagenet_classes.json"
 OBJECTNET_BORDER = 2  # pixels cropped from every side of an ObjectNet image

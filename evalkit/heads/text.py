@@ -22,8 +22,13 @@ import torch
 from torch import nn
 
 from evalkit import distributed
-from evalkit.checkpoints import SafetensorsSource, load_strict, read_state_dict, save_checkpoint
 from evalkit.errors import EvalkitError
+from evalkit.storage.checkpoints import (
+    SafetensorsSource,
+    load_strict,
+    read_state_dict,
+    save_checkpoint,
+)
 
 VOCAB = 49408  # open_clip's byte-pair vocabulary
 LOSSES = ("softmax", "sigmoid")

@@ -19,7 +19,7 @@ import torch
 
 from evalkit.batching import limit_for
 from evalkit.progress import ProgressBar
-from evalkit.publish.tracking import curve
+from evalkit.tracking import curve
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from evalkit.cache.identity import spec_key
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing
+from evalkit.storage.identity import spec_key
+from evalkit.storage.writes import replacing
 
 TEMPLATE_SETS: dict[str, list[str]] = json.loads(
     resources.files("evalkit.data").joinpath("meta", "templates.json").read_text()

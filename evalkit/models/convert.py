@@ -5,7 +5,7 @@ Sources: timm's parallel/QK-norm ViTs (``vit_*_xp_*``: fused ``in_proj`` = [MLP-
 RMSNorm, class token; MAP pooling ``attn_pool.*``, ``fc_norm``, ``norm_pre``) and big_vision-style
 parameter trees saved as ``.npz`` (``/``-separated names; Dense kernels stored (in, out);
 attention kernels (D, heads, head_dim); per-block or scanned ``encoderblock``). Each converter
-reads the model switches from the tree; ``evalkit.checkpoints.save_checkpoint`` writes them into
+reads the model switches from the tree; ``evalkit.storage.checkpoints.save_checkpoint`` writes them into
 the checkpoint's metadata, so ``--weights`` alone rebuilds the model.
 
 Every source key is mapped, or named on the converter's short list of keys dropped on purpose

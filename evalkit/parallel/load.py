@@ -2,7 +2,7 @@
 slice this rank holds, whatever the layout (one process, tensor parallel, FSDP2 or both).
 
 Sources: seeded random init (``RandomSource``: computed per parameter from its name, so every
-layout gets the same numbers) and ``evalkit.checkpoints.SafetensorsSource`` (one file or a
+layout gets the same numbers) and ``evalkit.storage.checkpoints.SafetensorsSource`` (one file or a
 sharded index, read lazily slice by slice).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.checkpoints import check_matches
+from evalkit.storage.checkpoints import check_matches
 
 
 class RandomSource:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from evalkit.cache.identity import spec_key
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, job_spec, setting
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import spec_key
 from evalkit.training.finetune import (
     EndToEnd,
     backbone_module,

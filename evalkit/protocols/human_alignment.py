@@ -26,7 +26,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.metrics import accuracy_difference, error_consistency, shape_bias
-from evalkit.publish.significance import PerImageTest
+from evalkit.significance import PerImageTest
 
 AGAINST_PEOPLE = ("accuracy_difference", "observed_consistency", "error_consistency")
 

@@ -10,7 +10,7 @@ import torch
 
 from evalkit.heads.zeroshot import label_space_hits, restricted
 from evalkit.metrics import topk_hits
-from evalkit.publish.significance import PerImageTest, column_mean, right_or_wrong
+from evalkit.significance import PerImageTest, column_mean, right_or_wrong
 
 SCORE_KINDS = {  # what a task's scores are, and how they become probabilities
     "logits": "softmax of the classifier's logits",

@@ -1,3 +1,6 @@
-"""Results where users already look: experiment trackers (``tracking``: W&B, MLflow,
-TensorBoard) and Hugging Face model cards (``card``), docs/ecosystem.md; and the leaderboard of
-a zoo with its paired tests (``leaderboard``, ``significance``), docs/results.md."""
+"""Results where users already look, computed from rows files: the leaderboard of a zoo with its
+paired tests (docs/results.md), Hugging Face model cards and other tools' layouts
+(docs/ecosystem.md).
+
+Modules: ``leaderboard`` (boards, ranks and tests, computed once), ``rendering`` (every format
+of a board, and its snapshots), ``card`` and ``export``."""

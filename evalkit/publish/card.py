@@ -23,7 +23,7 @@ from pathlib import Path
 from evalkit import __version__
 from evalkit.core.results import Row, dataset_label, load_rows, setup_key, setup_labels
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing
+from evalkit.storage.writes import replacing
 
 METRIC_TYPES = {
     "top1": "accuracy",

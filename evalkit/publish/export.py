@@ -23,7 +23,7 @@ from pathlib import Path
 
 from evalkit.core.results import Row, dataset_label, load_rows, setup_key, setup_labels
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing
+from evalkit.storage.writes import replacing
 
 FORMATS = ("eee", "mteb")
 EEE_VERSION = "0.3.0"

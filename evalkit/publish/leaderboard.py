@@ -1,6 +1,6 @@
 """The leaderboard of a zoo (``evalkit leaderboard RESULTS``): per task each backbone's value
 with its interval and rank, an aggregate rank over the tasks, and for every pair of backbones
-on every task a paired test on the same images (``evalkit.publish.significance``),
+on every task a paired test on the same images (``evalkit.significance``),
 Holm-corrected over the task's pairs, so that an order the test set's noise could have made is
 said to be one.
 
@@ -36,7 +36,7 @@ from evalkit.core.results import (
 )
 from evalkit.core.task import default_paired_test
 from evalkit.errors import EvalkitError
-from evalkit.publish.significance import (
+from evalkit.significance import (
     CHUNK,
     LEVEL,
     RESAMPLES,

@@ -1,3 +1,6 @@
-"""The paper's effect table, measured: its rows, scales and verdicts (``rows``), the runs
-that measure them (``reproduce``), the table and picture (``table``), the paper-scale sweep and
-its compute estimate (``paper_scale``) and sweeps of jobs, local or on Slurm (``sweep``)."""
+"""The paper's effect table, measured.
+
+Modules: ``rows`` (its rows, scales and verdicts), ``scales`` (the scales it runs at),
+``reproduce`` (the runs that measure it), ``table`` (its Markdown, JSON and picture),
+``paper_scale`` (the paper-scale sweep and its compute estimate) and ``sweep`` (plans of jobs,
+local or on Slurm)."""

@@ -54,8 +54,8 @@ class Reproduction:
     def pretrain_ladder(self) -> float:
         """The ladder's checkpoints (trained once; a rerun reuses them); returns the seconds
         the ladder took when it was trained."""
-        from evalkit.cache.identity import cache_root
         from evalkit.data import DataConfig
+        from evalkit.storage.identity import cache_root
         from evalkit.training.loop import Schedule
         from evalkit.training.pretrain import PretrainSpec, pretrain
 

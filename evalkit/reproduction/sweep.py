@@ -218,8 +218,8 @@ def job_rows(plan: Sweep, job: Job, read: dict | None = None) -> list[dict]:
 def request_key(plan: Sweep, job: Job, identities: dict, task=None) -> str:
     """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``); ``task``
     is the job's task when the caller has resolved it already."""
-    from evalkit.cache.identity import spec_key
     from evalkit.core.runner import request_spec, resolve_task
+    from evalkit.storage.identity import spec_key
 
     spec = job_run_spec(plan, job)
     task = task or resolve_task(job.task, job.overrides)

@@ -1,3 +1,5 @@
-"""Training backbones (effect-table rows 1–4): one loop with resumable checkpoints
-(``evalkit.training.loop``) and attention statistics read from outside the model
-(``evalkit.training.probes``)."""
+"""Training backbones (effect-table rows 1–4, 7–8 and 11).
+
+Modules: ``loop`` (one loop with resumable checkpoints), ``probes`` (attention statistics
+read from outside the model), ``pretrain`` (the built-in family from scratch) and
+``finetune`` (a backbone end to end with a task head)."""

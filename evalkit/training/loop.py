@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed
-from evalkit.cache.identity import read_json, write_json
-from evalkit.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
-from evalkit.publish.tracking import curve
+from evalkit.storage.checkpoints import load_strict, read_state_dict, save_checkpoint
+from evalkit.storage.identity import read_json, write_json
+from evalkit.tracking import curve
 
 OPTIMIZERS = ("adamw", "adafactor")
 LATEST = "latest.json"

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed
-from evalkit.cache.identity import library_versions, read_json, spec_key, write_json
-from evalkit.checkpoints import save_checkpoint
 from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.models.vit22b import SIZES, ViT, build, config
+from evalkit.storage.checkpoints import save_checkpoint
+from evalkit.storage.identity import library_versions, read_json, spec_key, write_json
 from evalkit.training.loop import Schedule, fit, full_state, sampled_batches
 
 LADDER_SIZES = ("test", "ti", "s", "b", "l")  # the sizes a CPU or one GPU can pretrain

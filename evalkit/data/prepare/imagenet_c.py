@@ -7,7 +7,7 @@ As the original generator: each image resized (short side 256, bilinear) and cen
 224, corrupted by ``evalkit.data.corruptions``, saved as JPEG at quality 85. Each output's
 randomness is seeded from (seed, corruption, severity, the image's path), so a file's content
 does not depend on the worker that wrote it or on which files were already there: a run
-resumes by skipping finished files. Every file is written through ``evalkit.writes`` (under a
+resumes by skipping finished files. Every file is written through ``evalkit.storage.writes`` (under a
 temporary name, then renamed; a full disk is one line); temporaries left by a killed run are
 swept when the next one starts; worker processes end when the command's process does; and
 ``provenance.json`` counts the outputs on disk, whichever runs wrote them.
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from evalkit.cache.identity import write_json
 from evalkit.data.corruptions import NAMES, SEVERITIES, corrupt
 from evalkit.data.folder import to_rgb
 from evalkit.errors import EvalkitError
-from evalkit.writes import process_ended, replacing, sweep_stale
+from evalkit.storage.identity import write_json
+from evalkit.storage.writes import process_ended, replacing, sweep_stale
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 RESIZE, CROP, QUALITY = 256, 224, 85

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from evalkit.cache.identity import write_json
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing, sweep_stale
+from evalkit.storage.identity import write_json
+from evalkit.storage.writes import replacing, sweep_stale
 
 COMPONENTS = ("camera_image", "lidar", "lidar_calibration", "camera_calibration")
 CAMERAS = {1: "FRONT", 2: "FRONT_LEFT", 3: "FRONT_RIGHT", 4: "SIDE_LEFT", 5: "SIDE_RIGHT"}

@@ -1,7 +1,7 @@
 """Ground floor: everything evalkit knows about checkpoint files, for every model family.
 
 Reading (safetensors, or ``torch.load(weights_only=True)`` so no pickled object ever runs),
-the weights id (a hash of every byte, memoised in ``evalkit.cache.identity``), strict key/shape
+the weights id (a hash of every byte, memoised in ``evalkit.storage.identity``), strict key/shape
 checks with one-line errors, and writing: one ``model.safetensors`` or, past a size, shards plus Hugging Face's
 ``model.safetensors.index.json`` whose ``weight_map`` names the file of each key. A model's
 config travels in the safetensors metadata, so ``--weights`` alone rebuilds the model.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from evalkit.cache.identity import content_id, spec_key
 from evalkit.errors import EvalkitError
+from evalkit.storage.identity import content_id, spec_key
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from evalkit.cache.identity import file_stamp, read_json, write_json
 from evalkit.errors import warn
-from evalkit.writes import replacing
+from evalkit.storage.identity import file_stamp, read_json, write_json
+from evalkit.storage.writes import replacing
 
 CHECKSUM = "evalkit_sha256"
 PLACE = "evalkit_place"

@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.writes import replacing
+from evalkit.storage.writes import replacing
 
 CHUNK = 8 << 20
 MEMO_NAME = "content-ids.json"
