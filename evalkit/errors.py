@@ -52,3 +52,13 @@ def install_hint(module: str | None) -> str | None:
 def warn(message: str):
     """One line on stderr for something evalkit recovered from by itself."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+_WARNED: set = set()
+
+
+def warn_once(about, message: str):
+    """``warn``, once per process for each ``about`` (a switch-off said every batch is noise)."""
+    if about not in _WARNED:
+        _WARNED.add(about)
+        warn(message)

@@ -147,7 +147,7 @@ class ModelVsHuman(LinearClassifier):
         if self.classifier == "own" and head is None:
             raise EvalkitError(self.lacks(backbone))
         if head is not None:
-            classes, transform = head.classes, ctx.decoded(backbone.transform())
+            classes, transform = head.classes, backbone.transform()
             extra = {"classifier": f"{backbone.info.name}'s own ImageNet-1k head"}
             groups = category_classes(categories, classes)
 

@@ -144,9 +144,7 @@ class ZeroShot(Task):
     def score(self, backbone, ctx, tower: LitText | None, extra: dict):
         """Top-1 and top-5 of the test split with ``tower`` (None: the backbone's own)."""
         text, request = self.text_side(backbone, tower)
-        test = open_scored(
-            self.dataset, self.eval_split, ctx.data, ctx.decoded(backbone.transform())
-        )
+        test = open_scored(self.dataset, self.eval_split, ctx.data, backbone.transform())
         feats = ctx.features(backbone, test, split=self.eval_split, request=request)
         space = self.scored_space(test.label_space, feats.labels)
         prompting = self.prompting(text, space.names)
@@ -326,7 +324,7 @@ class Lit(ZeroShot):
     def train_tower(self, backbone, ctx, request: FeatureRequest):
         """The tower trained on the caption set's cached image embeddings."""
         pairs = open_dataset(
-            self.captions, self.caption_split, ctx.data, transform=ctx.decoded(backbone.transform())
+            self.captions, self.caption_split, ctx.data, transform=backbone.transform()
         )
         feats = ctx.features(backbone, pairs, split=self.caption_split, request=request)
         readable = feats.labels != UNREADABLE

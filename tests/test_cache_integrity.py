@@ -21,12 +21,12 @@ def _extract(backbone, data_cache, cache, pool="cls"):
     dataset = open_dataset(
         "imagenet",
         "val",
-        DataConfig(source="embedded", cache=data_cache),
+        DataConfig(source="embedded", cache=data_cache, pixels="decode"),
         transform=backbone.transform(),
     )
     # the views decoded each time: a shard computed from kept views also names them (its
     # source), and these tests swap shards of equal size between entries
-    settings = ExtractSettings(cache_dir=cache, shard_size=128, progress=False, pixels="decode")
+    settings = ExtractSettings(cache_dir=cache, shard_size=128, progress=False)
     return extract_features(
         backbone, dataset, request=FeatureRequest(pool=pool), settings=settings, split="val"
     )

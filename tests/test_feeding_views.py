@@ -189,8 +189,9 @@ def decodes(monkeypatch) -> list[Path]:
 
 def extract(backbone, folder: Path, cache: Path | None, pixels: str = "auto", decoder="auto"):
     dataset = ImageFolder(folder, _decoding(backbone, decoder))
+    dataset.pixels = pixels  # as open_dataset marks it from DataConfig.pixels
     settings = ExtractSettings(
-        cache_dir=cache, batch_size=4, shard_size=4, progress=False, workers=0, pixels=pixels
+        cache_dir=cache, batch_size=4, shard_size=4, progress=False, workers=0
     )
     return extract_features(
         backbone, dataset, request=FeatureRequest(), settings=settings, split="val"
@@ -326,3 +327,43 @@ def test_every_image_reader_names_its_decoder_in_its_identity(tmp_path):
     ):
         ids = {reader(_decoding(fake, d)).identity() for d in ("pil", "tensor")}
         assert len(ids) == 2
+
+
+# --- the decoder and the pixel cache are data-reading settings, with one route ----------------
+
+
+def test_the_decoder_has_one_default_and_reaches_every_opened_view(tmp_path):
+    """``DataConfig`` holds the one default; a task that hands ``open_dataset`` any evaluation
+    view (here one built with another decoder) reads by the run's decoder, so no task can
+    forget it."""
+    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data.views import decoder_of
+
+    pre = Preprocess(size=32, crop_pct=0.875, interpolation="bicubic")
+    assert EvalView(32, 36, "bicubic").decoder == build_transform(pre).decoder
+    assert EvalView(32, 36, "bicubic", decoder=DataConfig.decoder).decoder == "tensor"
+    forgetful = build_transform(pre, decoder="pil")
+    for decoder, resolved in (("pil", "pil"), ("tensor", "tensor"), ("auto", "tensor")):
+        config = DataConfig(source="embedded", cache=tmp_path, decoder=decoder)
+        dataset = open_dataset("imagenet", "val", config, transform=forgetful)
+        assert decoder_of(dataset.transform) == resolved
+    with pytest.raises(EvalkitError, match="unknown decoder 'gpu'"):
+        DataConfig(decoder="gpu")
+
+
+def test_the_pixel_cache_says_when_several_processes_switch_it_off(tmp_path, monkeypatch, capsys):
+    from evalkit import distributed
+    from evalkit.cache import features
+
+    folder = class_folder(tmp_path / "data", count=4)
+    dataset = ImageFolder(folder, load_backbone("fake").transform())
+    settings = ExtractSettings(cache_dir=tmp_path / "cache", progress=False)
+    args = (dataset, settings, FeatureRequest(), "id", "val", None, 4)
+    assert features._pixels(*args) is not None  # one process: kept
+    monkeypatch.setattr(distributed, "current", lambda: distributed.Layout(dp_size=2))
+    assert features._pixels(*args) is None and features._pixels(*args) is None
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "warning: the pixel cache is off under 2 processes (ranks would have to agree on which "
+        "shards it holds): images are decoded"
+    ]

@@ -278,12 +278,10 @@ def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
     dataset = open_dataset(
         "imagenet",
         "val",
-        DataConfig(source="embedded", cache=data_cache),
+        DataConfig(source="embedded", cache=data_cache, pixels="decode"),
         transform=fake.transform(),
     )
-    settings = ExtractSettings(
-        cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False, pixels="decode"
-    )
+    settings = ExtractSettings(cache_dir=tmp_path, batch_size=64, shard_size=128, progress=False)
     extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
     for shard in shard_files(tmp_path):  # old enough to be vouched for
         old = shard.stat().st_mtime_ns - 60 * 10**9

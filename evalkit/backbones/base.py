@@ -120,7 +120,7 @@ def build_transform(
     *,
     train: bool = False,
     square: bool = False,
-    decoder: str = "pil",
+    decoder: str = "auto",
     normalised: bool = False,
 ):
     """How a backbone's images are prepared. Evaluation: resize the shorter side to

@@ -31,9 +31,10 @@ import torch
 from evalkit import distributed
 from evalkit.batching import BatchLimit
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
+from evalkit.data import pixels_setting
 from evalkit.data.clips import split_status
 from evalkit.data.feeding import loader_options, loader_workers, on_device
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, warn_once
 from evalkit.progress import ProgressBar
 from evalkit.storage import shards as files
 from evalkit.storage.identity import library_versions, spec_key, write_json
@@ -72,7 +73,6 @@ class ExtractSettings:
     progress: bool = True
     verify_cache: bool = False  # re-read every cached shard, whatever its stamp
     read_only: bool = False  # the cache is read, never written: what it lacks stays in memory
-    pixels: str = "auto"  # keep decoded views for the next backbone: auto | cache | decode
     # the batch that fits: halved on an out-of-memory error, kept for the run's later batches
     limit: BatchLimit = field(default_factory=BatchLimit, compare=False, repr=False)
 
@@ -328,7 +328,15 @@ def _pixels(dataset, settings, request, dataset_id, split, subset, n) -> PixelSt
     """The pixel cache of this extraction: images (not clips), in a run of one process (ranks
     would have to agree on which shards it holds before they split or broadcast batches)."""
     layout = distributed.current()
-    if request.frames is not None or layout.dp_size > 1 or layout.tp_size > 1:
+    if request.frames is not None:
+        return None
+    if layout.dp_size > 1 or layout.tp_size > 1:
+        if layout.main and pixels_setting(dataset) != "decode" and settings.cache_dir:
+            warn_once(
+                "pixel cache",
+                f"the pixel cache is off under {layout.dp_size * layout.tp_size} processes "
+                "(ranks would have to agree on which shards it holds): images are decoded",
+            )
         return None
     return pixel_store(
         dataset, settings, dataset_id=dataset_id, split=split, subset_key=subset_key(subset), n=n

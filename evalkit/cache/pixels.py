@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
+from evalkit.data import pixels_setting
 from evalkit.data.views import EvalView
-from evalkit.errors import EvalkitError, warn
+from evalkit.errors import EvalkitError, warn, warn_once
 from evalkit.storage import shards as files
 from evalkit.storage.identity import spec_key, write_json
 
-PIXELS = ("auto", "cache", "decode")
 FORMAT_VERSION = 1
 FREE_SHARE = 0.25  # auto keeps views when they fit in this share of the free disk
 META = "meta.json"
@@ -98,8 +98,8 @@ class PixelStore:
 def pixel_store(dataset, settings, *, dataset_id: str, split: str, subset_key: str, n: int):
     """The pixel cache entry of this extraction, or None where none is used: ``--pixels
     decode``, no cache, items that are not image views, or (``auto``) views that do not fit."""
-    view = pixel_view(dataset)
-    if settings.pixels == "decode" or settings.cache_dir is None or view is None:
+    view, asked = pixel_view(dataset), pixels_setting(dataset)
+    if asked == "decode" or settings.cache_dir is None or view is None:
         return None
     spec = {
         "format": FORMAT_VERSION,
@@ -114,13 +114,10 @@ def pixel_store(dataset, settings, *, dataset_id: str, split: str, subset_key: s
     wanted = files.places(key, n, settings.shard_size)
     if settings.read_only or not _writable_area(folder.parent):
         return PixelStore(folder, wanted, writable=False) if folder.exists() else None
-    if settings.pixels == "auto" and not folder.exists() and not fits(folder, view, n):
+    if asked == "auto" and not folder.exists() and not fits(folder, view, n):
         return None
     _write_meta(folder, view, split, n, settings.shard_size)
     return PixelStore(folder, wanted, writable=True)
-
-
-_WARNED: set[Path] = set()
 
 
 def _writable_area(area: Path) -> bool:
@@ -131,12 +128,11 @@ def _writable_area(area: Path) -> bool:
 
     if not area.exists() or writable(area):
         return True
-    if area not in _WARNED:
-        _WARNED.add(area)
-        warn(
-            f"{area} cannot be written (permissions or a read-only mount): its decoded views "
-            "are read where they serve, and no new ones are kept"
-        )
+    warn_once(
+        area,
+        f"{area} cannot be written (permissions or a read-only mount): its decoded views "
+        "are read where they serve, and no new ones are kept",
+    )
     return False
 
 

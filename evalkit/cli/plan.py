@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.data import DECODERS, DataConfig
+
 
 def add_check_data(sub) -> None:
     """check the data a task would read"""
@@ -42,7 +44,7 @@ def add_plan(sub) -> None:
     plan.add_argument("--cache-dtype", choices=("fp32", "bf16", "fp16"))
     plan.add_argument("--batch-size", type=int, default=64)
     plan.add_argument("--tp", type=int, default=1)
-    plan.add_argument("--decoder", choices=("auto", "pil", "tensor"), default="auto")
+    plan.add_argument("--decoder", choices=DECODERS, default=DataConfig.decoder)
     plan.add_argument(
         "--target",
         default="this",
@@ -58,7 +60,12 @@ def cmd_check_data(args, console) -> int:
     from evalkit.storage.identity import cache_root
 
     task = resolve_task(args.task, args.overrides)
-    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
+    config = DataConfig(
+        source=args.data,
+        root=args.data_dir,
+        cache=args.cache_dir or cache_root(),
+        decoder=args.decoder,
+    )
     progress = not args.quiet
     reports = [
         check_dataset(name, tuple(splits.values()), config, progress=progress)
@@ -158,7 +165,7 @@ def cmd_plan(args, console) -> int:
         highlight=False,
     )
     device = args.device or ("cuda" if target is None and budget.device is not None else "cpu")
-    decoding = measured_decoding(args.decoder, shape.image or 224)
+    decoding = measured_decoding(config.decoder, shape.image or 224)
     rates = feeding_rates(shape, target, device, decoding.per_core)
     print_feeding(console, rates, decoding, budget.ranks // args.tp)
     print_pixels(console, images, shape.image or 224, budget.disk)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from evalkit.data import DECODERS, PIXELS
 from evalkit.errors import EvalkitError
 
 
@@ -100,7 +101,7 @@ def add_data_arguments(run) -> None:
     )
     run.add_argument(
         "--pixels",
-        choices=("auto", "cache", "decode"),
+        choices=PIXELS,
         default="auto",
         help="keep each split's decoded, cropped images in the cache for the next backbone of "
         "the same geometry: auto (where they take at most a quarter of the free disk), cache, "
@@ -132,7 +133,7 @@ def add_execution_arguments(run) -> None:
     )
     run.add_argument(
         "--decoder",
-        choices=("auto", "pil", "tensor"),
+        choices=DECODERS,
         default="auto",
         help="how image files are decoded and resized: tensor (JPEGs by torchvision on uint8, "
         "within 2 levels of PIL per pixel; other files by PIL), pil, or auto (tensor where the "

@@ -30,7 +30,6 @@ from evalkit import distributed, tracking
 from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
 from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
-from evalkit.cache.pixels import PIXELS
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
@@ -46,9 +45,8 @@ from evalkit.core.results import (
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
-from evalkit.data import DataConfig, is_stand_in
+from evalkit.data import DECODERS, PIXELS, DataConfig, is_stand_in
 from evalkit.data.check import find_data
-from evalkit.data.views import DECODERS
 from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError, warn
 from evalkit.storage.identity import cache_root, library_versions, read_json, spec_key
@@ -201,7 +199,14 @@ class RunSpec:
     def data_config(self) -> DataConfig:
         """Where the command's data is read from (embedded stand-ins under the cache folder)."""
         root = Path(self.cache_dir or cache_root())
-        return DataConfig(source=self.data, root=self.data_dir, cache=root, verify=self.verify_data)
+        return DataConfig(
+            source=self.data,
+            root=self.data_dir,
+            cache=root,
+            verify=self.verify_data,
+            decoder=self.decoder,
+            pixels=self.pixels,
+        )
 
     def context(
         self, seed: int, identities: dict | None = None, batch_size: int = 0
@@ -220,14 +225,12 @@ class RunSpec:
             progress=self.progress,
             verify_cache=self.verify_cache,
             read_only=self.read_only_cache,
-            pixels=self.pixels,
         )
         ctx = TaskContext(
             data=self.data_config(),
             extract=extract,
             seed=seed,
             device=self.resolved_device,
-            decoder=self.decoder,
         )
         ctx.identities = identities if identities is not None else {}
         return ctx
@@ -741,7 +744,7 @@ def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> 
         "model_args": dict(sorted(spec.model_args.items())),
         "dtype": ctx.extract.dtype,
         "cache_dtype": ctx.extract.cache_dtype,
-        "decoder": ctx.decoder,
+        "decoder": ctx.data.decoder,
         "libraries": library_versions(row_name(backbone)),
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,

@@ -29,7 +29,7 @@ from evalkit.cache.features import (
     extract_features,
 )
 from evalkit.data import DataConfig, data_identity
-from evalkit.data.views import decoder_of, with_decoder
+from evalkit.data.views import decoder_of
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.significance import PerImageTest, column_mean
 from evalkit.storage.writes import replacing
@@ -268,7 +268,6 @@ class TaskContext:
     identities: dict[str, str] = field(default_factory=dict)  # shared by the jobs of one run
     predictions: Path | None = None  # where to write per-image outputs (--save-predictions)
     request_key: str | None = None  # the job's key before its backbone loads (set by the runner)
-    decoder: str = "auto"  # how evaluation views decode image files (evalkit.data.views)
 
     def __post_init__(self):
         """One device for the whole job: the context's, which extraction follows."""
@@ -285,10 +284,6 @@ class TaskContext:
 
         with replacing(self.predictions) as tmp:
             pd.DataFrame(columns).to_parquet(tmp, index=False)
-
-    def decoded(self, transform):
-        """``transform`` decoding by this run's decoder, when it is an evaluation view."""
-        return with_decoder(transform, self.decoder)
 
     def data_identity(self, name: str) -> str:
         """Identity of every file of dataset ``name`` (walked once per run)."""
@@ -349,7 +344,7 @@ def job_spec(task: Task, info, ctx: TaskContext) -> dict:
         "config": task.config(),
         "backbone": backbone_spec(info, ctx.extract.dtype),
         "cache_dtype": ctx.extract.cache_dtype,
-        "decoder": ctx.decoder,
+        "decoder": ctx.data.decoder,
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
     }

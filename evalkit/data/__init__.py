@@ -29,6 +29,8 @@ from evalkit.errors import EvalkitError
 from evalkit.registry import Registry
 
 SOURCES = ("auto", "folder", "hf", "embedded")
+DECODERS = ("auto", "pil", "tensor")  # how image files become evaluation views
+PIXELS = ("auto", "cache", "decode")  # keep views where they fit | always | never
 
 
 @runtime_checkable
@@ -52,12 +54,17 @@ class DataConfig:
     root: Path | None = None
     cache: Path = Path(".cache/evalkit")  # embedded stand-ins are written here
     verify: bool = False  # identities hash file bytes, not sizes and modification times
+    decoder: str = "auto"  # how image files become evaluation views: auto | pil | tensor
+    pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise EvalkitError(
-                f"unknown data source {self.source!r}: choose from {', '.join(SOURCES)}"
-            )
+        for name, value, allowed in (
+            ("data source", self.source, SOURCES),
+            ("decoder", self.decoder, DECODERS),
+            ("pixels", self.pixels, PIXELS),
+        ):
+            if value not in allowed:
+                raise EvalkitError(f"unknown {name} {value!r}: choose from {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -155,16 +162,28 @@ def hub_source(name: str | None) -> str | None:
 
 def open_dataset(name: str, split: str, config: DataConfig, **options) -> Dataset:
     """One split of dataset ``name`` from where ``config`` says, read with ``options`` (a
-    transform, an image size, ...: whatever that kind's reader takes)."""
+    transform, an image size, ...: whatever that kind's reader takes). This is where the run's
+    reading settings reach the data, so no task can forget them: an evaluation view decodes by
+    ``config.decoder``, and the dataset carries ``config.verify`` and ``config.pixels``."""
+    from evalkit.data.views import with_decoder
+
+    if options.get("transform") is not None:
+        options["transform"] = with_decoder(options["transform"], config.decoder)
     kind = data_kind(name)
     dataset = kind.open_split(dataset_root(kind, config), split, source=config.source, **options)
     dataset.verify_content = config.verify
+    dataset.pixels = config.pixels
     return dataset
 
 
 def verifies_content(dataset) -> bool:
     """Whether ``open_dataset`` asked this dataset's identity to hash file bytes."""
     return getattr(dataset, "verify_content", False)
+
+
+def pixels_setting(dataset) -> str:
+    """Whether ``open_dataset`` asked for this dataset's views to be kept (``PIXELS``)."""
+    return getattr(dataset, "pixels", "auto")
 
 
 def data_identity(name: str, config: DataConfig) -> str:

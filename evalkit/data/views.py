@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from evalkit.data import DECODERS
 from evalkit.data.folder import load_rgb, pixel_limit
 from evalkit.errors import EvalkitError
 
-DECODERS = ("auto", "pil", "tensor")
 TENSOR_BOUND_LEVELS = 2  # the largest per-pixel difference from ``pil`` on ImageNet-sized photos
 TENSOR_INTERPOLATIONS = ("bicubic", "bilinear")  # where the uint8 resize matches PIL's filter
 TENSOR_MODES = ("RGB", "L")  # what decode_jpeg turns into the RGB PIL would
@@ -57,7 +57,7 @@ class EvalView:
     side: int
     interpolation: str = "bicubic"
     square: bool = False
-    decoder: str = "pil"
+    decoder: str = "auto"
 
     def __post_init__(self):
         if self.decoder not in DECODERS:

@@ -137,10 +137,10 @@ class FrozenClassification(Task):
         return extraction_stage(inputs, rows, layers=len(self.layers))
 
     def transform(self, backbone, ctx):
-        """The evaluation view of the backbone's images, by the run's decoder."""
+        """The evaluation view of the backbone's images (``open_dataset`` sets its decoder)."""
         if self.resize == "square":
-            return ctx.decoded(build_transform(backbone.info.preprocess, square=True))
-        return ctx.decoded(backbone.transform())
+            return build_transform(backbone.info.preprocess, square=True)
+        return backbone.transform()
 
 
 def choose_l2(path, held_hits: dict[float, int]):
