@@ -30,7 +30,8 @@ import torch
 
 from benchmarks.common import report
 from evalkit.models.vit22b import build, config
-from evalkit.training.loop import Schedule, fit
+from evalkit.schedule import Schedule
+from evalkit.training.loop import fit
 from evalkit.training.pretrain import Classifier
 
 STEPS, BATCH = 20, 32

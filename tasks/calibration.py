@@ -59,7 +59,7 @@ class Calibration(LinearClassifier):
     corruptions: tuple[str, ...] = setting(NAMES, CORRUPTION_NAMES)
     severities: tuple[int, ...] = setting(SEVERITIES, SEVERITY_LEVELS)
 
-    version = 1
+    version = 2  # 2: ImageNet-C stand-in and on-the-fly noise drawn by evalkit.seeds
 
     def paired_test(self, metric: str, columns: set[str]):
         """ECE (raw or temperature-scaled) from each image's confidence and right or wrong,

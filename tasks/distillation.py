@@ -40,7 +40,9 @@ from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
 from evalkit.protocols.small_training import SIZE
-from evalkit.training.loop import Schedule, fit, sampled_batches
+from evalkit.schedule import Schedule
+from evalkit.seeds import generator, seed_global
+from evalkit.training.loop import fit, sampled_batches
 from evalkit.training.pretrain import Classifier
 
 
@@ -59,7 +61,7 @@ class Distillation(LinearClassifier):
     lr: float = setting(1e-3, POSITIVE)
     warmup: int = setting(30, NON_NEGATIVE)
 
-    version = 1
+    version = 2  # 2: batches, augmentations and mixup drawn by evalkit.seeds
     reference = {
         "top1/distilled": {"ViT-B/16 student of ViT-22B (384 px)": 88.6},
         "top1/label_only": {"ViT-B/16 (384 px)": 86.7},
@@ -167,7 +169,7 @@ class Student:
     def train(self, train, ctx) -> Classifier:
         task = self.task
         cfg = config(task.student, image=task.student_image, patch=task.student_patch)
-        torch.manual_seed(ctx.seed)
+        seed_global(ctx.seed)
         model = Classifier(build(cfg, seed=ctx.seed), len(self.teacher.classes))
         schedule = Schedule(
             steps=task.steps,
@@ -201,7 +203,7 @@ class Student:
         """Mixup with the batch rolled by one (consistent mode): a ~ Beta(1, 1) = U(0, 1)."""
         if not (self.task.mixup and self.task.mode == "consistent"):
             return images, 1.0
-        a = torch.rand((), generator=torch.Generator().manual_seed(hash(key) % 2**63)).item()
+        a = torch.rand((), generator=generator(*key)).item()
         lam = max(a, 1 - a)
         return lam * images + (1 - lam) * images.roll(1, 0), lam
 

@@ -26,7 +26,9 @@ from evalkit.device import peak_tflops
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
-from evalkit.training.loop import Schedule, fit, make_optimizer, train_step
+from evalkit.schedule import Schedule
+from evalkit.seeds import generator, seed_global
+from evalkit.training.loop import fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
 
 VARIANTS = {
@@ -60,7 +62,7 @@ class EfficiencyAblation(Task):
     warmup: int = setting(10, NON_NEGATIVE)
     peak_tflops: float = setting(0.0, NON_NEGATIVE)  # 0: the device's, where it is known
 
-    version = 2  # 2: speedup is the median of the rounds' ratios, with their spread
+    version = 3  # 3: batches drawn by evalkit.seeds (they ignored the seed); 2: median speedup
     trains_own_model = True
 
     def splits(self) -> tuple[str, ...]:
@@ -90,9 +92,7 @@ class EfficiencyAblation(Task):
         )
 
         def batch(step: int, micro: int):
-            pick = torch.randint(
-                0, len(y), (self.batch_size,), generator=torch.Generator().manual_seed(step)
-            )
+            pick = torch.randint(0, len(y), (self.batch_size,), generator=generator(ctx.seed, step))
             return x[pick], y[pick]
 
         names = list(VARIANTS[self.switch])
@@ -146,7 +146,7 @@ class EfficiencyAblation(Task):
         return config(self.size, image=self.image, patch=self.patch, **VARIANTS[self.switch][name])
 
     def model(self, name: str, classes: int, seed: int) -> torch.nn.Module:
-        torch.manual_seed(seed)
+        seed_global(seed)
         return Classifier(build(self.model_config(name), seed=seed), classes)
 
     def utilisation(self, name: str, images_per_s: float, ctx) -> dict:

@@ -19,6 +19,7 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
+from evalkit.seeds import generator
 from evalkit.significance import column_mean
 
 
@@ -95,7 +96,7 @@ class FewShot(FrozenClassification):
 
 def kshot_indices(labels: torch.Tensor, shots: int, *, seed: int) -> torch.Tensor:
     """The first ``shots`` of a seeded permutation of each class (fewer if a class is small)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     picks = []
     for cls in labels.unique():
         idx = torch.nonzero(labels == cls).squeeze(1)

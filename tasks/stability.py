@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, Stage, Task, setting
-from evalkit.heads.train import seeded_build
 from evalkit.models.vit22b import SIZES, build, config
 from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
-from evalkit.training.loop import Diverged, Schedule, fit
+from evalkit.schedule import Schedule
+from evalkit.seeds import generator, seeded_build
+from evalkit.training.loop import Diverged, fit
 from evalkit.training.pretrain import Classifier
 from evalkit.training.probes import AttentionStats
 
@@ -48,7 +49,7 @@ class SmallTraining(Task):
     weight_decay: float = setting(1e-4, NON_NEGATIVE)
     z_loss: float = setting(0.0, NON_NEGATIVE)
 
-    version = 1
+    version = 2  # 2: batches drawn by evalkit.seeds
     trains_own_model = True
 
     def splits(self) -> tuple[str, ...]:
@@ -171,8 +172,7 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
     )
 
     def batch(step: int, micro: int):
-        generator = torch.Generator().manual_seed(ctx.seed * 1_000_003 + step)
-        pick = torch.randint(0, len(y), (task.batch_size,), generator=generator)
+        pick = torch.randint(0, len(y), (task.batch_size,), generator=generator(ctx.seed, step))
         return x[pick], y[pick]
 
     log, diverged = [], None

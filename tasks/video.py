@@ -40,9 +40,11 @@ from evalkit.data.clips import MODES, Sampling, split_status
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import Standardizer
 from evalkit.heads.temporal import HEADS, HeadConfig, build_head
-from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
+from evalkit.heads.train import ShardedOrder, ShardReader, train
 from evalkit.metrics import accuracy_stderr, reported_ks
 from evalkit.protocols.predictions import classification_test, save_classifications
+from evalkit.schedule import Schedule
+from evalkit.seeds import seeded_build
 
 PAPER = {"kinetics400": {"top1": {"ViT-22B": 88.0}}}
 CROPS = Rule("1 or 3 spatial crops", lambda v: v in (1, 3))
@@ -72,7 +74,7 @@ class VideoClassification(Task):
     warmup: int = setting(50, NON_NEGATIVE)
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger training splits are streamed
 
-    version = 3  # 3: a clip with any undecodable view is dropped whole; padded counts clips
+    version = 4  # 4: epoch order drawn by evalkit.seeds; 3: an undecodable view drops its clip
 
     def paired_test(self, metric: str, columns: set[str]):
         """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
@@ -195,12 +197,13 @@ class VideoClassification(Task):
             logits = model(scale(clips.take(batch)).to(device))
             return torch.nn.functional.cross_entropy(logits.float(), labels[batch].to(device))
 
-        settings = TrainConfig(
+        settings = Schedule(
             steps=self.steps,
             batch_size=order.batch_size,
             lr=self.lr,
             weight_decay=self.weight_decay,
             warmup=self.warmup,
+            b2=0.999,
             clip=1.0,
             seed=ctx.seed,
         )

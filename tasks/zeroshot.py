@@ -56,7 +56,7 @@ from evalkit.heads.text import (
     save_tower,
     tokenizer,
 )
-from evalkit.heads.train import ShardedOrder, ShardReader, TrainConfig, seeded_build, train
+from evalkit.heads.train import ShardedOrder, ShardReader, train
 from evalkit.heads.zeroshot import (
     PROMPT_STYLES,
     TEMPLATE_SETS,
@@ -70,6 +70,8 @@ from evalkit.heads.zeroshot import (
 )
 from evalkit.metrics import accuracy_stderr, reported_ks
 from evalkit.protocols.predictions import classification_test, save_classifications
+from evalkit.schedule import Schedule
+from evalkit.seeds import generator, seeded_build
 from evalkit.storage.checkpoints import checkpoint_id
 from evalkit.storage.identity import library_versions, spec_key
 
@@ -278,7 +280,7 @@ class Lit(ZeroShot):
     clip: float = setting(1.0, POSITIVE)
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger caption sets are streamed
 
-    version = 2  # 2: batches shuffled across cache shards; captions drawn per step
+    version = 3  # 3: epoch order and captions drawn by evalkit.seeds; 2: batches across cache shards
 
     def lacks(self, backbone) -> str | None:
         return None  # it trains its own text tower
@@ -352,12 +354,13 @@ class Lit(ZeroShot):
             device = ctx.device
             return model.loss(images.take(mine).to(device), words(texts).to(device))
 
-        settings = TrainConfig(
+        settings = Schedule(
             steps=self.steps,
             batch_size=order.batch_size,
             lr=self.lr,
             weight_decay=self.weight_decay,
             warmup=self.warmup,
+            b2=0.999,
             clip=self.clip,
             seed=ctx.seed,
         )
@@ -387,8 +390,7 @@ class Lit(ZeroShot):
     @staticmethod
     def pick_captions(captions: list[list[str]], batch: torch.Tensor, seed: int, step: int):
         """One caption per image of the batch, drawn from (seed, step) alone."""
-        generator = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
-        draws = torch.rand(len(batch), generator=generator).tolist()
+        draws = torch.rand(len(batch), generator=generator(seed, "captions", step)).tolist()
         return [
             captions[i][int(u * len(captions[i]))]
             for i, u in zip(batch.tolist(), draws, strict=True)

@@ -158,11 +158,12 @@ def test_a_training_step_that_runs_out_of_memory_is_redone_in_accumulated_pieces
     """A head whose loss is a mean over images: the step split in pieces (gradients accumulated,
     each piece weighted by its share) gives the same weights as the step that fitted."""
     from evalkit.batching import job_limits
-    from evalkit.heads.train import TrainConfig, train
+    from evalkit.heads.train import train
+    from evalkit.schedule import Schedule
 
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 8, generator=generator), torch.randint(0, 3, (64,), generator=generator)
-    cfg = TrainConfig(steps=4, batch_size=32, lr=0.1, warmup=0, seed=0)
+    cfg = Schedule(steps=4, batch_size=32, lr=0.1, warmup=0, b2=0.999, clip=35.0, seed=0)
 
     def fitted(limit: int | None):
         module = torch.nn.Linear(8, 3).double()

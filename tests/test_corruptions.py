@@ -218,18 +218,21 @@ def test_frost_blends_the_original_photographs_where_installed(tmp_path, monkeyp
 
 def test_non_monotone_corruptions_keep_the_originals_order(monkeypatch):
     """Elastic's first two severities move pixels furthest (a large affine jitter), as the
-    original's do: measured on the original, 36.3, 44.3, 12.9, 13.3, 14.6."""
+    original's do: measured on the original, 36.3, 44.3, 12.9, 13.3, 14.6 (one draw); here the
+    mean of 8 seeds' draws, so the order is the corruption's and not one draw's luck."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # the benchmarks
     from benchmarks.bench_corruption_fidelity import analytic_images
 
     pictures = analytic_images()[:2]
-    change = [
-        np.abs(corrupt(pictures, "elastic_transform", s).astype(float) - pictures).mean()
-        for s in range(1, 6)
-    ]
-    assert change[1] > change[0] > change[4] > change[2], change
+
+    def moved(severity: int, seed: int) -> float:
+        out = corrupt(pictures, "elastic_transform", severity, seed=seed).astype(float)
+        return np.abs(out - pictures).mean()
+
+    change = [np.mean([moved(s, seed) for seed in range(8)]) for s in range(1, 6)]
+    assert change[1] > change[0] > max(change[2:]) and change[4] > change[2], change
 
 
 def test_contrast_and_brightness_by_hand():

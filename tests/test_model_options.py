@@ -148,7 +148,8 @@ def test_a_pickle_through_weights_runs_nothing(payload, backbone):
 
 def test_a_pickle_in_a_trainer_checkpoint_runs_nothing(tmp_path, payload):
     """Fine-tuning, pretraining and distillation students all resume through this loop."""
-    from evalkit.training.loop import Schedule, fit
+    from evalkit.schedule import Schedule
+    from evalkit.training.loop import fit
 
     path, marker = payload
 

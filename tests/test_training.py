@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from evalkit.errors import EvalkitError
-from evalkit.training.loop import Diverged, Schedule, fit
+from evalkit.schedule import Schedule
+from evalkit.training.loop import Diverged, fit
 
 SCRIPT = Path(__file__).with_name("train_resume_script.py")
 

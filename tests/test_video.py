@@ -206,7 +206,8 @@ def _trend_sequences(n=256, frames=8, dim=16, seed=0):
 )
 def test_only_heads_that_see_frame_order_learn_a_trend(kind, at_least, at_most):
     from evalkit.heads.temporal import HeadConfig, build_head
-    from evalkit.heads.train import TrainConfig, train
+    from evalkit.heads.train import train
+    from evalkit.schedule import Schedule
 
     x, y = _trend_sequences()
     xt, yt = _trend_sequences(seed=1)
@@ -215,7 +216,7 @@ def test_only_heads_that_see_frame_order_learn_a_trend(kind, at_least, at_most):
         head,
         lambda b: torch.nn.functional.cross_entropy(head(x[b]), y[b]),
         len(y),
-        TrainConfig(steps=150, batch_size=64, lr=3e-3, warmup=10),
+        Schedule(steps=150, batch_size=64, lr=3e-3, warmup=10, b2=0.999, clip=35.0),
     )
     with torch.no_grad():
         accuracy = (head(xt).argmax(1) == yt).float().mean().item()

@@ -19,7 +19,8 @@ import torch
 
 from evalkit import distributed as mesh
 from evalkit.models.vit22b import build, config
-from evalkit.training.loop import Schedule, fit, sampled_batches
+from evalkit.schedule import Schedule
+from evalkit.training.loop import fit, sampled_batches
 from evalkit.training.pretrain import Classifier, shard
 
 

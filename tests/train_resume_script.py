@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from evalkit.training.loop import Schedule, fit
+from evalkit.schedule import Schedule
+from evalkit.training.loop import fit
 
 SCHEDULE = Schedule(steps=30, batch_size=16, lr=3e-3, warmup=3, checkpoint_every=5)
 

@@ -24,12 +24,13 @@ from evalkit.backbones.base import (
     random_init_id,
 )
 from evalkit.backbones.options import BackboneOptions
+from evalkit.seeds import generator
 
 
 class FakeNet(torch.nn.Module):
     def __init__(self, dim: int = 32, depth: int = 3, patch: int = 8, seed: int = 0):
         super().__init__()
-        gen = torch.Generator().manual_seed(seed)
+        gen = generator(seed)
         self.patch = patch
         self.embed = torch.nn.Parameter(torch.randn(3 * patch * patch, dim, generator=gen) / patch)
         self.layers = torch.nn.ParameterList(

@@ -27,6 +27,7 @@ from evalkit.backbones.base import (
 )
 from evalkit.backbones.options import BackboneOptions, rejected_options
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.seeds import seed_global
 from evalkit.storage import checkpoints
 from evalkit.storage.checkpoints import load_strict, read_state_dict
 
@@ -124,7 +125,7 @@ def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
 def _create(open_clip, variant: str, opts: BackboneOptions):
     arch, _, tag = variant.partition(":")
     with torch.random.fork_rng():
-        torch.manual_seed(opts.seed)
+        seed_global(opts.seed)
         with rejected_options(f"open_clip/{arch}", opts.model_kwargs):
             model = open_clip.create_model(arch, pretrained=None, **opts.model_kwargs)
     if opts.pretrained:

@@ -24,6 +24,7 @@ from evalkit.backbones.base import (
 )
 from evalkit.backbones.options import BackboneOptions, rejected_options
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.seeds import seed_global
 from evalkit.storage import checkpoints
 from evalkit.storage.checkpoints import load_strict, read_state_dict
 
@@ -128,7 +129,7 @@ def _create(timm, variant: str, opts: BackboneOptions):
     if opts.pretrained:
         return _from_hub(timm, variant, kwargs, opts.revision)
     with torch.random.fork_rng():
-        torch.manual_seed(opts.seed)
+        seed_global(opts.seed)
         with rejected_options(f"timm/{variant}", opts.model_kwargs):
             model = timm.create_model(variant, pretrained=False, **kwargs)
     if opts.weights is None:

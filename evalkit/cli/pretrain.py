@@ -41,8 +41,8 @@ def cmd_pretrain(args, console) -> int:
 
     from evalkit import distributed
     from evalkit.data import DataConfig
+    from evalkit.schedule import Schedule
     from evalkit.storage.identity import cache_root
-    from evalkit.training.loop import Schedule
     from evalkit.training.pretrain import PretrainSpec, pretrain
 
     family, _, size = args.model.partition("/")

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from evalkit import seeds
 from evalkit.errors import EvalkitError, did_you_mean
 
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -450,7 +451,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, *, seed: int = 0) -> n
     if batch.dtype != np.uint8 or batch.ndim != 4 or batch.shape[-1] != 3:
         raise EvalkitError(f"corrupt() expects uint8 RGB images (N, H, W, 3), got {images.shape}")
     fn, levels = CORRUPTIONS[name]
-    generator = torch.Generator().manual_seed(seed * 1_000 + NAMES.index(name) * 10 + severity)
+    generator = seeds.generator(seed, name, severity)
     x = torch.from_numpy(np.array(batch, copy=True)).permute(0, 3, 1, 2).float() / 255
     with torch.no_grad():
         y = fn(x, levels[severity - 1], generator)

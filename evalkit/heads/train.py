@@ -1,5 +1,5 @@
-"""The one small loop that trains heads on cached features: AdamW, linear warm-up then cosine
-decay, gradient clipping, bf16 autocast on CUDA, seeded batch order. Used by the dense tasks
+"""The one small loop that trains heads on cached features, on the one ``Schedule`` (AdamW,
+linear warm-up then cosine decay, gradient clipping), bf16 autocast on CUDA, seeded batch order. Used by the dense tasks
 (segmentation and depth heads), LiT's text towers and anything else that trains a small module.
 
 ``ShardedOrder`` and ``ShardReader`` train on a split larger than memory (LiT's caption pairs,
@@ -19,42 +19,18 @@ import torch
 
 from evalkit.batching import limit_for
 from evalkit.progress import ProgressBar
+from evalkit.schedule import Schedule
+from evalkit.seeds import generator, seeded
 from evalkit.tracking import curve
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 500
-    batch_size: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    warmup: int = 50
-    clip: float = 35.0
-    seed: int = 0
-
-
-def seeded_build(factory: Callable[[], torch.nn.Module], seed: int) -> torch.nn.Module:
-    """Build a module with its initial weights drawn from ``seed`` alone (not from whatever
-    the global generator went through before), leaving the global generator untouched."""
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return factory()
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def batch_order(n: int, cfg: TrainConfig) -> list[torch.Tensor]:
-    """Index batches for every step: reshuffled each epoch from a seeded generator."""
-    generator = torch.Generator().manual_seed(cfg.seed)
+def batch_order(n: int, cfg: Schedule) -> list[torch.Tensor]:
+    """Index batches for every step: reshuffled each epoch from the job's seed."""
+    draws = generator(cfg.seed)
     batches, pool = [], torch.empty(0, dtype=torch.long)
     while len(batches) < cfg.steps:
         if len(pool) < cfg.batch_size:
-            pool = torch.cat([pool, torch.randperm(n, generator=generator)])
+            pool = torch.cat([pool, torch.randperm(n, generator=draws)])
         batches.append(pool[: cfg.batch_size])
         pool = pool[cfg.batch_size :]
     return batches
@@ -64,7 +40,7 @@ def train(
     module: torch.nn.Module,
     step_loss: Callable[[torch.Tensor], torch.Tensor],
     n: int,
-    cfg: TrainConfig,
+    cfg: Schedule,
     *,
     device: str = "cpu",
     progress: bool = False,
@@ -74,11 +50,17 @@ def train(
     """Train ``module`` for ``cfg.steps``; ``step_loss(indices)`` returns the batch loss and
     ``after_backward(module)`` may combine gradients across ranks before they are clipped.
     ``order(step)`` gives each step's indices (default: ``batch_order`` over ``n`` rows).
-    Returns the loss of every step."""
-    torch.manual_seed(cfg.seed)
+    Returns the loss of every step; what the steps draw (dropout) comes from the seed alone."""
+    with seeded(cfg.seed):
+        return _train(module, step_loss, n, cfg, device, progress, after_backward, order)
+
+
+def _train(module, step_loss, n, cfg: Schedule, device, progress, after_backward, order):
     module.train()
-    optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    optimizer = torch.optim.AdamW(
+        module.parameters(), lr=cfg.lr, betas=(0.9, cfg.b2), weight_decay=cfg.weight_decay
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.factor)
     use_bf16 = torch.device(device).type == "cuda"
     losses = []
     status = "loss {task.fields[loss]:.4f}"
@@ -142,13 +124,13 @@ class ShardedOrder:
 
     def epoch(self, index: int) -> torch.Tensor:
         if index not in self._epochs:
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + index)
-            order = torch.randperm(len(self.shards), generator=generator).tolist()
+            draws = generator(self.seed, "epoch", index)
+            order = torch.randperm(len(self.shards), generator=draws).tolist()
             windows = [
                 torch.cat([self.shards[s] for s in order[i : i + self.window]])
                 for i in range(0, len(order), self.window)
             ]
-            rows = [w[torch.randperm(len(w), generator=generator)] for w in windows]
+            rows = [w[torch.randperm(len(w), generator=draws)] for w in windows]
             self._epochs = {index: torch.cat(rows)} | {
                 k: v for k, v in self._epochs.items() if k == index - 1
             }

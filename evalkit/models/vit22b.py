@@ -23,7 +23,6 @@ sharding is applied from outside by ``evalkit.parallel``.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -31,6 +30,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from evalkit import seeds
 
 POOLS = ("map", "gap", "cls")
 NORMS = ("layer", "rms")
@@ -254,11 +255,6 @@ class ViT(nn.Module):
         return self.pool(self.forward_layers(images, [self.cfg.depth - 1])[0])
 
 
-def parameter_seed(name: str, seed: int) -> int:
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
 def init_value(name: str, shape: Sequence[int], seed: int) -> torch.Tensor:
     """The seeded initial value of one parameter, computed from its name alone so a rank that
     holds a slice gets exactly the slice of the unsharded value. Matrices are LeCun normal
@@ -267,7 +263,7 @@ def init_value(name: str, shape: Sequence[int], seed: int) -> torch.Tensor:
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "bias":
         return torch.zeros(shape)
-    generator = torch.Generator().manual_seed(parameter_seed(name, seed))
+    generator = seeds.generator(seed, name)
     if leaf in ("pos_embed", "cls_token", "probe"):
         return torch.randn(shape, generator=generator) * 0.02
     if len(shape) == 1:

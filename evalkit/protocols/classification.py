@@ -26,6 +26,7 @@ from evalkit.heads.linear import Standardizer, hits
 from evalkit.heads.logistic import FeatureRows
 from evalkit.progress import ProgressBar
 from evalkit.protocols.predictions import classification_test
+from evalkit.seeds import generator
 
 from .predictions import scored_hits
 
@@ -270,7 +271,7 @@ def holdout_count(n: int, fraction: float) -> int:
 def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):
     """Seeded split of indices: ``fraction`` of each class (at least one, if the class has
     two or more examples) held out."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     fit, held = [], []
     for cls in labels.unique():
         idx = torch.nonzero(labels == cls).squeeze(1)

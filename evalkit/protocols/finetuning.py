@@ -22,6 +22,7 @@ import torch
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, job_spec, setting
 from evalkit.errors import EvalkitError
+from evalkit.schedule import Schedule
 from evalkit.storage.identity import spec_key
 from evalkit.training.finetune import (
     EndToEnd,
@@ -29,7 +30,7 @@ from evalkit.training.finetune import (
     decayed_groups,
     trainable_copy,
 )
-from evalkit.training.loop import Schedule, fit
+from evalkit.training.loop import fit
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def end_to_end(
     its head seeded by the run's seed; checkpointed under the cache when there is one. With
     ``frozen`` the backbone itself is used, frozen, and only the head trains (no checkpoints:
     they would hold the whole backbone)."""
-    from evalkit.heads.train import seeded_build
+    from evalkit.seeds import seeded_build
 
     for name in task.datasets():  # the rows' data provenance; no features are extracted
         ctx.stats["data"][name] = ctx.data_identity(name)

@@ -20,7 +20,9 @@ from PIL import Image
 from evalkit.cache.features import FeatureRequest, FeatureSet
 from evalkit.core.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
 from evalkit.errors import EvalkitError
-from evalkit.heads.train import TrainConfig, seeded_build, train
+from evalkit.heads.train import train
+from evalkit.schedule import Schedule
+from evalkit.seeds import seeded_build
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,6 @@ class DenseSettings(Task):
 
     def head_schedule(self, seed: int):
         """``train_head``'s schedule for the trainer (the backbone-in-the-loop mode)."""
-        from evalkit.training.loop import Schedule
-
         return Schedule(
             steps=self.steps,
             batch_size=self.batch_size,
@@ -116,12 +116,14 @@ class DenseSettings(Task):
         )
 
     def train_head(self, head, step_loss, n: int, ctx) -> torch.nn.Module:
-        config = TrainConfig(
+        config = Schedule(
             steps=self.steps,
             batch_size=self.batch_size,
             lr=self.lr,
             weight_decay=self.weight_decay,
             warmup=min(50, self.steps // 10),
+            b2=0.999,
+            clip=35.0,
             seed=ctx.seed,
         )
         train(head, step_loss, n, config, device=ctx.device, progress=ctx.extract.progress)

@@ -55,8 +55,8 @@ class Reproduction:
         """The ladder's checkpoints (trained once; a rerun reuses them); returns the seconds
         the ladder took when it was trained."""
         from evalkit.data import DataConfig
+        from evalkit.schedule import Schedule
         from evalkit.storage.identity import cache_root
-        from evalkit.training.loop import Schedule
         from evalkit.training.pretrain import PretrainSpec, pretrain
 
         root = Path(self.cache or cache_root())

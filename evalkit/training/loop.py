@@ -25,7 +25,6 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +33,8 @@ from evalkit import distributed
 from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
+from evalkit.schedule import Schedule
+from evalkit.seeds import generator, seed_global
 from evalkit.storage.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.storage.identity import read_json, write_json
 from evalkit.tracking import curve
@@ -41,29 +42,6 @@ from evalkit.tracking import curve
 OPTIMIZERS = ("adamw", "adafactor")
 LATEST = "latest.json"
 SHARDED = "sharded"  # a checkpoint's per-rank shards, written under torchrun
-
-
-@dataclass(frozen=True)
-class Schedule:
-    steps: int = 300
-    batch_size: int = 32
-    lr: float = 1e-3
-    warmup: int = 30
-    weight_decay: float = 1e-4
-    independent_wd: bool = False  # decay weights by weight_decay × schedule, not × lr
-    b2: float = 0.95
-    optimizer: str = "adamw"
-    clip: float = 1.0
-    z_loss: float = 0.0  # weight of log²Z of the logits
-    accumulate: int = 1  # micro-batches per step
-    checkpoint_every: int = 100
-    seed: int = 0
-
-    def factor(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class Diverged(EvalkitError):
@@ -141,13 +119,12 @@ def sampled_batches(
                 f"batch size {batch_size} must be a multiple of the {layout.dp_size} "
                 "data-parallel ranks"
             )
-        generator = torch.Generator().manual_seed(hash((seed, step, micro)) % 2**63)
-        pick = torch.randint(0, len(dataset), (batch_size,), generator=generator)
+        pick = torch.randint(0, len(dataset), (batch_size,), generator=generator(seed, step, micro))
         share = batch_size // layout.dp_size
         items = []
         start = layout.dp_rank * share
         for position in (p % batch_size for p in range(start - lead, start + share)):
-            torch.manual_seed(hash((seed, step, micro, position)) % 2**63)
+            seed_global(seed, step, micro, position)
             items.append(dataset[int(pick[position])])
         if collate is not None:
             return collate(items)

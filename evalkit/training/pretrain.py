@@ -24,9 +24,11 @@ from evalkit import distributed
 from evalkit.data import DataConfig, data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.models.vit22b import SIZES, ViT, build, config
+from evalkit.schedule import Schedule
+from evalkit.seeds import seed_global
 from evalkit.storage.checkpoints import save_checkpoint
 from evalkit.storage.identity import library_versions, read_json, spec_key, write_json
-from evalkit.training.loop import Schedule, fit, full_state, sampled_batches
+from evalkit.training.loop import fit, full_state, sampled_batches
 
 LADDER_SIZES = ("test", "ti", "s", "b", "l")  # the sizes a CPU or one GPU can pretrain
 
@@ -106,7 +108,7 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     if done is not None:  # trained before: keep its provenance (and its training time)
         return done
     cfg = config(size, image=spec.image, patch=spec.patch)
-    torch.manual_seed(schedule.seed)
+    seed_global(schedule.seed)
     model = Classifier(build(cfg, seed=schedule.seed), len(dataset.classes)).to(spec.device)
     model = shard(model, fsdp=spec.fsdp)
     multilabel = name == "jft"

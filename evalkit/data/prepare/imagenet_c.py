@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
@@ -29,6 +28,7 @@ from PIL import Image
 from evalkit.data.corruptions import NAMES, SEVERITIES, corrupt
 from evalkit.data.folder import to_rgb
 from evalkit.errors import EvalkitError
+from evalkit.seeds import derived_seed
 from evalkit.storage.identity import write_json
 from evalkit.storage.writes import process_ended, replacing, sweep_stale
 
@@ -37,8 +37,9 @@ RESIZE, CROP, QUALITY = 256, 224, 85
 
 
 def image_seed(seed: int, corruption: str, severity: int, relative: str) -> int:
-    digest = hashlib.sha256(f"{seed}:{corruption}:{severity}:{relative}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
+    """32 bits of the image's derived seed (the low half, so files prepared before the seed
+    rule are unchanged)."""
+    return derived_seed(seed, corruption, severity, relative) & 0xFFFFFFFF
 
 
 def centre_crop(path: Path) -> np.ndarray:
