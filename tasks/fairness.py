@@ -39,12 +39,11 @@ from evalkit.core.task import (
     setting,
 )
 from evalkit.data import open_dataset
-from evalkit.errors import EvalkitError
 from evalkit.heads.debias import fit_rto
 from evalkit.heads.fairness import expected_accuracy, fit_parity, parity_gap
 from evalkit.heads.linear import fit_logistic
 from evalkit.protocols.classification import ProbeData, stratified_holdout
-from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.linear_classifier import FrozenLinearClassifier
 
 LEVELS = Rule(
     "a non-empty list of parity levels in [0, 1]", lambda v: bool(v) and all(0 <= x <= 1 for x in v)
@@ -59,7 +58,7 @@ def subgroups(group: str) -> dict[int, str]:
 
 
 @dataclass(frozen=True)
-class Fairness(LinearClassifier):
+class Fairness(FrozenLinearClassifier):
     name: str = "celeba-fairness-smiling"
     dataset: str = "celeba"
     attribute: str = "Smiling"  # the target attribute
@@ -74,14 +73,6 @@ class Fairness(LinearClassifier):
     rto_gamma: float = setting(0.05, POSITIVE)  # RTO's randomised band, on scores in [-1, 1]
 
     version = 2  # 2: the paper's debiaser (RTO) by default; accuracy rows with their intervals
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.finetune:
-            raise EvalkitError(
-                f"task {self.name}: finetune=true is not a protocol here: the fairness "
-                "evaluation reads frozen features through a linear head"
-            )
 
     def metrics(self) -> list[str]:
         return [

@@ -280,7 +280,9 @@ class Lit(ZeroShot):
     clip: float = setting(1.0, POSITIVE)
     resident_gb: float = setting(4.0, NON_NEGATIVE)  # larger caption sets are streamed
 
-    version = 3  # 3: epoch order and captions drawn by evalkit.seeds; 2: batches across cache shards
+    version = (
+        3  # 3: epoch order and captions drawn by evalkit.seeds; 2: batches across cache shards
+    )
 
     def lacks(self, backbone) -> str | None:
         return None  # it trains its own text tower

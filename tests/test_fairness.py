@@ -312,10 +312,20 @@ def test_fairness_numbers_do_not_depend_on_the_thread_count(ctx):
 
 
 def test_fine_tuning_is_not_a_fairness_protocol():
-    from evalkit.core.runner import resolve_task
+    """The fairness task has no fine-tuning setting to refuse: it inherits only what it
+    honours, so every one of them is an unknown setting, and its listing shows none."""
+    import dataclasses
 
-    with pytest.raises(EvalkitError, match="finetune=true is not a protocol here"):
-        resolve_task("celeba-fairness-attractive", ["finetune=true"])
+    from evalkit.core.runner import resolve_task
+    from evalkit.protocols.finetuning import FinetuneSettings
+
+    task = resolve_task("celeba-fairness-attractive")
+    names = {f.name for f in dataclasses.fields(task)}
+    tuning = {f.name for f in dataclasses.fields(FinetuneSettings)} | {"finetune_resolution"}
+    assert not names & tuning
+    for name in sorted(tuning):
+        with pytest.raises(EvalkitError, match=f"has no setting '{name}'"):
+            resolve_task("celeba-fairness-attractive", [f"{name}=1"])
 
 
 def test_the_leaderboard_draws_one_curve_per_backbone(cli_env, capsys):

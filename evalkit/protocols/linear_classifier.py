@@ -31,12 +31,11 @@ from .finetuning import FinetuneSettings, end_to_end, finetune_extra, resolution
 
 
 @dataclass(frozen=True)
-class LinearClassifier(FinetuneSettings, FrozenClassification):
-    """A linear classifier on a backbone's features: the settings and machinery of the linear
-    probe (L2 path on a hold-out, refit, resident or streamed rows) and of its fine-tuning mode,
-    which the probe, calibration and distillation's teacher are built on."""
+class FrozenLinearClassifier(FrozenClassification):
+    """A linear classifier on a backbone's frozen features: the settings and machinery of the
+    linear probe (L2 path on a hold-out, refit, resident or streamed rows). A task that never
+    fine-tunes (fairness) is built on this and has no fine-tuning setting to refuse."""
 
-    finetune_resolution: int = setting(0, NON_NEGATIVE)  # 0: the backbone's own size
     l2_grid: tuple[float, ...] = setting(DEFAULT_L2, POSITIVES)
     holdout: float = setting(0.2, FRACTION)
     max_iter: int = setting(1000, POSITIVE)  # per L2 value on the path, each run to convergence
@@ -54,11 +53,8 @@ class LinearClassifier(FinetuneSettings, FrozenClassification):
 
     def plan(self, inputs) -> list[Stage]:
         """Resident (within ``resident_budget``): the raw, standardised and sliced training
-        features plus the eval split in float32, a bf16 copy and the kept logits. Streamed: one shard of features and its logits, twice (train and eval).
-        Fine-tuned: the backbone trained end to end at ``finetune_resolution``."""
-        if self.finetune:
-            image = self.finetune_resolution or inputs.shape.image
-            return self.finetune_stages(inputs, image, inputs.sizes[self.eval_split])
+        features plus the eval split in float32, a bf16 copy and the kept logits. Streamed: one
+        shard of features and its logits, twice (train and eval)."""
         dim = len(self.layers) * inputs.shape.embed_dim
         n_train, n_eval = inputs.sizes[self.train_split], inputs.sizes[self.eval_split]
         train_bytes, eval_bytes = n_train * dim * 4, n_eval * dim * 4
@@ -108,6 +104,23 @@ class LinearClassifier(FinetuneSettings, FrozenClassification):
         best_l2, best_model = choose_l2(path, {l2: int(h.sum()) for l2, h in held_hits.items()})
         fits = {f"{l2:g}": m.fit.as_dict() for l2, m in path}
         return best_l2, best_model, {f"{k:g}": percent(v) for k, v in held_hits.items()}, fits
+
+
+@dataclass(frozen=True)
+class LinearClassifier(FinetuneSettings, FrozenLinearClassifier):
+    """The frozen linear classifier and its fine-tuning mode, where the backbone and a linear
+    layer are trained end to end: what the probe, calibration and distillation's teacher are
+    built on."""
+
+    finetune_resolution: int = setting(0, NON_NEGATIVE)  # 0: the backbone's own size
+
+    def plan(self, inputs) -> list[Stage]:
+        """Fine-tuned: the backbone trained end to end at ``finetune_resolution``; frozen: the
+        probe's plan."""
+        if self.finetune:
+            image = self.finetune_resolution or inputs.shape.image
+            return self.finetune_stages(inputs, image, inputs.sizes[self.eval_split])
+        return super().plan(inputs)
 
 
 @dataclass
