@@ -548,3 +548,19 @@ def test_derived_seeds_are_stable_named_and_match_the_files_they_made():
     assert derived_seed(0, "blocks.0.attn.qkv.weight") == 3533784484680752091
     assert derived_seed(3, "fog", 2, "a/b.jpg") & 0xFFFFFFFF == 1939340872
     assert 0 <= derived_seed(2**40, "x") < 2**63
+
+
+def test_every_protocol_names_the_modules_that_implement_it():
+    """Each section of docs/protocols.md opens with the modules that implement it, and they
+    exist: a reader goes from the protocol to the code, and a moved module fails here."""
+    text = (ROOT / "docs" / "protocols.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    unnamed, missing = [], []
+    for section in sections:
+        title, _, body = section.partition("\n")
+        first = body.strip().split("\n\n", 1)[0]
+        if not first.startswith("Implemented in "):
+            unnamed.append(title)
+        paths = re.findall(r"`((?:evalkit|tasks)/[\w/]+\.py)`", first)
+        missing += [p for p in paths if not (ROOT / p).exists()]
+    assert not unnamed and not missing, (unnamed, missing)

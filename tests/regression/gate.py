@@ -1,5 +1,5 @@
 """The regression gate's rows: small backbones on embedded data, fast enough for every CI run
-(about four minutes on a 2-core CPU), compared two-sided with ``results/baselines/gate`` at the
+(its time on a 2-core CPU is the README's one figure), compared two-sided with ``results/baselines/gate`` at the
 tolerances of ``results/baselines/tolerances.toml``.
 
 Backbones: ``fake``, a random-init ``timm/vit_tiny_patch16_224`` and ``vit22b/test`` trained on
