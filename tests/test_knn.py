@@ -192,3 +192,30 @@ def test_bf16_certification_at_its_bound(monkeypatch):
     assert found.item() == truth
     monkeypatch.setattr(knn, "BF16_ERROR", 0.0)
     assert nearest([(train.float(), labels)], query.float(), k=1, search="bf16")[1].item() != truth
+
+
+@pytest.mark.parametrize("search", ["fp32", "bf16"])
+def test_only_near_ties_are_ranked_among_more_candidates_than_k(search, monkeypatch):
+    """Well-separated queries are proven by the rough product alone: exactly their k rows are
+    gathered for the float64 ordering. Queries with a duplicate straddling the k-th place go
+    to the wider ranking; the neighbours equal the reference either way."""
+    from evalkit.heads.knn import GridRows
+
+    widths = []
+    real = GridRows.similarities
+
+    def recorded(self, others, candidates=None):
+        widths.append(None if candidates is None else candidates.shape[1])
+        return real(self, others, candidates)
+
+    monkeypatch.setattr(GridRows, "similarities", recorded)
+    generator = torch.Generator().manual_seed(1)
+    train = torch.randn(2000, 32, generator=generator)
+    labels = torch.randint(0, 5, (2000,), generator=generator)
+    queries = train[:50] + 0.01 * torch.randn(50, 32, generator=generator)
+    sims, found = nearest([(train, labels)], queries, k=1, search=search)
+    assert set(widths) == {1} and torch.equal(found, _reference(train, labels, queries, 1))
+    widths.clear()
+    tied = torch.cat([train, train[:1]])  # the first query's neighbour, twice
+    sims, found = nearest([(tied, torch.cat([labels, labels[:1]]))], queries, k=1, search=search)
+    assert widths.count(1) == 1 and len(widths) >= 2  # 49 proven at once, 1 near tie wider

@@ -11,9 +11,12 @@ several k come from one pass, since the neighbours of k = 20 are the first 20 of
 
 One answer whatever the search: a fast product (float32, or bf16 where that is fast) only
 proposes candidates; the neighbours are always the candidates of highest float64 similarity,
-equal similarities ordered by training index. A query whose k-th float64 similarity does not
-clear the best rough similarity left out of its candidates by that product's error bound is
-ranked again with more candidates, then, if still unproven, by float64 over the whole chunk.
+equal similarities ordered by training index. Where a query's k-th rough similarity is more
+than twice the product's error bound above its (k+1)-th, its k neighbours are proven by the
+rough product alone and only those k rows are gathered to be ordered exactly. The others (near
+ties) are ranked exactly among 2k candidates (bf16: then 4k); a query whose k-th float64
+similarity still does not clear the best rough similarity left out by the error bound is
+ranked by float64 over the whole chunk.
 So ``search="fp32"``, ``"bf16"`` and ``"auto"`` give the same neighbours, in the same order,
 on any CPU or GPU, duplicate and near-duplicate training rows included.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +34,9 @@ from evalkit.device import fast_bf16
 TEMPERATURE = 0.07
 QUERY_BLOCK = 1024  # queries per rough product
 TRAIN_BLOCK = 4096  # training columns per rough product: 16 MB of fp32 similarities a block
-CANDIDATES = (2, 4)  # ranked exactly: 2k candidates, 4k for a query 2k cannot certify
+# candidates ranked exactly for a query the rough top-k does not prove: 2k, then 4k (bf16,
+# whose error bound is wider) before the whole chunk
+CANDIDATES = {torch.float32: (2,), torch.bfloat16: (2, 4)}
 EXACT_BYTES = 2**21  # float64 candidate rows gathered at once when ranking them exactly
 GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see GridRows)
 # How far a rough similarity of two unit vectors can be from the exact one. bf16: each entry
@@ -152,18 +158,33 @@ class Chunk:
 
     def top(self, queries: GridRows, rough: torch.Tensor, k: int):
         """The k rows of highest exact similarity to each query (similarities, chunk index)."""
-        widths = [min(times * k, len(self)) for times in CANDIDATES]
-        rough_top, candidates = self.rough_top(rough, widths[-1])
+        if k >= len(self):  # every row is a neighbour: order them exactly
+            return self.exhaustive(queries, k)
+        proof = Proof.of(rough, k, len(self))
+        rough_top, candidates = self.rough_top(rough, proof.widths[-1])
+        proven = proof.proven(rough_top)
+        sims = torch.empty(len(queries), k, dtype=torch.float64, device=rough.device)
+        index = torch.empty(len(queries), k, dtype=torch.long, device=rough.device)
+        sure, near = proven.nonzero()[:, 0], (~proven).nonzero()[:, 0]
+        if len(sure):  # only the k proven rows are gathered, to be ordered exactly
+            sims[sure], index[sure] = self.ranked(queries[sure], candidates[sure, :k], k)
+        if len(near):
+            ties = (rough_top[near], candidates[near])
+            sims[near], index[near] = self.near_ties(queries[near], ties, proof)
+        return sims, index
+
+    def near_ties(self, queries: GridRows, rough: tuple, proof: Proof):
+        """The exact top k of queries the rough top k does not prove: ranked among each width
+        of ``proof`` in turn, then over the whole chunk, until the k-th exact similarity
+        clears every rough one left out by the margin."""
+        rough_top, candidates = rough
+        k, widths = proof.k, proof.widths[1:]
         sims, index = self.ranked(queries, candidates[:, : widths[0]], k)
-        margin = slack(rough.dtype, rough.shape[1])
-        doubtful = torch.arange(len(queries), device=rough.device)
+        doubtful = torch.arange(len(queries), device=sims.device)
         for width, wider in zip(widths, [*widths[1:], None], strict=True):
             if width == len(self):  # every row was a candidate
                 break
-            # a row outside the first `width` candidates has a rough similarity ≤ the
-            # width-th, so an exact one ≤ that + the margin: it cannot beat (or tie) the k-th
-            kth = sims[doubtful, k - 1]
-            doubtful = doubtful[kth <= rough_top[doubtful, width - 1].double() + margin]
+            doubtful = doubtful[~proof.cleared(sims[doubtful, k - 1], rough_top[doubtful], width)]
             if not len(doubtful):
                 break
             if wider is None:
@@ -205,6 +226,35 @@ class Chunk:
             index = torch.arange(start, start + sims.shape[1], device=sims.device).expand_as(sims)
             best = _merge(best, ordered_top(sims, index, k), k)
         return best
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What proves a query's neighbours from rough similarities: ``k``, the candidate widths
+    (k + 1 for the rough top k's own proof, then those ranked exactly for near ties) and the
+    rough product's error bound."""
+
+    k: int
+    widths: tuple[int, ...]
+    margin: float
+
+    @classmethod
+    def of(cls, rough: torch.Tensor, k: int, rows: int) -> Proof:
+        widths = [min(times * k, rows) for times in CANDIDATES[rough.dtype]]
+        return cls(k, (k + 1, *widths), slack(rough.dtype, rough.shape[1]))
+
+    def proven(self, rough_top: torch.Tensor) -> torch.Tensor:
+        """Rows outside a query's rough top k are at most its (k+1)-th rough similarity +
+        margin exactly, rows inside at least its k-th − margin: a gap over twice the margin
+        proves the set (no tie can cross it)."""
+        gap = rough_top[:, self.k - 1].double() - rough_top[:, self.k].double()
+        return gap > 2 * self.margin
+
+    def cleared(self, kth: torch.Tensor, rough_top: torch.Tensor, width: int) -> torch.Tensor:
+        """Whether an exact k-th similarity beats every row outside the first ``width``
+        candidates: their rough similarity is at most the width-th, their exact one at most
+        that + margin, so none can beat (or tie) it."""
+        return kth > rough_top[:, width - 1].double() + self.margin
 
 
 def _above(sims: torch.Tensor, floor: torch.Tensor, start: int):
