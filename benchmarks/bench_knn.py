@@ -1,10 +1,10 @@
 """kNN: evalkit's chunked exact search against faiss's exact inner-product search
 (``IndexFlatIP``) on the same L2-normalised features — 100k × 768 training rows, 10k queries,
 1000 classes, k = 20 — in three interleaved rounds (faiss, evalkit, faiss, ...) so that both
-see the same machine. Target: evalkit as the task runs it (``search=auto``: the certified
-bf16 candidate search where bf16 products are fast, else fp32) ≥ 1.0× faiss, with identical
-neighbours' votes (top-1 predictions with uniform votes); the plain fp32 search is timed
-beside it. ``--small`` runs a tenth of the rows. faiss comes with the ``bench`` extra
+see the same machine (``--load N``: with N busy processes beside them; ``--one-thread``: both on
+one thread, CPU-time ratios). Target: evalkit as the task runs it (``search=auto``: the certified
+bf16 candidate search where bf16 products are fast, else fp32) and the fp32 search each
+≥ 1.0× faiss, with identical neighbours' votes (top-1 predictions with uniform votes). ``--small`` runs a tenth of the rows. faiss comes with the ``bench`` extra
 (``pip install -e '.[bench]'``).
 
 ``--device cuda`` measures the search on an accelerator instead (faiss-cpu has no device
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import report
+from benchmarks.common import busy_cores, report
 from evalkit.device import fast_bf16
 from evalkit.heads.knn import nearest, vote
 
@@ -71,7 +71,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true", help="a tenth of the rows")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--one-thread", action="store_true", help="both on one thread (CPU-time ratios)"
+    )
+    parser.add_argument(
+        "--load", type=int, default=0, help="this many busy processes beside the contenders"
+    )
     args = parser.parse_args()
+    if args.one_thread:
+        torch.set_num_threads(1)
+        import faiss
+
+        faiss.omp_set_num_threads(1)
     device = torch.device(args.device)
     scale = 10 if args.small else 1
     rows = 100_000 if device.type == "cpu" else 1_000_000
@@ -83,19 +94,23 @@ def main():
         "evalkit": ours,
         "evalkit_fp32": lambda *a: ours(*a, search="fp32"),
     }
-    timings, predictions = {name: [] for name in runs}, {}
-    for _ in range(3):
-        for name, fn in runs.items():
-            start = time.perf_counter()
-            predictions[name] = fn(train, labels, test)
-            if device.type == "cuda":  # the device's work, not only its queueing
-                torch.cuda.synchronize(device)
-            timings[name].append(round(time.perf_counter() - start, 2))
+    timings, cpu, predictions = {name: [] for name in runs}, {name: [] for name in runs}, {}
+    with busy_cores(args.load):
+        for _ in range(3):
+            for name, fn in runs.items():
+                start, used = time.perf_counter(), time.process_time()
+                predictions[name] = fn(train, labels, test)
+                if device.type == "cuda":  # the device's work, not only its queueing
+                    torch.cuda.synchronize(device)
+                timings[name].append(round(time.perf_counter() - start, 2))
+                cpu[name].append(round(time.process_time() - used, 2))
     best = {name: min(t) for name, t in timings.items()}
+    best_cpu = {name: min(t) for name, t in cpu.items()}
     base = next(iter(runs))
     reference = predictions[base]
+    suffix = ("_1thread" if args.one_thread else "") + (f"_load{args.load}" if args.load else "")
     report(
-        "knn" if device.type == "cpu" else f"knn_{device.type}",
+        ("knn" if device.type == "cpu" else f"knn_{device.type}") + suffix,
         {
             "train": len(train),
             "queries": len(test),
@@ -103,11 +118,15 @@ def main():
             "k": K,
             "device": str(device),
             "threads": torch.get_num_threads(),
+            "busy_processes": args.load,
             "seconds": timings,
+            "cpu_seconds": cpu,
             "bf16_search": fast_bf16(device),
             "baseline": base,
             f"speedup_vs_{base}": round(best[base] / best["evalkit"], 2),
             f"speedup_fp32_vs_{base}": round(best[base] / best["evalkit_fp32"], 2),
+            f"cpu_speedup_vs_{base}": round(best_cpu[base] / best_cpu["evalkit"], 2),
+            f"cpu_speedup_fp32_vs_{base}": round(best_cpu[base] / best_cpu["evalkit_fp32"], 2),
             "top1": {
                 n: round(100 * (p == test_labels).double().mean().item(), 2)
                 for n, p in predictions.items()

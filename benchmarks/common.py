@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -31,6 +32,36 @@ def best_time(fn, *, repeats: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """``count`` processes spinning on a core each for the block: the other work of a shared
+    machine, the same for every contender measured inside it."""
+    import multiprocessing
+
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in range(count)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+
+
+def timed(fn, *args):
+    """(result, wall seconds, CPU seconds of this process) of ``fn(*args)``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn(*args)
+    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def report(name: str, record: dict):

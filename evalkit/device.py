@@ -88,6 +88,38 @@ def available_cpus() -> int:
     return max(cpus or 1, 1)
 
 
+def free_cpus() -> int:
+    """Threads worth running now: torch's thread count, less the CPUs other work keeps busy at
+    this moment (runnable threads of other processes, from the kernel's count in
+    ``/proc/loadavg`` less this process's own). On a shared machine a thread per core would
+    wait at every barrier for a core another process holds; one per free core does not."""
+    wanted = min(torch.get_num_threads(), available_cpus())
+    try:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        own = sum(_task_state(task) == "R" for task in Path("/proc/self/task").iterdir())
+    except (OSError, ValueError, IndexError):
+        return wanted
+    return max(1, min(wanted, available_cpus() - max(0, running - own)))
+
+
+def on_free_cores(fn):
+    """``fn`` run with torch's threads set to ``free_cpus()`` when it is called."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with threads(free_cpus()):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _task_state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 def cpus_per_rank() -> int:
     """This rank's share of the node's CPUs (torchrun starts ``LOCAL_WORLD_SIZE`` ranks)."""
     return max(available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)

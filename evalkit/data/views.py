@@ -27,11 +27,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from evalkit.data import DECODERS
 from evalkit.data.folder import load_rgb, pixel_limit
+from evalkit.device import threads
 from evalkit.errors import EvalkitError
 
 TENSOR_BOUND_LEVELS = 2  # the largest per-pixel difference from ``pil`` on ImageNet-sized photos
@@ -85,7 +87,12 @@ class EvalView:
         return F.pil_to_tensor(image)
 
     def read(self, path: Path) -> torch.Tensor:
-        """The view of the image file at ``path``, by this view's decoder."""
+        """The view of the image file at ``path``, by this view's decoder, on one thread: one
+        image is too little work to split, and a split waits for cores a busy machine lacks."""
+        with threads(1):
+            return self._read(path)
+
+    def _read(self, path: Path) -> torch.Tensor:
         if self.decoder == "tensor":
             data = _plain_jpeg(path)
             if data is not None:
@@ -103,7 +110,10 @@ class EvalView:
         encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         image = decode_jpeg(encoded, mode=ImageReadMode.RGB)
         image = F.resize(image, self._target(), interpolation=self._mode(), antialias=True)
-        return F.center_crop(image, [self.size]).contiguous()
+        # the resize leaves channels innermost in memory: numpy's copy to channels-first is a
+        # third of torch's uint8 one (the same bytes)
+        crop = F.center_crop(image, [self.size]).numpy()
+        return torch.from_numpy(np.ascontiguousarray(crop))
 
     def geometry(self) -> dict:
         return {

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.device import fast_bf16
+from evalkit.device import fast_bf16, on_free_cores
 
 TEMPERATURE = 0.07
 QUERY_BLOCK = 1024  # queries per rough product
@@ -46,6 +46,7 @@ GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see GridRows)
 BF16_ERROR = 2**-8 + 2**-9 + 2**-16
 
 
+@on_free_cores
 def nearest(
     train_chunks: Iterable[tuple[torch.Tensor, torch.Tensor]],
     queries: torch.Tensor,

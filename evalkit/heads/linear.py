@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.device import fast_bf16, gpu_free_bytes, threads
+from evalkit.device import fast_bf16, gpu_free_bytes, on_free_cores, threads
 from evalkit.heads.kept_logits_fit import KeptLogitsFit
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
@@ -132,6 +132,7 @@ class Preconditioner:
         return (basis * scale.to(dtype)) @ basis.T
 
 
+@on_free_cores
 def fit_logistic(
     x,
     y,
@@ -154,7 +155,8 @@ def fit_logistic(
     when absent) is shared by the fits of one path. A weak penalty pins its optimum less (the
     weights can move by about gradient / l2), so the tolerance tightens to
     ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4. ``logits``: a path's exact logits at the start
-    and end of this fit (kept-logits fits)."""
+    and end of this fit (kept-logits fits). The passes run on the cores free when the fit
+    starts (``free_cpus``): the numbers do not depend on the thread count, the time does."""
     rows = x if isinstance(x, FeatureRows) else FeatureRows.of(x, y)
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
