@@ -60,12 +60,7 @@ def cmd_check_data(args, console) -> int:
     from evalkit.storage.identity import cache_root
 
     task = resolve_task(args.task, args.overrides)
-    config = DataConfig(
-        source=args.data,
-        root=args.data_dir,
-        cache=args.cache_dir or cache_root(),
-        decoder=args.decoder,
-    )
+    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
     progress = not args.quiet
     reports = [
         check_dataset(name, tuple(splits.values()), config, progress=progress)
@@ -119,7 +114,12 @@ def cmd_plan(args, console) -> int:
     from evalkit.storage.identity import cache_root
 
     task = resolve_task(args.task, args.overrides)
-    config = DataConfig(source=args.data, root=args.data_dir, cache=args.cache_dir or cache_root())
+    config = DataConfig(
+        source=args.data,
+        root=args.data_dir,
+        cache=args.cache_dir or cache_root(),
+        decoder=args.decoder,
+    )
     options = {k: getattr(args, k) for k in ("device", "dtype", "cache_dtype", "batch_size", "tp")}
     target = None if args.target == "this" else parse_target(args.target)
     stages, budget, sizes, shape, images = plan_run(
