@@ -1,6 +1,6 @@
 """The one small loop that trains heads on cached features, on the one ``Schedule`` (AdamW,
-linear warm-up then cosine decay, gradient clipping), bf16 autocast on CUDA, seeded batch order. Used by the dense tasks
-(segmentation and depth heads), LiT's text towers and anything else that trains a small module.
+linear warm-up then cosine decay, gradient clipping), bf16 autocast on CUDA, seeded batch order.
+Used by the dense tasks (segmentation and depth heads), LiT's text towers and anything else that trains a small module.
 
 ``ShardedOrder`` and ``ShardReader`` train on a split larger than memory (LiT's caption pairs,
 a video training split): batches are shuffled across the feature cache's shards a window of
@@ -52,47 +52,43 @@ def train(
     ``order(step)`` gives each step's indices (default: ``batch_order`` over ``n`` rows).
     Returns the loss of every step; what the steps draw (dropout) comes from the seed alone."""
     with seeded(cfg.seed):
-        return _train(module, step_loss, n, cfg, device, progress, after_backward, order)
+        module.train()
+        optimizer = torch.optim.AdamW(
+            module.parameters(), lr=cfg.lr, betas=(0.9, cfg.b2), weight_decay=cfg.weight_decay
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.factor)
+        use_bf16 = torch.device(device).type == "cuda"
+        losses = []
+        status = "loss {task.fields[loss]:.4f}"
+        with ProgressBar(progress, cfg.steps, "train head", status=status) as update:
+            batches = batch_order(n, cfg) if order is None else map(order, range(cfg.steps))
+            limit = limit_for("training")
+            for indices in batches:
 
+                def accumulated(size: int, indices=indices) -> float:
+                    optimizer.zero_grad(set_to_none=True)
+                    total = 0.0
+                    for start in range(0, len(indices), size):
+                        part = indices[start : start + size]
+                        with torch.autocast(
+                            torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16
+                        ):
+                            loss = step_loss(part)
+                        share = len(part) / len(indices)  # 1.0 when the batch fits: the same step
+                        (loss * share).backward()
+                        total += loss.item() * share
+                    return total
 
-def _train(module, step_loss, n, cfg: Schedule, device, progress, after_backward, order):
-    module.train()
-    optimizer = torch.optim.AdamW(
-        module.parameters(), lr=cfg.lr, betas=(0.9, cfg.b2), weight_decay=cfg.weight_decay
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.factor)
-    use_bf16 = torch.device(device).type == "cuda"
-    losses = []
-    status = "loss {task.fields[loss]:.4f}"
-    with ProgressBar(progress, cfg.steps, "train head", status=status) as update:
-        batches = batch_order(n, cfg) if order is None else map(order, range(cfg.steps))
-        limit = limit_for("training")
-        for indices in batches:
-
-            def accumulated(size: int, indices=indices) -> float:
-                optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for start in range(0, len(indices), size):
-                    part = indices[start : start + size]
-                    with torch.autocast(
-                        torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16
-                    ):
-                        loss = step_loss(part)
-                    share = len(part) / len(indices)  # 1.0 when the batch fits: the same step
-                    (loss * share).backward()
-                    total += loss.item() * share
-                return total
-
-            losses.append(limit.whole(accumulated, len(indices), "training"))
-            if after_backward is not None:
-                after_backward(module)
-            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip)
-            optimizer.step()
-            schedule.step()
-            update(loss=losses[-1])
-            curve({"loss": losses[-1], "lr": schedule.get_last_lr()[0]}, len(losses) - 1)
-    module.eval()
-    return losses
+                losses.append(limit.whole(accumulated, len(indices), "training"))
+                if after_backward is not None:
+                    after_backward(module)
+                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip)
+                optimizer.step()
+                schedule.step()
+                update(loss=losses[-1])
+                curve({"loss": losses[-1], "lr": schedule.get_last_lr()[0]}, len(losses) - 1)
+        module.eval()
+        return losses
 
 
 @dataclass
