@@ -16,6 +16,11 @@ outputs, and Holm's correction over the pairs of a leaderboard (``evalkit leader
   resamples fall on the far side — the tail too thin to count — the p-value is the normal
   tail of the bootstrap distribution, 2·Φ(−|difference| / its standard deviation), whose
   resolution has no floor. Either way the test says which it used.
+- A metric that is a function of sums over images (mIoU of summed intersections and unions,
+  ECE of each bin's summed gap, shape bias, an accuracy per group) declares those sums
+  (``Sums``): a resample is then a count per image, and the sums of many resamples one matrix
+  product of their counts with the per-image rows; the same draws, the same statistic, no
+  Python loop over resamples.
 - A cell of several seeds is one cluster per image: what is tested is the mean over its seeds
   of the metric (what the leaderboard ranks), each resample drawing the same images for every
   seed of both cells (``paired_bootstrap_seeds``); seeds are never counted as extra images.
@@ -105,10 +110,13 @@ def paired_bootstrap(
     *,
     seed: int = 0,
     resamples: int = RESAMPLES,
+    sums: Sums | None = None,
 ) -> Paired:
     """A paired bootstrap over images of ``metric`` (computed from per-image parts, rows of
-    ``parts_*``) for A − B."""
-    return paired_bootstrap_seeds([parts_a], [parts_b], metric, seed=seed, resamples=resamples)
+    ``parts_*``) for A − B; ``sums``: the same metric from sums over images (``Sums``)."""
+    return paired_bootstrap_seeds(
+        [parts_a], [parts_b], metric, seed=seed, resamples=resamples, sums=sums
+    )
 
 
 def paired_bootstrap_seeds(
@@ -118,11 +126,12 @@ def paired_bootstrap_seeds(
     *,
     seed: int = 0,
     resamples: int = RESAMPLES,
+    sums: Sums | None = None,
 ) -> Paired:
     """A paired bootstrap over images of the mean over seeds of ``metric`` for A − B: each
     side's seeds are per-image parts of the same images in the same order; a resample draws
     images once and scores every seed of both sides on that draw (an image is one cluster,
-    however many seeds saw it)."""
+    however many seeds saw it). With ``sums`` a chunk of resamples is scored at once."""
     seeds_a = [np.asarray(p, float) for p in seeds_a]
     seeds_b = [np.asarray(p, float) for p in seeds_b]
     count = len(seeds_a[0])
@@ -131,8 +140,15 @@ def paired_bootstrap_seeds(
         a = np.mean([metric(p if draw is None else p[draw]) for p in seeds_a])
         return float(a - np.mean([metric(p if draw is None else p[draw]) for p in seeds_b]))
 
+    prepared_a = [sums(p) for p in seeds_a] if sums else []
+    prepared_b = [sums(p) for p in seeds_b] if sums else []
+
     def differences_of(draws) -> np.ndarray:
-        """A chunk of resamples: at once for a mean of per-image values, else one by one."""
+        """A chunk of resamples: at once for a mean of per-image values or a metric of sums,
+        else one by one."""
+        if sums is not None:
+            counts = resample_counts(draws, count)
+            return resampled_metric(prepared_a, counts) - resampled_metric(prepared_b, counts)
         if metric is not mean_of:
             return np.array([difference(d) for d in draws])
         a = np.mean([p[:, 0][draws].mean(axis=1) for p in seeds_a], axis=0)
@@ -195,6 +211,28 @@ class PerImageTest:
     parts: Callable
     statistic: Callable[[np.ndarray], float]
     binary: bool = False
+    sums: Sums | None = None  # the statistic from sums over images, for fast resampling
+
+
+Sums = Callable[[np.ndarray], tuple[np.ndarray, Callable[[np.ndarray, int], np.ndarray]]]
+"""A metric that is a function of column sums over images: ``sums(parts)`` gives each image's
+row (images × m) and ``of_sums(totals, images)``, the metric of many resamples at once from
+their column totals ((resamples × m) → (resamples,)). ``of_sums`` of the plain totals is the
+metric itself, up to the order of the additions."""
+
+
+def resample_counts(draws: np.ndarray, images: int) -> np.ndarray:
+    """How often each image is drawn by each resample (rows of ``draws``): (resamples, images)."""
+    offsets = draws + images * np.arange(len(draws))[:, None]
+    counts = np.bincount(offsets.ravel(), minlength=len(draws) * images)
+    return counts.reshape(len(draws), images).astype(np.float64)
+
+
+def resampled_metric(prepared: list, counts: np.ndarray) -> np.ndarray:
+    """The metric on each resample (a row of ``counts``), averaged over seeds (``prepared``:
+    each seed's (rows, of_sums), as ``Sums`` gives them)."""
+    images = counts.shape[1]
+    return np.mean([of_sums(counts @ rows, images) for rows, of_sums in prepared], axis=0)
 
 
 def column_mean(column: str, scale: float = 1.0) -> PerImageTest:
@@ -223,7 +261,36 @@ def miou_of(parts: np.ndarray) -> float:
     return miou_of_classes(intersections, unions)
 
 
+def miou_of_sums(totals: np.ndarray, images: int) -> np.ndarray:
+    """``miou_of`` of each row of summed (intersections, unions): the mean IoU (×100) over the
+    classes present in that resample (0 where none is)."""
+    intersections, unions = np.split(totals, 2, axis=1)
+    present = unions > 0
+    ratios = np.divide(intersections, unions, out=np.zeros_like(intersections), where=present)
+    classes = present.sum(axis=1)
+    return np.where(classes > 0, 100.0 * ratios.sum(axis=1) / np.maximum(classes, 1), 0.0)
+
+
+def miou_sums(parts: np.ndarray):
+    """``Sums`` of mIoU: the per-image (intersections, unions) rows as they are."""
+    return parts, miou_of_sums
+
+
 def ece_of(parts: np.ndarray, bins: int) -> float:
     """ECE from per-image (confidence, correct) rows, binned as the calibration task bins."""
     confidence, correct = parts[:, 0], parts[:, 1]
     return binned_ece(confidence_bins(confidence, bins), correct, confidence, bins)
+
+
+def ece_gaps(parts: np.ndarray) -> np.ndarray:
+    """Each image's (correct − confidence) in its confidence bin's column, from (confidence,
+    correct, bins) rows: a bin's column sum is its gap, and ECE Σ_b |gap_b| / images."""
+    bins = int(parts[0, 2])
+    gaps = np.zeros((len(parts), bins))
+    gaps[np.arange(len(parts)), confidence_bins(parts[:, 0], bins)] = parts[:, 1] - parts[:, 0]
+    return gaps
+
+
+def ece_sums(parts: np.ndarray):
+    """``Sums`` of ECE from (confidence, correct, bins) rows."""
+    return ece_gaps(parts), lambda totals, images: np.abs(totals).sum(axis=1) / images

@@ -42,7 +42,7 @@ from evalkit.metrics import (
 from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
-from evalkit.significance import PerImageTest, ece_of
+from evalkit.significance import PerImageTest, ece_of, ece_sums
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
 CORRUPTION_NAMES = Rule(
@@ -69,6 +69,7 @@ class Calibration(LinearClassifier):
             return PerImageTest(
                 lambda frame: np.column_stack([frame[column], frame["correct"], frame["bins"]]),
                 lambda parts: ece_of(parts[:, :2], int(parts[0, 2])),
+                sums=ece_sums,
             )
         return super().paired_test(metric, columns)
 

@@ -44,7 +44,7 @@ from evalkit.protocols.grids import (
     save_picture_grid,
 )
 from evalkit.protocols.predictions import image_ids
-from evalkit.significance import PerImageTest, miou_of
+from evalkit.significance import PerImageTest, miou_of, miou_sums
 from evalkit.training.loop import sampled_batches
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a
@@ -90,6 +90,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
                     [np.stack(frame["intersection"]), np.stack(frame["union"])]
                 ),
                 miou_of,
+                sums=miou_sums,
             )
         return super().paired_test(metric, columns)
 

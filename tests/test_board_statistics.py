@@ -358,3 +358,105 @@ def test_across_tasks_wilcoxon_holm_cliques_tiers_and_the_cd_diagram(tmp_path, c
     )
     assert "critical-difference diagram" in page.read_text()
     assert (tmp_path / "board.cd.png").stat().st_size > 1000
+
+
+def sums_cases(seed: int, images: int) -> dict:
+    """Per-image parts of the four metrics that declare ``Sums``, and their tests."""
+    from evalkit.protocols.human_alignment import accuracy_sums, ood_accuracy_test, shape_bias_test
+    from evalkit.significance import ece_of, ece_sums, miou_of, miou_sums
+
+    rng = np.random.default_rng(seed)
+    overlap = rng.integers(0, 50, (images, 6)).astype(float) * (rng.uniform(size=(images, 6)) < 0.6)
+    miou = np.hstack([overlap, overlap + rng.integers(0, 30, (images, 6))])
+    confidence = rng.uniform(0.05, 1.0, images)
+    ece = np.column_stack([confidence, rng.uniform(size=images) < confidence, np.full(images, 15)])
+    cue = (rng.uniform(size=(images, 2)) < 0.4).astype(float)
+    sets = rng.integers(0, 3, images)
+    groups = np.where(
+        rng.uniform(size=images) < 0.1, -1, sets * 10_000 + rng.integers(0, 4, images)
+    )
+    ood = np.column_stack([rng.uniform(size=images) < 0.6, groups, sets]).astype(float)
+    return {
+        "miou": (miou, miou_of, miou_sums),
+        "ece": (ece, lambda p: ece_of(p[:, :2], 15), ece_sums),
+        "shape bias": (cue, shape_bias_test().statistic, shape_bias_test().sums),
+        "ood accuracy": (ood, ood_accuracy_test({}).statistic, accuracy_sums),
+    }
+
+
+@pytest.mark.parametrize("name", ["miou", "ece", "shape bias", "ood accuracy"])
+def test_a_metric_of_sums_on_resample_counts_is_the_metric_on_the_resample(name):
+    """What ``Sums`` computes from one product of counts is, on every resample, the metric the
+    row computes from the resampled images themselves (to the order of the additions)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from evalkit.significance import resample_counts
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.integers(0, 2**32 - 1), st.integers(5, 60))
+    def check(seed, images):
+        parts, statistic, sums = sums_cases(seed, images)[name]
+        draws = np.random.default_rng(seed + 1).integers(0, images, size=(8, images))
+        rows, of_sums = sums(parts)
+        fast = of_sums(resample_counts(draws, images) @ rows, images)
+        slow = np.array([statistic(parts[draw]) for draw in draws])
+        assert np.allclose(fast, slow, rtol=1e-12, atol=1e-12, equal_nan=True)
+        plain = of_sums(rows.sum(axis=0, keepdims=True), images)
+        assert np.allclose(plain, [statistic(parts)], rtol=1e-12, atol=1e-12, equal_nan=True)
+
+    check()
+
+
+def test_resample_counts_count_each_draw():
+    from evalkit.significance import resample_counts
+
+    draws = np.array([[0, 0, 2, 3], [1, 1, 1, 1]])
+    assert resample_counts(draws, 4).tolist() == [[2, 0, 1, 1], [0, 4, 0, 0]]
+
+
+def write_segmentation_cell(folder: Path, backbone: str, parts: np.ndarray):
+    """An ADE20k cell as a run writes it: its mIoU row, and per-image intersections and
+    unions (one list per image) under ``predictions/``."""
+    from evalkit.significance import miou_of
+
+    classes, key = parts.shape[1] // 2, f"{backbone:0>16}"
+    row = {"task": "ade20k-1/16", "backbone": backbone, "metric": "miou", "seed": 0}
+    row |= {"value": miou_of(parts), "higher_is_better": True, "run_key": key}
+    row["dataset"] = {"name": "ade20k", "own": True, "stand_in": False}
+    (folder / "predictions").mkdir(parents=True, exist_ok=True)
+    with open(folder / "ade20k-1_16.jsonl", "a") as rows:
+        rows.write(json.dumps(row) + "\n")
+    frame = pd.DataFrame({"image": [f"{i}.png" for i in range(len(parts))]})
+    frame["intersection"] = list(parts[:, :classes])
+    frame["union"] = list(parts[:, classes:])
+    frame.to_parquet(folder / "predictions" / f"ade20k-1_16--{backbone}--s0--{key}.parquet")
+
+
+def test_an_miou_board_is_bootstrapped_on_shared_counts_with_the_loops_verdicts(
+    tmp_path, monkeypatch
+):
+    """mIoU is a metric of sums: a board scores each cell once on the shared draws (each
+    pair's own bootstrap gives the same bits), and its p-values and verdicts are the ones the
+    resample-by-resample loop gives on the same draws."""
+    import evalkit.publish.leaderboard as board_module
+    from evalkit.significance import miou_of, paired_bootstrap
+
+    rng = np.random.default_rng(5)
+    truth = rng.integers(1, 40, (150, 8)).astype(float)
+    cells = []
+    for b in range(4):
+        hit = np.minimum(truth, rng.binomial(truth.astype(int), 0.5 + 0.08 * b))
+        cells.append(np.hstack([hit, 2 * truth - hit]))
+        write_segmentation_cell(tmp_path, f"b{b}", cells[-1])
+    shared = leaderboard([tmp_path], seed=3)["tasks"][0]["pairs"]
+    assert all("bootstrap" in pair["test"] for pair in shared)
+    monkeypatch.setattr(board_module, "shared_resamples", lambda *_: None)
+    alone = leaderboard([tmp_path], seed=3)["tasks"][0]["pairs"]
+    assert [(p["p"], p["interval"]) for p in shared] == [(p["p"], p["interval"]) for p in alone]
+    by_name = {f"b{b}": parts for b, parts in enumerate(cells)}
+    for pair in shared:
+        loop = paired_bootstrap(by_name[pair["a"]], by_name[pair["b"]], miou_of, seed=3)
+        assert pair["p"] == loop.p
+        assert np.allclose(pair["interval"], loop.interval, rtol=1e-9)
+    assert sum(pair["significant"] for pair in shared) >= 3

@@ -141,12 +141,13 @@ class DiskFull:
     rows' ``fsync`` fail with ENOSPC at call number ``at``."""
 
     def __init__(self, at: int):
-        self.at, self.calls = at, 0
+        self.at, self.calls, self.failed_on = at, 0, None
 
     def __call__(self, real):
         def failing(*args, **kwargs):
             self.calls += 1
             if self.calls == self.at:
+                self.failed_on = str(args[-1])
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(*args, **kwargs)
 
@@ -172,7 +173,14 @@ def full_disk_at(at: int, args, tmp_path, monkeypatch, capsys, expected: dict):
         patch.setattr(os, "replace", fault(os.replace))
         patch.setattr(os, "fsync", fault(os.fsync))
         code = main([*args, "--cache-dir", str(cache), "--out", str(out)])
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    lines = capsys.readouterr().err.splitlines()
+    if f"{os.sep}pixels{os.sep}" in str(fault.failed_on):
+        # decoded views only save the next backbone time: the run goes on without them
+        kept = [line for line in lines if "kept for the next backbone" in line]
+        assert code == 0 and len(kept) == 1 and "no space left" in kept[0].lower(), (at, lines)
+        assert rows(out) == expected, at
+        return
+    err = [line for line in lines if line.startswith("error")]
     assert code == 2 and len(err) == 1 and "no space left" in err[0], (at, err)
     assert "writing a file" not in err[0], (at, err)  # the path is named
     assert leftovers(cache, out) == [], at  # the failed write took its temporary file away

@@ -129,3 +129,25 @@ def test_slurms_cpu_count_caps_the_affinity_never_raises_it(monkeypatch):
     for slurm, expected in (("2", 2), ("16", 4), ("", 4)):
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", slurm)
         assert device.available_cpus() == expected, slurm
+
+
+def test_decoded_ahead_keeps_order_and_raises_the_producers_error_as_raised():
+    import threading
+
+    assert list(feeding.decoded_ahead(iter(range(50)), depth=2)) == list(range(50))
+
+    def failing():
+        yield from range(3)
+        raise device.EvalkitError("image 3: not a JPEG (expected ...)")
+
+    got = []
+    with pytest.raises(device.EvalkitError, match="image 3: not a JPEG"):
+        for item in feeding.decoded_ahead(failing()):
+            got.append(item)
+    assert got == [0, 1, 2]
+
+    started = threading.active_count()
+    ahead = feeding.decoded_ahead(iter(range(10**6)), depth=2)
+    assert next(ahead) == 0
+    ahead.close()  # a caller that stops early stops the thread
+    assert threading.active_count() == started

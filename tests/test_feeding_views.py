@@ -241,9 +241,26 @@ def test_a_damaged_view_shard_is_decoded_again(tmp_path, capsys, decodes):
     extract(load_backbone("fake"), folder, tmp_path / "cache")
     shard = sorted((tmp_path / "cache" / "pixels").rglob("shard-00001.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:-7])
-    extract(load_backbone("fake", BackboneOptions(seed=1)), folder, tmp_path / "cache")
+    second = load_backbone("fake", BackboneOptions(seed=1))
+    features = extract(second, folder, tmp_path / "cache")
     assert len(decodes) == 8 + 4  # the damaged shard's images again, not the sound one's
     assert "unusable" in capsys.readouterr().err
+    assert torch.equal(features, extract(second, folder, None))
+    assert shard.exists()  # decoded again and kept again
+    extract(load_backbone("fake", BackboneOptions(seed=2)), folder, tmp_path / "cache")
+    assert len(decodes) == 8 + 4 + 8  # the uncached run's; the third backbone decodes none
+
+
+def test_without_workers_a_thread_decodes_ahead_with_the_same_features(tmp_path, monkeypatch):
+    """``--workers 0``: one thread decodes a few batches ahead of the forward; the features
+    are the ones decoded in turn with the forward (the thread changes when, never what)."""
+    from evalkit.cache import features as module
+
+    folder = class_folder(tmp_path / "data", count=10)
+    ahead = extract(load_backbone("fake"), folder, None)
+    calls = []
+    monkeypatch.setattr(module, "decoded_ahead", lambda batches: calls.append(1) or batches)
+    assert torch.equal(ahead, extract(load_backbone("fake"), folder, None)) and calls
 
 
 def test_a_full_disk_for_views_warns_and_keeps_the_features(tmp_path, monkeypatch, capsys):

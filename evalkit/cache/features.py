@@ -33,7 +33,7 @@ from evalkit.batching import BatchLimit
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
 from evalkit.data import pixels_setting
 from evalkit.data.clips import split_status
-from evalkit.data.feeding import loader_options, loader_workers, on_device
+from evalkit.data.feeding import decoded_ahead, loader_options, loader_workers, on_device
 from evalkit.errors import EvalkitError, warn_once
 from evalkit.progress import ProgressBar
 from evalkit.storage import shards as files
@@ -355,8 +355,8 @@ class Feed:
     cached: set[int] = field(default_factory=set)
 
     def order(self, todo: list[int]) -> list[int]:
-        """Shards whose views are cached first, then those to decode (the cached views are
-        checked only when there is something to compute)."""
+        """Shards whose views are cached first, then those to decode (looked for only when
+        there is something to compute; each is checked as it is read)."""
         if todo and self.pixels is not None:
             self.cached = self.pixels.ready(recheck=self.settings.verify_cache)
         return [i for i in todo if i in self.cached] + [i for i in todo if i not in self.cached]
@@ -368,15 +368,29 @@ class Feed:
         ]
 
     def images(self, todo: list[int]):
-        """(images, labels) of the ``todo`` shards' batches, in that order."""
+        """(images, labels) of the ``todo`` shards' batches, in that order: without worker
+        processes, read and decoded by a thread a few batches ahead of the forward."""
+        decode = self.batches([i for i in todo if i not in self.cached])
+        workers = loader_workers(self.settings.workers, self.settings.device, len(decode))
+        batches = self._batches(todo, decode, workers)
+        return batches if workers else decoded_ahead(batches)
+
+    def _batches(self, todo: list[int], decode: list[list[int]], workers: int):
+        size = self.settings.batch_size
         for index in (i for i in todo if i in self.cached):
-            yield from self.pixels.batches(index, self.settings.batch_size)
-        decode = [i for i in todo if i not in self.cached]
+            shard = self.pixels.read(index)
+            if shard is None:  # damaged (reported and removed): its images are decoded
+                self.cached.discard(index)
+                yield from self._decoded(self.batches([index]), workers=0)
+                continue
+            for start in range(0, len(shard["labels"]), size):
+                yield shard["images"][start : start + size], shard["labels"][start : start + size]
         if decode:
-            batches = self.batches(decode)
-            workers = loader_workers(self.settings.workers, self.settings.device, len(batches))
-            options = loader_options(self.settings.device, workers)
-            yield from torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
+            yield from self._decoded(decode, workers)
+
+    def _decoded(self, batches: list[list[int]], workers: int):
+        options = loader_options(self.settings.device, workers)
+        return torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
 
     def source(self, index: int) -> str | None:
         """The cached shard the views of shard ``index`` were read from (None: decoded from

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -58,28 +57,24 @@ class PixelStore:
     folder: Path
     wanted: list[files.Place]
     writable: bool
+    unchecked: set[int] = field(default_factory=set)
 
     def ready(self, recheck: bool = False) -> set[int]:
-        """The shards on disk that pass their checks (a damaged one is reported and removed)."""
+        """The shards on disk. Those not checked in full since they last changed (all of them
+        with ``recheck``) are checked as they are read (``read``), beside the forward."""
         if not self.folder.exists():
             return set()
-        bad = files.verify_shards(
-            self.folder, self.wanted, recheck=recheck, read_only=not self.writable
-        )
-        unusable = {files.shard_index(path) for path in bad}
-        return {
-            p.index
-            for p in self.wanted
-            if p.index not in unusable and files.shard_path(self.folder, p.index).exists()
+        self.unchecked = {
+            p.index for p in files.unchecked_shards(self.folder, self.wanted, recheck=recheck)
         }
+        return {p.index for p in self.wanted if files.shard_path(self.folder, p.index).exists()}
 
-    def batches(self, index: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Shard ``index``'s (images, labels) in batches of ``batch_size``, as the loader cuts
-        the same indices."""
-        shard = files.read_shard(files.shard_path(self.folder, index))
-        for start in range(0, len(shard["labels"]), batch_size):
-            stop = start + batch_size
-            yield shard["images"][start:stop], shard["labels"][start:stop]
+    def read(self, index: int) -> dict | None:
+        """Shard ``index``'s images and labels; None when its full check fails (it is
+        reported and removed, and its images are to be decoded again)."""
+        if index not in self.unchecked:
+            return files.read_shard(files.shard_path(self.folder, index))
+        return files.load_checked(self.folder, self.wanted[index], read_only=not self.writable)
 
     def save(self, index: int, images: torch.Tensor, labels: torch.Tensor):
         """Keep a shard's views; a write that fails (a full disk) stops keeping them, with a
@@ -116,7 +111,11 @@ def pixel_store(dataset, settings, *, dataset_id: str, split: str, subset_key: s
         return PixelStore(folder, wanted, writable=False) if folder.exists() else None
     if asked == "auto" and not folder.exists() and not fits(folder, view, n):
         return None
-    _write_meta(folder, view, split, n, settings.shard_size)
+    try:
+        _write_meta(folder, view, split, n, settings.shard_size)
+    except EvalkitError as exc:  # a full disk: the views only save the next backbone time
+        warn(f"decoded images are not kept for the next backbone: {exc}")
+        return None
     return PixelStore(folder, wanted, writable=True)
 
 

@@ -47,7 +47,7 @@ from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
 from evalkit.data import DECODERS, PIXELS, DataConfig, is_stand_in
 from evalkit.data.check import find_data
-from evalkit.device import check_device, default_device, default_dtype
+from evalkit.device import check_device, default_device, default_dtype, keep_freed_buffers
 from evalkit.errors import EvalkitError, warn
 from evalkit.storage.identity import cache_root, library_versions, read_json, spec_key
 from evalkit.storage.shards import DAMAGED
@@ -273,6 +273,7 @@ def run(
         if on_data is not None:
             on_data(line)
     distributed.setup(spec.tp, device=spec.resolved_device)
+    keep_freed_buffers()
     restore = run_numerics()
     identities = {}
     zoo = spec.is_zoo or len(tasks) > 1

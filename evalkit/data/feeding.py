@@ -9,11 +9,15 @@ CPUs of the process's affinity mask (what a Slurm allocation or ``taskset`` gran
 that drives the device. On a CPU-only job the decoding competes with the forward for the same
 cores, so fewer workers are used there (see ``decode_workers``); but even a small split is
 decoded in a worker, since per-image work in the main process contends with the forward's
-threads (``loader_workers``).
+threads (``loader_workers``). Without worker processes (``--workers 0``) one thread of the
+process decodes a few batches ahead of the forward (``decoded_ahead``), so the two overlap
+rather than take turns.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -21,6 +25,8 @@ import torch
 from evalkit.device import decode_workers
 
 FEW_BATCHES = 3  # a loader of this many batches or fewer decodes in the process itself
+AHEAD = 2  # batches a decoding thread may hold ready beyond the one being computed
+_DONE = object()
 
 
 def loader_workers(requested: int | None, device: str, batches: int) -> int:
@@ -100,3 +106,46 @@ def on_device(batches: Iterable, device: str) -> Iterator[tuple]:
         ahead = (images, moved, labels)
     if ahead is not None:
         yield ahead
+
+
+def decoded_ahead(batches: Iterable, depth: int = AHEAD) -> Iterator:
+    """The items of ``batches`` in their order, produced by one thread that runs up to
+    ``depth`` items ahead of the caller. Decoding (JPEG, resize, video frames) releases the
+    interpreter, so it proceeds beside the forward on another core. An error raised while
+    producing an item is raised here, as it was raised; a caller that stops early stops the
+    thread."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def hand_over(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in batches:
+                if not hand_over((item, None)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            hand_over((None, exc))
+            return
+        hand_over((_DONE, None))
+
+    thread = threading.Thread(target=produce, name="evalkit-decode", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = ready.get()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()

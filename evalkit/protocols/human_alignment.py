@@ -223,7 +223,33 @@ def ood_accuracy_test(excluded: dict) -> PerImageTest:
             per_set[int(code) // 10_000].append(value)
         return float(np.mean([np.mean(values) for values in per_set.values()]))
 
-    return PerImageTest(parts, statistic)
+    return PerImageTest(parts, statistic, sums=accuracy_sums)
+
+
+def accuracy_sums(parts: np.ndarray):
+    """``Sums`` of OOD accuracy: per image, its right-or-wrong in its kept group's column and a
+    one in the group's count column; of the sums, the mean over sets of the mean over the
+    set's groups present in that resample of their accuracy."""
+    groups, index = np.unique(parts[:, 1], return_inverse=True)
+    rows = np.zeros((len(parts), 2 * len(groups)))
+    rows[np.arange(len(parts)), index] = parts[:, 0]
+    rows[np.arange(len(parts)), len(groups) + index] = 1.0
+    kept = groups >= 0
+    sets = groups[kept] // 10_000
+    rows = rows[:, np.concatenate([kept, kept])]
+
+    def of_sums(totals: np.ndarray, images: int) -> np.ndarray:
+        right, seen = np.split(totals, 2, axis=1)
+        accuracy = np.divide(right, seen, out=np.zeros_like(right), where=seen > 0)
+        per_set = []
+        for number in np.unique(sets):
+            present = seen[:, sets == number] > 0
+            count = present.sum(axis=1)
+            total = accuracy[:, sets == number].sum(axis=1)
+            per_set.append(np.where(count > 0, total / np.maximum(count, 1), np.nan))
+        return np.nanmean(np.stack(per_set, axis=1), axis=1)
+
+    return rows, of_sums
 
 
 def shape_bias_test() -> PerImageTest:
@@ -242,4 +268,9 @@ def shape_bias_test() -> PerImageTest:
         shape, texture = parts.sum(axis=0)
         return float(shape / (shape + texture)) if shape + texture else math.nan
 
-    return PerImageTest(parts, statistic)
+    def of_sums(totals: np.ndarray, images: int) -> np.ndarray:
+        shape, texture = totals[:, 0], totals[:, 1]
+        either = shape + texture
+        return np.divide(shape, either, out=np.full_like(shape, math.nan), where=either > 0)
+
+    return PerImageTest(parts, statistic, sums=lambda parts: (parts, of_sums))

@@ -47,6 +47,8 @@ from evalkit.significance import (
     mean_of,
     paired_bootstrap,
     paired_bootstrap_seeds,
+    resample_counts,
+    resampled_metric,
 )
 
 
@@ -463,7 +465,7 @@ def paired_on(metric: str, frame_a, frame_b, seed: int, task: str | None = None)
         return bad
     if test.binary:
         return mcnemar(*(side[:, 0] > 0 for side in parts))
-    return paired_bootstrap(*parts, test.statistic, seed=seed)
+    return paired_bootstrap(*parts, test.statistic, seed=seed, sums=test.sums)
 
 
 def paired_on_seeds(
@@ -477,25 +479,25 @@ def paired_on_seeds(
         return f"no per-image outputs of {metric}"
     seeds_a, seeds_b = [test.parts(f) for f in frames_a], [test.parts(f) for f in frames_b]
     return not_numbers(*seeds_a, *seeds_b) or paired_bootstrap_seeds(
-        seeds_a, seeds_b, test.statistic, seed=seed
+        seeds_a, seeds_b, test.statistic, seed=seed, sums=test.sums
     )
 
 
 @dataclass
 class SharedResamples:
     """The paired bootstrap of a whole board at once, for a metric that is a mean of
-    per-image values: every cell scored on one set of resampled images (the draws a pair's
-    own bootstrap makes from the same seed), so each cell's resampled means are computed once
-    and a pair's resampled differences are a subtraction — 20 backbones cost 20 passes over
-    the images, not 190."""
+    per-image values or a function of sums over images (``Sums``): every cell scored on one
+    set of resampled images (the draws a pair's own bootstrap makes from the same seed), so
+    each cell's resampled metric is computed once and a pair's resampled differences are a
+    subtraction — 20 backbones cost 20 passes over the images, not 190."""
 
     observed: dict[int, float]
-    means: dict[int, np.ndarray]
+    resampled: dict[int, np.ndarray]
     images: int
     seeds: dict[int, int]
 
     def pair(self, a: int, b: int) -> Paired:
-        differences = self.means[a] - self.means[b]
+        differences = self.resampled[a] - self.resampled[b]
         observed = self.observed[a] - self.observed[b]
         low, high = np.percentile(differences, [2.5, 97.5])
         low90, high90 = np.percentile(differences, [5, 95])
@@ -512,40 +514,57 @@ class SharedResamples:
 
 
 def shared_resamples(board: Board, outputs: dict, seed: int) -> SharedResamples | None:
-    """``SharedResamples`` of a board whose test is a mean of per-image values (bootstrapped:
-    not a one-seed right-or-wrong pair, which McNemar tests) and whose cells all scored the
-    same images with numbers; None otherwise (each pair is then tested on its own)."""
+    """``SharedResamples`` of a board whose test is bootstrapped (not a one-seed right-or-wrong
+    pair, which McNemar tests) on a mean or sums, and whose cells all scored the same images
+    with numbers; None otherwise (each pair is then tested on its own)."""
     if len(board.cells) < 3 or any(isinstance(o, str) for o in outputs.values()):
         return None
-    task = board_task(board)
     first_ids, first_frames = outputs[id(board.cells[0])]
-    test = declared_test(task, board.metric, set(first_frames[0].columns))
+    test = declared_test(board_task(board), board.metric, set(first_frames[0].columns))
     one_seed = all(len(frames) == 1 for _, frames in outputs.values())
-    if test is None or test.statistic is not mean_of or (test.binary and one_seed):
+    if test is None or (test.binary and one_seed):
         return None
-    values = {}
+    if test.statistic is not mean_of and test.sums is None:
+        return None
+    cells = {}
     for cell in board.cells:
         ids, frames = outputs[id(cell)]
         if sorted(ids) != sorted(first_ids):
             return None
         order = {image: i for i, image in enumerate(ids)}
         rows = [order[image] for image in first_ids]
-        per_seed = np.stack([test.parts(frame)[rows, 0] for frame in frames])
-        if not np.isfinite(per_seed).all():
+        cells[id(cell)] = [test.parts(frame)[rows] for frame in frames]
+        if not_numbers(*cells[id(cell)]) is not None:
             return None  # the pair's own test names the images that are not numbers
-        values[id(cell)] = per_seed.mean(axis=0)  # a linear statistic: seeds average first
-    count, rng = len(first_ids), np.random.default_rng(seed)
-    means = {key: np.empty(RESAMPLES) for key in values}
+    observed, resampled = _resampled_cells(cells, test, len(first_ids), seed)
+    seeds = {id(cell): len(outputs[id(cell)][1]) for cell in board.cells}
+    return SharedResamples(observed, resampled, len(first_ids), seeds)
+
+
+def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, dict]:
+    """Each cell's observed metric (mean over its seeds) and its metric on each of the shared
+    resamples: the mean of its values for a mean (seeds average first, as the statistic is
+    linear), else ``Sums`` of each seed from one product of counts per chunk."""
+    if test.sums is None:
+        values = {key: np.mean([p[:, 0] for p in parts], axis=0) for key, parts in cells.items()}
+        observed = {key: float(value.mean()) for key, value in values.items()}
+    else:
+        prepared = {key: [test.sums(p) for p in parts] for key, parts in cells.items()}
+        observed = {
+            key: float(np.mean([test.statistic(p) for p in parts])) for key, parts in cells.items()
+        }
+    rng = np.random.default_rng(seed)
+    resampled = {key: np.empty(RESAMPLES) for key in cells}
     for start in range(0, RESAMPLES, CHUNK):
         draws = rng.integers(0, count, size=(min(CHUNK, RESAMPLES - start), count))
-        for key, value in values.items():
-            means[key][start : start + len(draws)] = value[draws].mean(axis=1)
-    return SharedResamples(
-        {key: float(value.mean()) for key, value in values.items()},
-        means,
-        count,
-        {id(cell): len(outputs[id(cell)][1]) for cell in board.cells},
-    )
+        counts = resample_counts(draws, count) if test.sums is not None else None
+        for key in cells:
+            chunk = slice(start, start + len(draws))
+            if counts is None:
+                resampled[key][chunk] = values[key][draws].mean(axis=1)
+            else:
+                resampled[key][chunk] = resampled_metric(prepared[key], counts)
+    return observed, resampled
 
 
 def board_task(board: Board) -> str | None:

@@ -73,7 +73,8 @@ def shard_checksum(shard: dict[str, torch.Tensor], place: Place) -> str:
     for name in sorted(shard):
         tensor = shard[name].contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        if tensor.numel():  # the tensor's own memory, hashed without a copy
+            digest.update(tensor.view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -154,17 +155,15 @@ def verify_shards(
     the bad shards. ``read_only``: nothing is deleted or written (a read-only cache)."""
     folder = Path(folder)
     verified = read_json(folder / VERIFIED)
-    listed = read_json(folder / MANIFEST).get("checksums", {})
+    on_disk = [p for p in wanted if shard_path(folder, p.index).exists()]
+    unknown = unchecked_shards(folder, on_disk, recheck=recheck)
+    checked = _checked_in_parallel(folder, unknown, read_only)
     bad = []
-    for place in wanted:
+    for place in on_disk:
         path = shard_path(folder, place.index)
-        if not path.exists():
-            continue
-        stamp = file_stamp(path)
-        known = verified.get(path.name) == stamp and _header_matches(path, place, listed)
-        if recheck or stamp is None or not known:
-            verified[path.name] = _verify_one(path, place, listed.get(str(place.index)), read_only)
-            if verified[path.name] is None and (read_only or not path.exists()):
+        if place in checked:
+            verified[path.name] = checked[place]
+            if checked[place] is None and (read_only or not path.exists()):
                 bad.append(path)
         if advance is not None:
             advance(1)
@@ -240,17 +239,81 @@ def _header_matches(path: Path, place: Place, listed: dict) -> bool:
     return metadata.get(PLACE) == place.text() and expected in (None, metadata.get(CHECKSUM))
 
 
-def _verify_one(path: Path, place: Place, listed: str | None, read_only: bool = False):
-    """The shard's stamp when it checks out (None while too fresh to vouch for); None, and
-    the shard deleted (kept in a read-only cache), when not."""
+def unchecked_shards(folder: Path, wanted: Iterable[Place], recheck: bool = False) -> list[Place]:
+    """The shards of ``wanted`` on disk that have not passed a full check since they last
+    changed (by their stamp in ``verified.json``), or whose header is not the one their place
+    and the entry's manifest expect: every one of them with ``recheck``."""
+    folder = Path(folder)
+    verified, listed = read_json(folder / VERIFIED), _listed(folder)
+
+    def known(place: Place) -> bool:
+        path = shard_path(folder, place.index)
+        stamp = file_stamp(path)
+        return (
+            stamp is not None
+            and verified.get(path.name) == stamp
+            and _header_matches(path, place, listed)
+        )
+
+    on_disk = [p for p in wanted if shard_path(folder, p.index).exists()]
+    return [p for p in on_disk if recheck or not known(p)]
+
+
+def load_checked(folder: Path, place: Place, read_only: bool = False) -> dict | None:
+    """The shard at ``place``, read once and checked in full, its stamp then recorded in
+    ``verified.json``; None when it is damaged, which is reported and handled as
+    ``verify_shards`` handles it (removed with the manifest and marked damaged; only
+    reported in a read-only cache). For a reader that checks each shard as it uses it."""
+    folder, path = Path(folder), shard_path(folder, place.index)
     try:
-        load_shard(path, place, listed)
-        return file_stamp(path) or (read_only and "fresh")
+        shard = load_shard(path, place, _listed(folder).get(str(place.index)))
     except CorruptShard as exc:
-        warn(f"cached features {path} are unusable ({exc}): recomputing them")
+        _report_damaged(path, exc, read_only)
         if not read_only:
-            path.unlink(missing_ok=True)
+            (folder / MANIFEST).unlink(missing_ok=True)
+            mark_damaged(folder, [path.name])
         return None
+    if not read_only and (stamp := file_stamp(path)) is not None:
+        write_json(folder / VERIFIED, read_json(folder / VERIFIED) | {path.name: stamp})
+    return shard
+
+
+def _listed(folder: Path) -> dict:
+    """Each shard's checksum as the entry's manifest lists it (empty before it is complete)."""
+    return read_json(Path(folder) / MANIFEST).get("checksums", {})
+
+
+def _report_damaged(path: Path, problem: CorruptShard, read_only: bool):
+    warn(f"cached features {path} are unusable ({problem}): recomputing them")
+    if not read_only:
+        path.unlink(missing_ok=True)
+
+
+def _checked_in_parallel(folder: Path, places: list[Place], read_only: bool):
+    """Each of ``places``' stamp after a full check (None: unusable, or too fresh to vouch
+    for). The shards are read and hashed on torch's threads at once (hashing releases the
+    interpreter); the warnings of bad ones come after, in the shards' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    listed = _listed(folder)
+
+    def check(place: Place) -> str | CorruptShard | None:
+        path = shard_path(folder, place.index)
+        try:
+            load_shard(path, place, listed.get(str(place.index)))
+            return file_stamp(path) or (read_only and "fresh")
+        except CorruptShard as exc:
+            return exc
+
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(torch.get_num_threads(), len(places), 8))
+    ) as pool:
+        results = dict(zip(places, pool.map(check, places), strict=True))
+    for place, result in results.items():
+        if isinstance(result, CorruptShard):
+            _report_damaged(shard_path(folder, place.index), result, read_only)
+            results[place] = None
+    return results
 
 
 def write_manifest(folder: Path, wanted: list[Place], n: int):
