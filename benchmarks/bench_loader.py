@@ -227,6 +227,9 @@ def end_to_end(paths: list[Path], folder: Path) -> dict:
     pixel cache's views, new features) against the first, in interleaved rounds (medians)."""
     import tempfile
 
+    from evalkit.device import keep_freed_buffers
+
+    keep_freed_buffers()  # as a run sets it: the decoder alone measured on the same allocator
     root = class_folders(paths, folder)
     rates = {"decoder_alone": [], "first_backbone": [], "second_backbone": []}
     for _ in range(3):

@@ -61,17 +61,40 @@ def mcnemar(a_right: np.ndarray, b_right: np.ndarray) -> Paired:
     a_right, b_right = np.asarray(a_right, bool), np.asarray(b_right, bool)
     only_a = int((a_right & ~b_right).sum())
     only_b = int((~a_right & b_right).sum())
-    difference = 100.0 * (only_a - only_b) / max(len(a_right), 1)
+    return _mcnemar_of(
+        only_a, only_b, len(a_right), binomial_two_sided(min(only_a, only_b), only_a + only_b)
+    )
+
+
+def mcnemar_all(rights: np.ndarray) -> dict[tuple[int, int], Paired]:
+    """``mcnemar`` of every two rows of ``rights`` (models × images, right or wrong on the
+    same images), keyed (i, j) for i < j: each pair's discordant counts from one product of
+    the correctness matrix with its complement (whole numbers, exact in any order), and the
+    binomial tails of all pairs at once."""
+    right = np.asarray(rights, dtype=np.float64)
+    only = right @ (1.0 - right).T  # only[i, j]: images row i got right and row j did not
+    i, j = np.triu_indices(len(right), k=1)
+    only_a, only_b = only[i, j].astype(np.int64), only[j, i].astype(np.int64)
+    p = binomial_two_sided(np.minimum(only_a, only_b), only_a + only_b)
+    count = right.shape[1]
+    return {
+        (int(a), int(b)): _mcnemar_of(int(x), int(y), count, float(q))
+        for a, b, x, y, q in zip(i, j, only_a, only_b, p, strict=True)
+    }
+
+
+def _mcnemar_of(only_a: int, only_b: int, images: int, p: float) -> Paired:
+    count = max(images, 1)
+    difference = 100.0 * (only_a - only_b) / count
     test = f"exact McNemar ({only_a} images only A right, {only_b} only B)"
-    count = max(len(a_right), 1)
     # the paired difference of two proportions: var = (b + c − (b − c)²/n) / n²
     spread = 100.0 * math.sqrt(max(only_a + only_b - (only_a - only_b) ** 2 / count, 0)) / count
     half = Z90 * spread
     return Paired(
         difference,
-        binomial_two_sided(min(only_a, only_b), only_a + only_b),
+        p,
         test,
-        images=len(a_right),
+        images=images,
         interval90=(difference - half, difference + half),
         flips=(only_a, only_b),
     )
@@ -92,15 +115,16 @@ def equivalence(test: Paired, margin: float, higher_is_better: bool) -> str:
     return "not shown equivalent" + (f"; worse by more than {margin:g}" if worse else "")
 
 
-def binomial_two_sided(k: int, n: int) -> float:
-    """P(X ≤ k or X ≥ n − k) for X ~ Binomial(n, 1/2), k ≤ n/2: twice the lower tail."""
-    if n == 0 or 2 * k >= n:
-        return 1.0
-    log_half = -n * math.log(2.0)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in range(k + 1)]
-    top = max(terms)
-    tail = math.exp(top + log_half) * sum(math.exp(t - top) for t in terms)
-    return min(1.0, 2.0 * tail)
+def binomial_two_sided(k, n):
+    """P(X ≤ k or X ≥ n − k) for X ~ Binomial(n, 1/2), k ≤ n/2: twice the lower tail (the
+    regularised incomplete beta function, scipy's ``bdtr``); 1 where 2k ≥ n. Elementwise over
+    arrays."""
+    from scipy.special import bdtr
+
+    k, n = np.asarray(k), np.asarray(n)
+    tail = np.minimum(1.0, 2.0 * bdtr(k, np.maximum(n, 1), 0.5))
+    p = np.where((n == 0) | (2 * k >= n), 1.0, tail)
+    return float(p) if p.ndim == 0 else p
 
 
 def paired_bootstrap(
@@ -188,6 +212,36 @@ def bootstrap_p(observed: float, differences: np.ndarray) -> tuple[float, str]:
         return 0.0, "every resample on one side, no spread"
     tail = math.erfc(abs(observed) / spread / math.sqrt(2.0))
     return min(1.0, tail), "normal tail (fewer than 10 resamples on the far side)"
+
+
+EXACT_SIGNS = 13  # up to this many pairs scipy's wilcoxon enumerates every sign (2^13 < 9,999)
+
+
+def signed_rank_p(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Two-sided p-values of the Wilcoxon signed-rank test of each row of ``x`` against the
+    same row of ``y`` (zeros split between the signs), as ``scipy.stats.wilcoxon(x, y,
+    zero_method="zsplit")`` gives them, for rows of at most ``EXACT_SIGNS`` pairs: there scipy
+    counts, over all 2^n signs of the differences, the sums of positive ranks at least as far
+    out as the observed one, and so does this, for every row at once. Longer rows (scipy's
+    normal approximation) are left to scipy, one by one."""
+    from scipy import stats
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = x.shape[1]
+    if n > EXACT_SIGNS:
+        pairs = zip(x, y, strict=True)
+        return np.array([stats.wilcoxon(a, b, zero_method="zsplit").pvalue for a, b in pairs])
+    d = x - y
+    ranks = stats.rankdata(np.abs(d), axis=1)  # average ranks of ties, zeros ranked too
+    zeros = np.where(d == 0, ranks / 2, 0.0).sum(axis=1)  # half of each zero's rank each side
+    plus = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(float)  # every sign: (2^n, n)
+    # sums of (half-)ranks, whole multiples of 1/2: exact whatever the order of the additions
+    null = np.where(d != 0, ranks, 0.0) @ plus.T + zeros[:, None]  # (rows, 2^n)
+    observed = np.where(d > 0, ranks, 0.0).sum(axis=1) + zeros
+    tolerance = 100 * np.finfo(float).eps * np.abs(observed)[:, None]
+    low = (null <= observed[:, None] + tolerance).sum(axis=1)
+    high = (null >= observed[:, None] - tolerance).sum(axis=1)
+    return np.clip(2 * np.minimum(low, high) / 2**n, 0, 1)
 
 
 def holm(p_values: list[float]) -> list[float]:

@@ -460,3 +460,51 @@ def test_an_miou_board_is_bootstrapped_on_shared_counts_with_the_loops_verdicts(
         assert pair["p"] == loop.p
         assert np.allclose(pair["interval"], loop.interval, rtol=1e-9)
     assert sum(pair["significant"] for pair in shared) >= 3
+
+
+def test_a_boards_mcnemar_at_once_is_each_pairs_own(tmp_path, monkeypatch):
+    """All pairs' discordant counts from one product of the correctness matrix: every pair's
+    counts, p-value, difference and interval are those of its own ``mcnemar``."""
+    import evalkit.publish.leaderboard as board_module
+
+    rng = np.random.default_rng(2)
+    images = [f"{i}.png" for i in range(400)]
+    for b in range(6):
+        right = rng.uniform(size=400) < 0.5 + 0.05 * b
+        write_cell(tmp_path, "imagenet-linear", f"b{b}", {"image": images, "top1": right})
+    together = leaderboard([tmp_path])["tasks"][0]["pairs"]
+    assert all("exact McNemar" in pair["test"] for pair in together)
+    monkeypatch.setattr(board_module, "board_tests", lambda *_: None)
+    alone = leaderboard([tmp_path])["tasks"][0]["pairs"]
+    assert together == alone
+    assert sum(pair["significant"] for pair in together) >= 5
+
+
+def test_signed_rank_p_values_are_scipys_wilcoxon_bit_for_bit():
+    """All pairs' Wilcoxon p-values at once (every sign of the differences enumerated) are
+    ``scipy.stats.wilcoxon(zero_method="zsplit")``'s, exactly: with and without ties and
+    zeros, whole and fractional differences, 2 to 8 tasks (and 14, scipy's own path)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from evalkit.significance import signed_rank_p
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.integers(0, 2**32 - 1), st.integers(2, 8), st.sampled_from(["ranks", "real"]))
+    def check(seed, tasks, kind):
+        rng = np.random.default_rng(seed)
+        if kind == "ranks":
+            x, y = (rng.integers(1, 6, (5, tasks)).astype(float) for _ in range(2))
+            y[0] = x[0] + rng.choice([-1.5, 0.0, 0.5], tasks)
+        else:
+            x, y = rng.normal(size=(5, tasks)), rng.normal(size=(5, tasks))
+        x, y = x[~np.all(x == y, axis=1)], y[~np.all(x == y, axis=1)]
+        theirs = [
+            stats.wilcoxon(a, b, zero_method="zsplit").pvalue for a, b in zip(x, y, strict=True)
+        ]
+        assert signed_rank_p(x, y).tolist() == theirs
+
+    check()
+    x, y = np.arange(28.0).reshape(2, 14), np.arange(28.0).reshape(2, 14)[:, ::-1]
+    theirs = [stats.wilcoxon(a, b, zero_method="zsplit").pvalue for a, b in zip(x, y, strict=True)]
+    assert signed_rank_p(x, y).tolist() == theirs

@@ -275,6 +275,41 @@ def test_the_leaderboard_page_stands_alone(cli_env, capsys):
     assert "no significant difference" in (cli_env / "board.markdown").read_text()
 
 
+def test_one_leaderboard_call_writes_every_format_from_one_computation(
+    cli_env, capsys, monkeypatch
+):
+    """Several ``--output`` files, each in the format of its suffix, from one computation of
+    the board; each the same text as that format asked for alone. A suffix that names no
+    format is refused before any work."""
+    import evalkit.publish.leaderboard as board_module
+
+    zoo(cli_env)
+    for fmt, suffix in (("markdown", "md"), ("json", "json"), ("html", "html")):
+        args = ["leaderboard", "runs", "--format", fmt, "--output", str(cli_env / f"one.{suffix}")]
+        assert main(args) == 0
+    computed, real = [], board_module.leaderboard
+    monkeypatch.setattr(
+        board_module, "leaderboard", lambda *a, **k: computed.append(1) or real(*a, **k)
+    )
+    many = [a for s in ("md", "json", "html") for a in ("--output", str(cli_env / f"all.{s}"))]
+    assert main(["leaderboard", "runs", *many]) == 0 and len(computed) == 1
+    for suffix in ("md", "json", "html"):
+        alone, together = (cli_env / f"{n}.{suffix}" for n in ("one", "all"))
+        if suffix == "md":
+            assert alone.read_text() == together.read_text()
+        else:  # the time of making is in the JSON and the page
+            assert _without_dates(alone.read_text()) == _without_dates(together.read_text())
+    capsys.readouterr()
+    assert main(["leaderboard", "runs", *many, "--output", str(cli_env / "x.txt")]) == 2
+    assert "expected one of .md" in capsys.readouterr().err and len(computed) == 1
+
+
+def _without_dates(text: str) -> str:
+    import re
+
+    return re.sub(r"\d{4}-\d\d-\d\dT?[\d:.+Z ]*", "DATE", text)
+
+
 class _Page(html.parser.HTMLParser):
     """Counts what a browser would fetch (src, href, url()) and checks elements close."""
 

@@ -15,7 +15,13 @@ def add_leaderboard(sub) -> None:
     )
     board.add_argument("results", nargs="+", type=Path, help="rows folders or files")
     board.add_argument("--format", choices=FORMATS, default="terminal")
-    board.add_argument("--output", type=Path, help="write here (default: standard output)")
+    board.add_argument(
+        "--output",
+        type=Path,
+        action="append",
+        help="write here (default: standard output); repeat it to write several formats from "
+        "one computation, each named by its suffix (.md, .json, .html)",
+    )
     board.add_argument(
         "--level", type=float, default=0.05, help="significance level after Holm's correction"
     )
@@ -49,30 +55,55 @@ def cmd_leaderboard(args, console) -> int:
     from evalkit.publish.leaderboard import leaderboard
     from evalkit.publish.rendering import FORMATTERS, snapshot
 
+    outputs = output_formats(args.output or [], args.format)  # a bad suffix fails first
     board = leaderboard(args.results, level=args.level, seed=args.seed, mixed=args.allow_mixed)
     if args.snapshot is not None:
         kept = snapshot(board, args.snapshot)
         console.print(f"snapshot: {kept} (index: {args.snapshot / 'index.html'})", highlight=False)
-    if args.format == "terminal" and args.output is None:
+    if not outputs and args.format == "terminal":
         print_terminal(console, board)
-        return 0
-    text = FORMATTERS[args.format](board)
-    if args.output is None:
-        print(text)
-    else:
-        from evalkit.storage.writes import replacing
-
-        with replacing(args.output) as tmp:
-            tmp.write_text(text, encoding="utf-8")
-        console.print(f"leaderboard: {args.output}", highlight=False)
-        if args.format == "html" and board.get("across_tasks"):
-            from evalkit.plots import critical_difference_plot
-
-            across = board["across_tasks"]
-            picture = args.output.with_suffix(".cd.png")
-            critical_difference_plot(across["mean_ranks"], across["cliques"], picture)
-            console.print(f"critical-difference diagram: {picture}", highlight=False)
+    elif not outputs:
+        print(FORMATTERS[args.format](board))
+    for path, kind in outputs:
+        write_board(console, board, path, kind)
     return 0
+
+
+SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".json": "json", ".html": "html"}
+
+
+def output_formats(paths: list[Path], asked: str) -> list[tuple[Path, str]]:
+    """Each ``--output`` with the format it is written in: ``--format`` for a single one (as
+    before), else each file's suffix."""
+    from evalkit.errors import EvalkitError
+
+    if len(paths) == 1:
+        return [(paths[0], asked)]
+    unknown = [str(path) for path in paths if path.suffix.lower() not in SUFFIXES]
+    if unknown:
+        raise EvalkitError(
+            f"--output {', '.join(unknown)}: several outputs are named by their suffix; "
+            f"expected one of {', '.join(SUFFIXES)}"
+        )
+    return [(path, SUFFIXES[path.suffix.lower()]) for path in paths]
+
+
+def write_board(console, board: dict, path: Path, kind: str):
+    """The board written to ``path`` in format ``kind`` (an HTML page with its critical-
+    difference diagram beside it as PNG)."""
+    from evalkit.publish.rendering import FORMATTERS
+    from evalkit.storage.writes import replacing
+
+    with replacing(path) as tmp:
+        tmp.write_text(FORMATTERS[kind](board), encoding="utf-8")
+    console.print(f"leaderboard: {path}", highlight=False)
+    if kind == "html" and board.get("across_tasks"):
+        from evalkit.plots import critical_difference_plot
+
+        across = board["across_tasks"]
+        picture = path.with_suffix(".cd.png")
+        critical_difference_plot(across["mean_ranks"], across["cliques"], picture)
+        console.print(f"critical-difference diagram: {picture}", highlight=False)
 
 
 def print_terminal(console, board: dict):

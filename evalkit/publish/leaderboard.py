@@ -44,11 +44,13 @@ from evalkit.significance import (
     bootstrap_p,
     holm,
     mcnemar,
+    mcnemar_all,
     mean_of,
     paired_bootstrap,
     paired_bootstrap_seeds,
     resample_counts,
     resampled_metric,
+    signed_rank_p,
 )
 
 
@@ -311,22 +313,22 @@ def _places(values: np.ndarray) -> np.ndarray:
 def across_tasks(boards: list[Board], complete: list[str], level: float) -> dict | None:
     """Which complete setups differ over the suite's tasks: for every two, the Wilcoxon
     signed-rank test of their per-task ranks (ranks, not raw values, so tasks of different
-    metrics and units pair alike; scipy's ``wilcoxon``, exact where it can be), Holm-corrected
+    metrics and units pair alike; scipy's ``wilcoxon``'s p-values, exact where it can be, all
+    pairs at once: ``signed_rank_p``), Holm-corrected
     over the pairs; then the cliques of setups no test separates (the bars of a critical-
     difference diagram) and a tier per setup. None with fewer than 2 tasks or 2 setups."""
     if len(boards) < 2 or len(complete) < 2:
         return None
-    from scipy import stats
-
     table = complete_ranks(boards, complete)
-    pairs, raw = [], []
-    for i, j in itertools.combinations(range(len(complete)), 2):
-        if np.array_equal(table[:, i], table[:, j]):
-            p = 1.0  # the same rank on every task
-        else:
-            p = float(stats.wilcoxon(table[:, i], table[:, j], zero_method="zsplit").pvalue)
-        pairs.append({"a": complete[i], "b": complete[j], "p": p})
-        raw.append(p)
+    i, j = np.triu_indices(len(complete), k=1)
+    same = np.all(table[:, i] == table[:, j], axis=0)  # the same rank on every task: p = 1
+    raw = np.ones(len(i))
+    if (~same).any():
+        raw[~same] = signed_rank_p(table[:, i[~same]].T, table[:, j[~same]].T)
+    raw = [float(p) for p in raw]
+    pairs = [
+        {"a": complete[a], "b": complete[b], "p": p} for a, b, p in zip(i, j, raw, strict=True)
+    ]
     for pair, adjusted in zip(pairs, holm(raw), strict=True):
         pair["p_holm"] = adjusted
         pair["significant"] = adjusted <= level
@@ -392,11 +394,11 @@ def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
     """Every pair of the board's backbones: the paired test of A − B on their shared images,
     p-values Holm-adjusted over the tested pairs, and the verdict at ``level``."""
     outputs = {id(cell): per_image(cell) for cell in board.cells}  # each file read once
-    shared = shared_resamples(board, outputs, seed)
+    at_once = board_tests(board, outputs, seed)
     results = []
     for a, b in itertools.combinations(board.cells, 2):
-        if shared is not None:
-            test = shared.pair(id(a), id(b))
+        if at_once is not None:
+            test = at_once(id(a), id(b))
         else:
             test = _paired(board, (outputs[id(a)], outputs[id(b)]), seed)
         results.append({"a": a.backbone, "b": b.backbone, "test": test})
@@ -513,18 +515,33 @@ class SharedResamples:
         )
 
 
-def shared_resamples(board: Board, outputs: dict, seed: int) -> SharedResamples | None:
-    """``SharedResamples`` of a board whose test is bootstrapped (not a one-seed right-or-wrong
-    pair, which McNemar tests) on a mean or sums, and whose cells all scored the same images
-    with numbers; None otherwise (each pair is then tested on its own)."""
+def board_tests(board: Board, outputs: dict, seed: int):
+    """Every pair of a board tested at once, where its cells scored the same images with
+    numbers: ``pair(id_a, id_b)`` answers each pair as its own test would. One-seed
+    right-or-wrong cells: exact McNemar of all pairs from one product of their correctness
+    (``mcnemar_all``); a mean or a metric of sums: ``SharedResamples``. None otherwise (each
+    pair is then tested on its own, and says why it cannot be)."""
+    aligned = aligned_parts(board, outputs)
+    if aligned is None:
+        return None
+    test, cells = aligned
+    if test.binary and all(len(parts) == 1 for parts in cells.values()):
+        keys = list(cells)
+        tests = mcnemar_all(np.stack([cells[key][0][:, 0] > 0 for key in keys]))
+        where = {key: index for index, key in enumerate(keys)}
+        return lambda a, b: tests[(where[a], where[b])]
+    shared = shared_resamples(board, outputs, seed, aligned)
+    return shared.pair if shared is not None else None
+
+
+def aligned_parts(board: Board, outputs: dict):
+    """(the task's test, each cell's per-seed parts in the first cell's image order) when
+    every cell scored the same images with numbers and the task declares a test; else None."""
     if len(board.cells) < 3 or any(isinstance(o, str) for o in outputs.values()):
         return None
     first_ids, first_frames = outputs[id(board.cells[0])]
     test = declared_test(board_task(board), board.metric, set(first_frames[0].columns))
-    one_seed = all(len(frames) == 1 for _, frames in outputs.values())
-    if test is None or (test.binary and one_seed):
-        return None
-    if test.statistic is not mean_of and test.sums is None:
+    if test is None:
         return None
     cells = {}
     for cell in board.cells:
@@ -536,9 +553,27 @@ def shared_resamples(board: Board, outputs: dict, seed: int) -> SharedResamples 
         cells[id(cell)] = [test.parts(frame)[rows] for frame in frames]
         if not_numbers(*cells[id(cell)]) is not None:
             return None  # the pair's own test names the images that are not numbers
-    observed, resampled = _resampled_cells(cells, test, len(first_ids), seed)
-    seeds = {id(cell): len(outputs[id(cell)][1]) for cell in board.cells}
-    return SharedResamples(observed, resampled, len(first_ids), seeds)
+    return test, cells
+
+
+def shared_resamples(
+    board: Board, outputs: dict, seed: int, aligned: tuple | None = None
+) -> SharedResamples | None:
+    """``SharedResamples`` of a board whose test is bootstrapped (not a one-seed right-or-wrong
+    pair, which McNemar tests) on a mean or sums, and whose cells all scored the same images
+    with numbers (``aligned``: ``aligned_parts`` already found); None otherwise."""
+    aligned = aligned or aligned_parts(board, outputs)
+    if aligned is None:
+        return None
+    test, cells = aligned
+    if test.binary and all(len(parts) == 1 for parts in cells.values()):
+        return None
+    if test.statistic is not mean_of and test.sums is None:
+        return None
+    images = len(next(iter(cells.values()))[0])
+    observed, resampled = _resampled_cells(cells, test, images, seed)
+    seeds = {key: len(parts) for key, parts in cells.items()}
+    return SharedResamples(observed, resampled, images, seeds)
 
 
 def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, dict]:
