@@ -21,6 +21,8 @@ outputs, and Holm's correction over the pairs of a leaderboard (``evalkit leader
   (``Sums``): a resample is then a count per image, and the sums of many resamples one matrix
   product of their counts with the per-image rows; the same draws, the same statistic, no
   Python loop over resamples.
+- Across a suite's tasks, the Wilcoxon signed-rank test of every two setups' per-task ranks,
+  all pairs at once (``signed_rank_p``: scipy's p-values, bit for bit).
 - A cell of several seeds is one cluster per image: what is tested is the mean over its seeds
   of the metric (what the leaderboard ranks), each resample drawing the same images for every
   seed of both cells (``paired_bootstrap_seeds``); seeds are never counted as extra images.
