@@ -530,7 +530,7 @@ def board_tests(board: Board, outputs: dict, seed: int):
         tests = mcnemar_all(np.stack([cells[key][0][:, 0] > 0 for key in keys]))
         where = {key: index for index, key in enumerate(keys)}
         return lambda a, b: tests[(where[a], where[b])]
-    shared = shared_resamples(board, outputs, seed, aligned)
+    shared = shared_resamples(aligned, seed)
     return shared.pair if shared is not None else None
 
 
@@ -556,18 +556,11 @@ def aligned_parts(board: Board, outputs: dict):
     return test, cells
 
 
-def shared_resamples(
-    board: Board, outputs: dict, seed: int, aligned: tuple | None = None
-) -> SharedResamples | None:
-    """``SharedResamples`` of a board whose test is bootstrapped (not a one-seed right-or-wrong
-    pair, which McNemar tests) on a mean or sums, and whose cells all scored the same images
-    with numbers (``aligned``: ``aligned_parts`` already found); None otherwise."""
-    aligned = aligned or aligned_parts(board, outputs)
-    if aligned is None:
-        return None
+def shared_resamples(aligned: tuple, seed: int) -> SharedResamples | None:
+    """``SharedResamples`` of a board's ``aligned_parts`` whose test is bootstrapped on a mean
+    or on sums (one-seed right-or-wrong boards are McNemar's, in ``board_tests``); None for a
+    statistic of neither kind (each pair is then resampled on its own)."""
     test, cells = aligned
-    if test.binary and all(len(parts) == 1 for parts in cells.values()):
-        return None
     if test.statistic is not mean_of and test.sums is None:
         return None
     images = len(next(iter(cells.values()))[0])
