@@ -269,3 +269,22 @@ def test_compare_writes_junit_and_github_annotations(tmp_path, capsys):
     failure = cases["fake top1"].find("failure")
     assert failure.get("type") == "regression" and "tolerance ±0.5" in failure.get("message")
     assert cases["fake top5"].find("failure") is None
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_command_lets_idle_openmp_threads_sleep_unless_told_otherwise(given, kept):
+    """OpenMP reads its wait policy when torch loads it: the command sets it first, and a
+    value the user set is kept."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = (
+        "import os, sys; from evalkit.cli import main; main(['ls', 'tasks']); "
+        "assert 'torch' not in sys.modules, 'torch loaded before the policy was set'; "
+        "print('policy', os.environ['OMP_WAIT_POLICY'])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"policy {kept}" in proc.stdout

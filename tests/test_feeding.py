@@ -151,3 +151,63 @@ def test_decoded_ahead_keeps_order_and_raises_the_producers_error_as_raised():
     assert next(ahead) == 0
     ahead.close()  # a caller that stops early stops the thread
     assert threading.active_count() == started
+
+
+class Slow(torch.utils.data.Dataset):
+    """Items that take longer the lower their index, so threads finish them out of order."""
+
+    independent_reads = True
+
+    def __init__(self, count: int, bad: int | None = None):
+        self.count, self.bad, self.threads_seen = count, bad, set()
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        import time
+
+        self.threads_seen.add(torch.get_num_threads())
+        if index == self.bad:
+            raise device.EvalkitError(f"image {index}: corrupt (expected a JPEG)")
+        time.sleep(0.002 * (index % 4 == 0))
+        return torch.full((2, 3), float(index)), index % 3
+
+
+def test_reads_in_threads_collate_as_the_loader_in_order_each_read_on_one_thread():
+    dataset = Slow(23)
+    batches = [list(range(i, min(i + 5, 23))) for i in range(0, 23, 5)]
+    loader = list(torch.utils.data.DataLoader(dataset, batch_sampler=batches))
+    dataset.threads_seen.clear()
+    threaded = list(feeding.read_in_threads(dataset, batches, count=3))
+    assert len(threaded) == len(batches)
+    for (images, labels), (want_images, want_labels) in zip(threaded, loader, strict=True):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    assert dataset.threads_seen == {1}
+    assert feeding.independent_reads(dataset) and not feeding.independent_reads(Noisy())
+
+
+def test_reads_in_threads_raise_the_readers_error_after_the_batches_before_it():
+    import threading
+
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    got = []
+    with pytest.raises(device.EvalkitError, match="image 5: corrupt"):
+        for images, _ in feeding.read_in_threads(Slow(8, bad=5), batches, count=2):
+            got.append(images[:, 0, 0].tolist())
+    assert got == [[0.0, 1.0], [2.0, 3.0]]
+
+    started = threading.active_count()
+    reads = feeding.read_in_threads(Slow(10**5), [[i] for i in range(10**5)], count=2)
+    assert next(reads)[1].tolist() == [0]
+    reads.close()  # a caller that stops early leaves no thread reading
+    assert threading.active_count() == started
+
+
+def test_read_threads_are_this_ranks_cores_within_a_bound(monkeypatch):
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert feeding.read_threads() == feeding.MOST_READ_THREADS
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0})
+    assert feeding.read_threads() == 1

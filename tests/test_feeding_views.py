@@ -263,6 +263,24 @@ def test_without_workers_a_thread_decodes_ahead_with_the_same_features(tmp_path,
     assert torch.equal(ahead, extract(load_backbone("fake"), folder, None)) and calls
 
 
+def test_images_read_by_several_threads_give_the_features_read_in_turn(tmp_path, monkeypatch):
+    """``--workers 0`` on a reader of independent files: its images are read by a few threads
+    at once; the features are those of the loader reading them one after another."""
+    from evalkit.cache import features as module
+
+    folder = class_folder(tmp_path / "data", count=10)
+    calls, real = [], module.read_in_threads
+    monkeypatch.setattr(
+        module, "read_in_threads", lambda *args: calls.append(args[2]) or real(*args)
+    )
+    threaded = extract(load_backbone("fake"), folder, None)
+    assert calls and all(count >= 1 for count in calls)
+    monkeypatch.setattr(module, "independent_reads", lambda dataset: False)
+    before = len(calls)
+    in_turn = extract(load_backbone("fake"), folder, None)
+    assert torch.equal(threaded, in_turn) and len(calls) == before  # the loader read these
+
+
 def test_a_full_disk_for_views_warns_and_keeps_the_features(tmp_path, monkeypatch, capsys):
     from evalkit.storage import shards
 

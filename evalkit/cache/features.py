@@ -33,7 +33,15 @@ from evalkit.batching import BatchLimit
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
 from evalkit.data import pixels_setting
 from evalkit.data.clips import split_status
-from evalkit.data.feeding import decoded_ahead, loader_options, loader_workers, on_device
+from evalkit.data.feeding import (
+    decoded_ahead,
+    independent_reads,
+    loader_options,
+    loader_workers,
+    on_device,
+    read_in_threads,
+    read_threads,
+)
 from evalkit.errors import EvalkitError, warn_once
 from evalkit.progress import ProgressBar
 from evalkit.storage import shards as files
@@ -389,8 +397,13 @@ class Feed:
             yield from self._decoded(decode, workers)
 
     def _decoded(self, batches: list[list[int]], workers: int):
+        """The batches decoded by worker processes, or in this process: by several threads
+        where the reader allows it, else in turn."""
         options = loader_options(self.settings.device, workers)
-        return torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
+        if workers or not independent_reads(self.dataset):
+            return torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **options)
+        decoded = read_in_threads(self.dataset, batches, read_threads())
+        return map(_pinned, decoded) if options["pin_memory"] else decoded
 
     def source(self, index: int) -> str | None:
         """The cached shard the views of shard ``index`` were read from (None: decoded from
@@ -404,6 +417,11 @@ class Feed:
         """Keep a decoded shard's views for the next backbone (on the rank that writes)."""
         if self.pixels is not None and index not in self.cached and distributed.current().writer:
             self.pixels.save(index, torch.cat(images), labels)
+
+
+def _pinned(batch: list) -> list:
+    """A collated batch with its tensors in pinned memory, as the loader pins them."""
+    return [item.pin_memory() if isinstance(item, torch.Tensor) else item for item in batch]
 
 
 def _compute_missing(backbone, feed: Feed, done, request, folder) -> dict[int, dict]:

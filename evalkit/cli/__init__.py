@@ -65,7 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+IDLE_OPENMP = ("OMP_WAIT_POLICY", "PASSIVE")  # a value set by the user is kept
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Read by OpenMP when torch loads it, so set before any command imports torch. By default
+    # an OpenMP thread spins for a while after each parallel region, on the core that the
+    # threads reading images (``evalkit.data.feeding``) need; asleep, it costs a wake-up.
+    os.environ.setdefault(*IDLE_OPENMP)
     args = build_parser().parse_args(argv)
     from rich.console import Console
     from rich.markup import escape  # "pip install 'evalkit[clip]'" must keep its [clip]

@@ -158,6 +158,8 @@ def _lines(path: Path) -> list[str]:
 class FaceAttributes(torch.utils.data.Dataset):
     """One CelebA partition: images with a target and a subgroup attribute (0/1)."""
 
+    independent_reads = True  # an item is its own file, read by a pure function of its index
+
     def __init__(self, root: Path, split: str, transform=None, *, target="Smiling", group="Male"):
         if split not in PARTITIONS:
             raise EvalkitError(f"CelebA has no split {split!r}: choose {', '.join(PARTITIONS)}")

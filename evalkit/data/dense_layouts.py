@@ -112,6 +112,8 @@ def frame_size(images: list[Path], short: int, multiple: int) -> tuple[int, int]
 class DenseDataset(torch.utils.data.Dataset):
     """Items are (image tensor, index); ``target(index)`` reads the ground truth."""
 
+    independent_reads = True  # an item is its own file, read by a pure function of its index
+
     def __init__(self, images: list[Path], size, preprocess):
         self.images = images
         self.size = size

@@ -9,23 +9,28 @@ CPUs of the process's affinity mask (what a Slurm allocation or ``taskset`` gran
 that drives the device. On a CPU-only job the decoding competes with the forward for the same
 cores, so fewer workers are used there (see ``decode_workers``); but even a small split is
 decoded in a worker, since per-image work in the main process contends with the forward's
-threads (``loader_workers``). Without worker processes (``--workers 0``) one thread of the
-process decodes a few batches ahead of the forward (``decoded_ahead``), so the two overlap
-rather than take turns.
+threads (``loader_workers``). Without worker processes (``--workers 0``) a thread of the
+process runs a few batches ahead of the forward (``decoded_ahead``), so the two overlap rather
+than take turns; where a reader's items are independent of each other (``independent_reads``),
+the images of those batches are read by a few threads at once (``read_in_threads``), so the
+first batch is ready sooner and the cores the forward leaves idle decode.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from evalkit.device import decode_workers
+from evalkit.device import cpus_per_rank, decode_workers, threads
 
 FEW_BATCHES = 3  # a loader of this many batches or fewer decodes in the process itself
 AHEAD = 2  # batches a decoding thread may hold ready beyond the one being computed
+MOST_READ_THREADS = 8  # beyond this the interpreter's share of a read stops them scaling
 _DONE = object()
 
 
@@ -149,3 +154,54 @@ def decoded_ahead(batches: Iterable, depth: int = AHEAD) -> Iterator:
     finally:
         stop.set()
         thread.join()
+
+
+def independent_reads(dataset) -> bool:
+    """Whether ``dataset`` says its items may be read by several threads at once: each item a
+    pure function of its index, read from its own file (no shared handle, no shared random
+    state). A reader says so with the class attribute ``independent_reads = True``."""
+    return bool(getattr(dataset, "independent_reads", False))
+
+
+def read_threads() -> int:
+    """Threads that read images when there are no worker processes: this rank's cores (a
+    bounded window keeps them from running far ahead of a forward that needs the cores)."""
+    return max(1, min(cpus_per_rank(), MOST_READ_THREADS))
+
+
+def read_in_threads(
+    dataset, batches: Iterable[list[int]], count: int, depth: int = AHEAD
+) -> Iterator:
+    """The collated items of each batch of indices, in order, as ``DataLoader`` collates them;
+    the items themselves read by ``count`` threads, each on one torch thread, at most
+    ``depth + 1`` batches ahead of the caller. Which thread reads an item changes when it is
+    ready, never its bytes. An error raised reading an item is raised here, as it was raised,
+    after every batch before it; a caller that stops early cancels what is left."""
+    from torch.utils.data import default_collate
+
+    upcoming = iter(batches)
+    pending: deque[list[Future]] = deque()
+    pool = ThreadPoolExecutor(count, thread_name_prefix="evalkit-read")
+
+    def submit_next():
+        batch = next(upcoming, None)
+        if batch is not None:
+            pending.append([pool.submit(_read_item, dataset, index) for index in batch])
+
+    try:
+        for _ in range(depth + 1):
+            submit_next()
+        while pending:
+            futures = pending.popleft()
+            items = [future.result() for future in futures]
+            submit_next()
+            yield default_collate(items)
+    finally:
+        for future in (f for futures in pending for f in futures):
+            future.cancel()
+        pool.shutdown(wait=True)
+
+
+def _read_item(dataset, index: int):
+    with threads(1):  # several readers at once: each on its own core, not splitting one
+        return dataset[index]

@@ -76,6 +76,8 @@ class ImageFolder(torch.utils.data.Dataset):
     """``root/<class>/<image>``; classes sorted by name, images sorted within a class. With
     ``classes`` (the training split's), labels are those classes' indices, matched by name."""
 
+    independent_reads = True  # an item is its own file, read by a pure function of its index
+
     def __init__(self, root: str | Path, transform=None, *, layout_hint: str = "", classes=None):
         self.root = Path(root)
         self.transform = transform

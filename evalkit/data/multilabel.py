@@ -25,6 +25,8 @@ STAND_IN_IMAGES = 3000
 
 
 class MultiLabelImages(torch.utils.data.Dataset):
+    independent_reads = True  # an item is its own file, read by a pure function of its index
+
     def __init__(self, root: Path, split: str, transform=None, classes=None):
         listing = root / f"{split}.jsonl"
         if not listing.exists():
