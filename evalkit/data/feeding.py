@@ -192,8 +192,8 @@ def read_in_threads(
         for _ in range(depth + 1):
             submit_next()
         while pending:
-            futures = pending.popleft()
-            items = [future.result() for future in futures]
+            items = [future.result() for future in pending[0]]  # an error leaves it pending
+            pending.popleft()
             submit_next()
             yield default_collate(items)
     finally:
