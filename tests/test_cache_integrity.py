@@ -235,3 +235,67 @@ def test_damaged_labels_under_a_kept_stamp_are_one_line(cli_env, tmp_path, capsy
     assert main([*argv, "--out", str(tmp_path / "c2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds labels that are not the data set's" in err[0], err
+
+
+def _bytes_summed(shard: dict, place: shards.Place) -> list[bytes]:
+    """What a shard's checksum covers, spelled out here: its place, then each tensor's name,
+    dtype, shape and bytes in name order."""
+    parts = [f"{place.text()}\n".encode()]
+    for name in sorted(shard):
+        tensor = shard[name].contiguous()
+        parts += [f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode()]
+        parts += [tensor.view(torch.uint8).numpy().tobytes()]
+    return parts
+
+
+def _one_shard(folder, header_sum=None):
+    """A two-tensor shard at index 0 of entry ``e``; ``header_sum`` rewrites its header's sum
+    as an older evalkit wrote it (``evalkit_sha256``)."""
+    from safetensors.torch import save_file
+
+    place = shards.Place("e", 0, 0, 4)
+    shard = {"pooled": torch.arange(12.0).view(4, 3), "labels": torch.tensor([3, 1, 4, 1])}
+    shards.save_shard(folder, place, shard)
+    if header_sum is not None:
+        header = {shards.LEGACY_CHECKSUM: header_sum, shards.PLACE: place.text()}
+        save_file(shard, str(shards.shard_path(folder, 0)), metadata=header)
+    return place, shard
+
+
+def test_a_shard_sum_is_xxhash_xxh3_128_of_its_place_and_tensors(tmp_path):
+    import xxhash
+
+    place, shard = _one_shard(tmp_path)
+    expected = xxhash.xxh3_128(b"".join(_bytes_summed(shard, place))).hexdigest()
+    assert shards.stored_checksum(shards.shard_path(tmp_path, 0)) == expected
+    loaded = shards.load_shard(shards.shard_path(tmp_path, 0), place, listed=expected)
+    assert all(torch.equal(loaded[k], shard[k]) for k in shard)
+
+
+def test_a_shard_written_with_the_older_sha256_sum_is_checked_by_it(tmp_path):
+    import hashlib
+
+    place, shard = _one_shard(tmp_path)
+    old_sum = hashlib.sha256(b"".join(_bytes_summed(shard, place))).hexdigest()
+    _one_shard(tmp_path, header_sum=old_sum)
+    path = shards.shard_path(tmp_path, 0)
+    assert shards.stored_checksum(path) == old_sum
+    assert torch.equal(shards.load_shard(path, place, listed=old_sum)["labels"], shard["labels"])
+    _one_shard(tmp_path, header_sum="0" * 64)  # an older shard whose tensors changed
+    with pytest.raises(shards.CorruptShard, match="checksum mismatch"):
+        shards.load_shard(path, place)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_one_changed_byte_fails_either_sum(tmp_path, legacy):
+    import hashlib
+
+    place, shard = _one_shard(tmp_path)
+    if legacy:
+        _one_shard(tmp_path, hashlib.sha256(b"".join(_bytes_summed(shard, place))).hexdigest())
+    path = shards.shard_path(tmp_path, 0)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01  # inside the last tensor's bytes; the header is untouched
+    path.write_bytes(bytes(data))
+    with pytest.raises(shards.CorruptShard, match="checksum mismatch"):
+        shards.load_shard(path, place)

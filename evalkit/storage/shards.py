@@ -7,6 +7,11 @@ written: a file copied in from another entry or another index fails the check li
 one (it is reported, deleted and recomputed). A finished entry's ``manifest.json`` also lists
 every shard's checksum, so a swapped file is caught even when its own metadata is consistent.
 
+The checksum is XXH3-128 (about 8 GB/s here, SHA-256's rate is 1.2): it is there to find
+damage (a truncated, rewritten, rotted or swapped file), not a forger, who could rewrite the
+sum as easily as the tensors. Shards written before it carry a SHA-256 under its own key and
+are checked by it, so an existing cache stays valid.
+
 Checking reads a shard whole. A warm cache skips that: a shard that passed is recorded in
 ``verified.json`` by its (size, modification time, inode), and is read whole again only when
 that stamp changes. The warm path still reads every shard's header (a few hundred bytes): its
@@ -30,7 +35,8 @@ from evalkit.errors import warn
 from evalkit.storage.identity import file_stamp, read_json, write_json
 from evalkit.storage.writes import replacing
 
-CHECKSUM = "evalkit_sha256"
+CHECKSUM = "evalkit_xxh3_128"
+LEGACY_CHECKSUM = "evalkit_sha256"  # shards written before XXH3: checked by their own sum
 PLACE = "evalkit_place"
 SOURCE = "evalkit_source"  # the cached shard a derived shard was computed from
 COMPUTED = "evalkit_computed_at"  # when it was computed (seconds since the epoch)
@@ -67,15 +73,33 @@ class CorruptShard(Exception):
     or written for another entry, index or row range."""
 
 
-def shard_checksum(shard: dict[str, torch.Tensor], place: Place) -> str:
-    """sha256 over the shard's place and every tensor's name, dtype, shape and bytes."""
-    digest = hashlib.sha256(f"{place.text()}\n".encode())
+def shard_checksum(shard: dict[str, torch.Tensor], place: Place, kind: str = CHECKSUM) -> str:
+    """The ``kind`` sum (``CHECKSUM`` or ``LEGACY_CHECKSUM``) over the shard's place and every
+    tensor's name, dtype, shape and bytes."""
+    digest = _new_digest(kind)
+    digest.update(f"{place.text()}\n".encode())
     for name in sorted(shard):
         tensor = shard[name].contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
         if tensor.numel():  # the tensor's own memory, hashed without a copy
             digest.update(tensor.view(torch.uint8).numpy())
     return digest.hexdigest()
+
+
+def _new_digest(kind: str):
+    if kind == LEGACY_CHECKSUM:
+        return hashlib.sha256()
+    import xxhash
+
+    return xxhash.xxh3_128()
+
+
+def _stored_sum(metadata: dict) -> tuple[str, str | None]:
+    """(kind, value) of the checksum a shard's header holds; a header from before XXH3 holds
+    the legacy SHA-256."""
+    if CHECKSUM not in metadata and LEGACY_CHECKSUM in metadata:
+        return LEGACY_CHECKSUM, metadata[LEGACY_CHECKSUM]
+    return CHECKSUM, metadata.get(CHECKSUM)
 
 
 def save_shard(folder: Path, place: Place, shard: dict, source: str | None = None):
@@ -115,7 +139,7 @@ def stored_checksum(path: Path) -> str | None:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        return (f.metadata() or {}).get(CHECKSUM)
+        return _stored_sum(f.metadata() or {})[1]
 
 
 def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
@@ -131,8 +155,8 @@ def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
         raise CorruptShard(f"unreadable: {type(exc).__name__}") from exc
     if metadata.get(PLACE) != place.text():
         raise CorruptShard(f"written for {metadata.get(PLACE)!r}, not {place.text()!r}")
-    expected = metadata.get(CHECKSUM)
-    if expected is None or shard_checksum(shard, place) != expected:
+    kind, expected = _stored_sum(metadata)
+    if expected is None or shard_checksum(shard, place, kind) != expected:
         raise CorruptShard("checksum mismatch")
     if listed is not None and listed != expected:
         raise CorruptShard("not the shard the entry's manifest lists")
@@ -236,7 +260,7 @@ def _header_matches(path: Path, place: Place, listed: dict) -> bool:
     except Exception:  # noqa: BLE001 - an unreadable header is checked in full, and fails there
         return False
     expected = listed.get(str(place.index))
-    return metadata.get(PLACE) == place.text() and expected in (None, metadata.get(CHECKSUM))
+    return metadata.get(PLACE) == place.text() and expected in (None, _stored_sum(metadata)[1])
 
 
 def unchecked_shards(folder: Path, wanted: Iterable[Place], recheck: bool = False) -> list[Place]:
