@@ -14,7 +14,9 @@ median round. Last, the real run path (the command ``evalkit run --task imagenet
 --workers 0``, in its own process, on the JPEGs as class folders, with ``fake/`` reduced to one
 block so the forward is cheap): the images per second its rows report against the decoder alone
 on one thread (target ≥ 0.8×; the run reads with ``read_threads()`` threads, this rank's cores),
-and a second backbone reading the pixel cache against the first (target ≥ 5×).
+and a second backbone reading the pixel cache against the first (target ≥ 5×), beside the
+trivial backbone's forward alone on views in memory: the ceiling of any backbone that reads
+nothing.
 Run: ``python -m benchmarks.bench_loader [--images 2000] [--workers N] [--only-run-path]``.
 """
 
