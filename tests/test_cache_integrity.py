@@ -299,3 +299,16 @@ def test_one_changed_byte_fails_either_sum(tmp_path, legacy):
     path.write_bytes(bytes(data))
     with pytest.raises(shards.CorruptShard, match="checksum mismatch"):
         shards.load_shard(path, place)
+
+
+def test_a_shard_summed_by_a_newer_evalkit_is_refused_and_kept(tmp_path):
+    """Deleting it as damaged would destroy a newer version's work in a shared cache."""
+    from safetensors.torch import save_file
+
+    place, shard = _one_shard(tmp_path)
+    path = shards.shard_path(tmp_path, 0)
+    header = {"evalkit_blake3": "ab" * 16, shards.PLACE: place.text()}
+    save_file(shard, str(path), metadata=header)
+    with pytest.raises(EvalkitError, match="written by a newer evalkit .*evalkit_blake3"):
+        shards.verify_shards(tmp_path, [place])
+    assert path.exists()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.errors import warn
+from evalkit.errors import EvalkitError, warn
 from evalkit.storage.identity import file_stamp, read_json, write_json
 from evalkit.storage.writes import replacing
 
@@ -43,6 +43,7 @@ COMPUTED = "evalkit_computed_at"  # when it was computed (seconds since the epoc
 MANIFEST = "manifest.json"
 VERIFIED = "verified.json"  # shards whose checksum matched, by stamp
 DAMAGED = "damaged.json"  # shards found damaged and removed, with when: derived ones follow
+KNOWN_KEYS = {CHECKSUM, LEGACY_CHECKSUM, PLACE, SOURCE, COMPUTED}
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,19 @@ def _stored_sum(metadata: dict) -> tuple[str, str | None]:
     return CHECKSUM, metadata.get(CHECKSUM)
 
 
+def _refuse_newer(path: Path, metadata: dict):
+    """A header with no sum this version knows, but other evalkit keys, was written by a newer
+    evalkit: deleting it as damaged would destroy that version's work in a shared cache."""
+    if CHECKSUM in metadata or LEGACY_CHECKSUM in metadata:
+        return
+    unknown = sorted(k for k in metadata if k.startswith("evalkit_") and k not in KNOWN_KEYS)
+    if unknown:
+        raise EvalkitError(
+            f"{path} was written by a newer evalkit (its header holds {', '.join(unknown)}): "
+            "upgrade evalkit to read this cache, or give this one its own --cache-dir"
+        )
+
+
 def save_shard(folder: Path, place: Place, shard: dict, source: str | None = None):
     """Write a shard under a temporary name and rename it into place: a shard on disk is
     whole. A full disk is one line; the partial file is removed, finished shards stay.
@@ -153,6 +167,7 @@ def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
             shard = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not iterable
     except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways
         raise CorruptShard(f"unreadable: {type(exc).__name__}") from exc
+    _refuse_newer(path, metadata)
     if metadata.get(PLACE) != place.text():
         raise CorruptShard(f"written for {metadata.get(PLACE)!r}, not {place.text()!r}")
     kind, expected = _stored_sum(metadata)
