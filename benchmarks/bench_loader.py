@@ -224,21 +224,19 @@ def model_alone_rate(images: int, seed: int) -> float:
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "benchmarks.bench_loader", "--model-alone", str(images)]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "EVALKIT_BENCH_SEED": str(seed)}
+    module = [sys.executable, "-m", "benchmarks.bench_loader"]
+    command = [*module, "--model-alone", str(images), str(seed)]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
     return float(done.stdout.split()[-1])
 
 
-def time_model_alone(images: int) -> float:
+def time_model_alone(images: int, seed: int) -> float:
     """``model_alone_rate``'s measurement, in this process."""
-    import os
-
     from evalkit.backbones import BackboneOptions, load_backbone
     from evalkit.device import keep_freed_buffers
 
     keep_freed_buffers()  # as a run sets it
-    seed = int(os.environ.get("EVALKIT_BENCH_SEED", "0"))
     backbone = load_backbone("fake", BackboneOptions(model_kwargs=TRIVIAL, seed=seed))
     views = torch.randint(0, 256, (images, 3, 224, 224), dtype=torch.uint8)
     with torch.inference_mode():
@@ -327,10 +325,11 @@ def main():
         "--run-images", type=int, default=800, help="images of the run-path set (train + val)"
     )
     parser.add_argument("--only-run-path", action="store_true", help="measure the run path alone")
-    parser.add_argument("--model-alone", type=int, help=argparse.SUPPRESS)  # model_alone_rate
+    # model_alone_rate's own process: images, seed
+    parser.add_argument("--model-alone", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model_alone:
-        return print(time_model_alone(args.model_alone))
+        return print(time_model_alone(*args.model_alone))
     paths = make_jpegs(args.folder, args.images)
     if args.only_run_path:
         return report("loader_run_path", end_to_end(paths[: args.run_images], args.folder))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import xxhash
 
 from evalkit.errors import EvalkitError, warn
 from evalkit.storage.identity import file_stamp, read_json, write_json
@@ -43,7 +44,8 @@ COMPUTED = "evalkit_computed_at"  # when it was computed (seconds since the epoc
 MANIFEST = "manifest.json"
 VERIFIED = "verified.json"  # shards whose checksum matched, by stamp
 DAMAGED = "damaged.json"  # shards found damaged and removed, with when: derived ones follow
-KNOWN_KEYS = {CHECKSUM, LEGACY_CHECKSUM, PLACE, SOURCE, COMPUTED}
+DIGESTS = {CHECKSUM: xxhash.xxh3_128, LEGACY_CHECKSUM: hashlib.sha256}  # in the order looked for
+KNOWN_KEYS = {*DIGESTS, PLACE, SOURCE, COMPUTED}
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class CorruptShard(Exception):
 def shard_checksum(shard: dict[str, torch.Tensor], place: Place, kind: str = CHECKSUM) -> str:
     """The ``kind`` sum (``CHECKSUM`` or ``LEGACY_CHECKSUM``) over the shard's place and every
     tensor's name, dtype, shape and bytes."""
-    digest = _new_digest(kind)
+    digest = DIGESTS[kind]()
     digest.update(f"{place.text()}\n".encode())
     for name in sorted(shard):
         tensor = shard[name].contiguous()
@@ -87,26 +89,16 @@ def shard_checksum(shard: dict[str, torch.Tensor], place: Place, kind: str = CHE
     return digest.hexdigest()
 
 
-def _new_digest(kind: str):
-    if kind == LEGACY_CHECKSUM:
-        return hashlib.sha256()
-    import xxhash
-
-    return xxhash.xxh3_128()
-
-
 def _stored_sum(metadata: dict) -> tuple[str, str | None]:
-    """(kind, value) of the checksum a shard's header holds; a header from before XXH3 holds
-    the legacy SHA-256."""
-    if CHECKSUM not in metadata and LEGACY_CHECKSUM in metadata:
-        return LEGACY_CHECKSUM, metadata[LEGACY_CHECKSUM]
-    return CHECKSUM, metadata.get(CHECKSUM)
+    """(kind, value) of the checksum a shard's header holds (XXH3, or the SHA-256 of a shard
+    written before it); (``CHECKSUM``, None) for a header with neither."""
+    return next(((k, metadata[k]) for k in DIGESTS if k in metadata), (CHECKSUM, None))
 
 
 def _refuse_newer(path: Path, metadata: dict):
     """A header with no sum this version knows, but other evalkit keys, was written by a newer
     evalkit: deleting it as damaged would destroy that version's work in a shared cache."""
-    if CHECKSUM in metadata or LEGACY_CHECKSUM in metadata:
+    if _stored_sum(metadata)[1] is not None:
         return
     unknown = sorted(k for k in metadata if k.startswith("evalkit_") and k not in KNOWN_KEYS)
     if unknown:
