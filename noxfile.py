@@ -1,4 +1,4 @@
-"""Developer sessions: tests (default), faults, lint, demo, bench, regression."""
+"""Developer sessions: tests (default), long, faults, slow, lint, demo, bench, regression."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # The gate's rows (tests/regression/gate.py; vit22b/test trained by: evalkit pretrain --model
-# vit22b/test --data embedded --steps 300) run in every CI run through tests/test_gate.py.
+# vit22b/test --data embedded --steps 300) run in every CI run through tests/test_gate.py, in
+# the long tier (`nox -s long`).
 GATE = "tests/regression/gate.py"
 # Rows of the tiny effect table in the suite: the two training ablations that need no ladder,
 # and the linear probe on the ladder (pretrained afresh, so its training is checked too)
@@ -24,6 +25,15 @@ def tests(session):
     install(session)
     session.run("lint-imports")
     session.run("pytest", "-q", *session.posargs, env=OFFLINE)
+
+
+@nox.session
+def long(session):
+    """The long tier CI runs after the default suite: the regression gate (tests/test_gate.py),
+    every kernel path (tests/test_kernels.py), the two-rank torchrun runs and the other
+    end-to-end runs of half a minute or more (about 15 minutes on 2 cores)."""
+    install(session)
+    session.run("pytest", "-q", "-m", "long and not slow", *session.posargs, env=OFFLINE)
 
 
 @nox.session

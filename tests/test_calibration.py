@@ -12,6 +12,7 @@ import torch
 from evalkit.errors import EvalkitError
 
 
+@pytest.mark.long
 def test_imagenet_c_stand_in_has_the_layout_and_a_clear_error(ctx):
     from evalkit.data import open_dataset
 

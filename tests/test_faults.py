@@ -189,6 +189,7 @@ def full_disk_at(at: int, args, tmp_path, monkeypatch, capsys, expected: dict):
     assert leftovers(cache, out) == [], at
 
 
+@pytest.mark.long
 def test_a_full_disk_at_some_writes_of_a_run(cli_env, tmp_path, monkeypatch, capsys):
     count, expected = writes_of_a_run(PROBE, tmp_path, monkeypatch)
     assert count > 5

@@ -6,6 +6,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 
 from evalkit.cache.features import (
@@ -196,6 +197,7 @@ def test_standardizer_from_chunks_equals_whole():
     torch.testing.assert_close(chunked.std, whole.std, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.long
 def test_streamed_probe_matches_resident(fake, ctx, tmp_path):
     import dataclasses
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "regression"))
 from gate import BASELINES, TOLERANCES, run_rows  # noqa: E402
+
+pytestmark = pytest.mark.long  # CI runs these as their own step: pytest -q -m long
 
 REPORT = HERE.parent / "results" / "regression" / "gate.xml"
 

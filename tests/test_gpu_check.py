@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
 
 
+@pytest.mark.long
 def test_the_gpu_check_runs_its_cpu_branch(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "check.json"

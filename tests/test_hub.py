@@ -85,6 +85,7 @@ def test_a_cached_timm_checkpoint_loads_offline_with_its_own_config(tmp_path, hu
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.long
 def test_a_run_on_a_cached_checkpoint_records_the_files_content_id(tmp_path, hub_cache, cli_env):
     _, path = timm_checkpoint(tmp_path)
     place_in_cache(hub_cache, f"timm/{TIMM_TAGGED}", {"model.safetensors": path.read_bytes()})
@@ -194,6 +195,7 @@ def test_an_open_clip_tag_missing_from_the_cache_is_one_line(hub_cache, tiny_cli
         load_backbone("open_clip/Tiny-Test:hubtag")
 
 
+@pytest.mark.long
 def test_a_pinned_revision_is_loaded_recorded_and_keeps_its_own_cache_entry(
     tmp_path, hub_cache, cli_env, capsys
 ):

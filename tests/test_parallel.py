@@ -78,6 +78,7 @@ def test_sharded_checkpoint_loads_same_weights_on_every_layout(checks):
     assert checks["checkpoint"]["fsdp"] <= 1e-5
 
 
+@pytest.mark.long
 def test_torchrun_cli_matches_single_process(cli_env, data_cache):
     """Same features up to float summation order (≤ 1e-5), and then exactly the same hold-out
     curve, chosen L2 and metrics: the probe's fits are pinned to their optimum (float64, run
@@ -176,6 +177,7 @@ def test_lit_loss_on_two_ranks_equals_the_joined_batch(tmp_path):
     assert result["grad_diff"] <= 1e-5 * result["grad_scale"]
 
 
+@pytest.mark.long
 def test_trainer_on_two_ranks_equals_one_process(tmp_path):
     """The backbone trainer data parallel, under FSDP2 and tensor parallel, with a resume from
     a checkpoint midway: the losses and gradient norms of every step equal one process's."""
@@ -291,6 +293,7 @@ def load_rows_of(path: Path) -> list[dict]:
     return load_rows([path])
 
 
+@pytest.mark.long
 def test_fsdp_extraction_on_two_ranks_equals_one_process(cli_env, data_cache):
     """Under FSDP2 a rank with fewer shards to extract (here: none) keeps running forwards
     until the other is done, so the gathers stay in step instead of hanging."""

@@ -54,6 +54,7 @@ def _read_only(cache: Path, script: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.long
 def test_a_read_only_cache_is_read_and_never_written(cli_env, tmp_path):
     if shutil.which("unshare") is None or _read_only(tmp_path, "true").returncode != 0:
         pytest.skip("this machine allows no private read-only mount (unshare -rm)")

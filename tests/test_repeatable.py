@@ -81,6 +81,7 @@ def cli_probe(cwd: Path, threads: int) -> dict:
     }
 
 
+@pytest.mark.long
 @pytest.mark.usefixtures("cli_env")
 def test_the_command_line_probe_is_the_same_on_one_and_two_threads(cli_env):
     """Each run extracts its own features on its own thread count, then probes them."""

@@ -53,7 +53,11 @@ def run(task, tmp_path, **settings):
 
 
 @pytest.mark.parametrize(
-    ("task", "loss"), [("lit-imagenet", "lit_final_loss"), ("kinetics400", "final_loss")]
+    ("task", "loss"),
+    [
+        pytest.param("lit-imagenet", "lit_final_loss", marks=pytest.mark.long),
+        ("kinetics400", "final_loss"),
+    ],
 )
 def test_streamed_training_equals_resident(tmp_path, data_cache, monkeypatch, task, loss):
     monkeypatch.setenv("EVALKIT_CACHE", str(data_cache))

@@ -189,6 +189,7 @@ def test_sweep_passes_log_to_every_job(tmp_path, capsys):
     assert main([*args[:-1], "mlflow:colour=red"]) == 2
 
 
+@pytest.mark.long
 def test_a_dense_run_sends_its_picture_grid(tmp_path, data_cache, monkeypatch):
     from mlflow.tracking import MlflowClient
 

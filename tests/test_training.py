@@ -234,6 +234,7 @@ def test_ablations_run_without_a_backbone_and_other_tasks_ask_for_one(cli_env, c
     assert "needs a backbone" in capsys.readouterr().err
 
 
+@pytest.mark.long
 def test_qk_norm_lr_compares_kept_and_lowered_learning_rates(fake, ctx, tmp_path):
     from evalkit.tasks.stability import QKNormLR
 

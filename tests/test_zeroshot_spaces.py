@@ -55,6 +55,7 @@ def zero_shot_rows(tmp_path, data_root, *settings):
     return next(r for r in rows if r["metric"] == "top1"), out
 
 
+@pytest.mark.long
 def test_a_partial_imagenet_val_is_scored_over_all_1000_classes(
     tmp_path, cli_env, tiny_clip_registered
 ):
