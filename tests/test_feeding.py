@@ -5,8 +5,6 @@ master weights for fine-tuning, and the numerics each row records."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from fake_cuda import fake_cuda
@@ -97,37 +95,6 @@ def test_run_numerics_are_set_recorded_and_restored():
     finally:
         restore()
     assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
-
-
-def test_deterministic_algorithms_reach_a_compiler_loaded_later_without_loading_it():
-    """The run's deterministic setting and its one sizing forward (FLOPs counted) do not load
-    torch's compiler, yet a compiler loaded afterwards is deterministic too; one already
-    loaded is set directly."""
-    import subprocess
-    import sys
-
-    script = (
-        "import sys, torch\n"
-        "from evalkit.core.numerics import deterministic_algorithms, run_numerics\n"
-        "from evalkit.backbones import BackboneOptions, load_backbone\n"
-        "from evalkit.core.costs import measured_shape\n"
-        "restore = run_numerics()\n"
-        "assert measured_shape(load_backbone('fake', BackboneOptions()), dtype='fp32').flops_per_image\n"
-        "assert 'torch._dynamo' not in sys.modules, 'the compiler was loaded'\n"
-        "assert torch.are_deterministic_algorithms_enabled()\n"
-        "assert torch.is_deterministic_algorithms_warn_only_enabled()\n"
-        "import torch._inductor.config as config\n"
-        "assert config.deterministic is True\n"
-        "deterministic_algorithms(False, warn_only=False)\n"
-        "assert config.deterministic is False\n"
-        "assert not torch.are_deterministic_algorithms_enabled()\n"
-        "print('ok')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_DETERMINISTIC"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.stdout.strip() == "ok", done.stderr
 
 
 def test_plan_states_decode_rate_beside_forward_rate(capsys):

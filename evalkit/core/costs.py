@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from evalkit.cache.features import backbone_key, cached_bytes
 from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
@@ -344,6 +342,8 @@ def measured_shape(backbone, *, dtype: str, tp: int = 1) -> Shape:
 
 def _one_forward(backbone, module) -> tuple[int, int, int]:
     """(pooled width, elements of the largest module output, FLOPs) of one image."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     largest = [0]
 
     def note(_module, _inputs, output):
@@ -354,41 +354,13 @@ def _one_forward(backbone, module) -> tuple[int, int, int]:
     size = backbone.info.preprocess.size
     handles = [m.register_forward_hook(note) for m in module.modules()]
     try:
-        with torch.inference_mode(), CountedFlops() as counter:
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
             image = torch.zeros(1, 3, size, size, device=device)
             pooled = backbone.extract(image, pool=backbone.info.pools[0]).pooled
     finally:
         for handle in handles:
             handle.remove()
-    return pooled.shape[-1], largest[0], counter.flops
-
-
-class CountedFlops(TorchDispatchMode):
-    """The FLOPs of the operators run inside it, as torch's own counter counts them (its
-    per-operator formulas, ``flop_registry``). torch's ``FlopCounterMode`` guards its dispatch
-    against the compiler and so imports the compiler at its first operator, 2 s of a run's
-    start on a 2-core CPU; this mode runs no compiled code and opts out of that guard."""
-
-    def __init__(self):
-        super().__init__()
-        self.flops = 0
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # the documented opt-out: no compiler guard around __torch_dispatch__
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        count = flop_registry.get(func._overloadpacket)
-        if count is None:  # a composite operator (inference mode keeps them): count its parts
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        out = func(*args, **kwargs)
-        if count is not None:
-            self.flops += count(*args, **kwargs, out_val=out)
-        return out
+    return pooled.shape[-1], largest[0], counter.get_total_flops()
 
 
 def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:

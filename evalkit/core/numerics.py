@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import resource
-import sys
 from collections.abc import Callable
 
 import torch
@@ -33,36 +32,14 @@ def run_numerics() -> Callable[[], None]:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    saved_compiler = os.environ.get(COMPILER_FLAG)
-    deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
     def restore():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
-        deterministic_algorithms(saved[4], warn_only=saved[5])
-        if saved_compiler is None:
-            os.environ.pop(COMPILER_FLAG, None)
-        else:
-            os.environ[COMPILER_FLAG] = saved_compiler
+        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
 
     return restore
-
-
-COMPILER_FLAG = "TORCHINDUCTOR_DETERMINISTIC"  # what torch's compiler reads when it loads
-
-
-def deterministic_algorithms(mode: bool, *, warn_only: bool) -> None:
-    """``torch.use_deterministic_algorithms`` without loading torch's compiler. That function
-    imports the compiler's config, and with it the compiler, only to set its ``deterministic``
-    flag: 1.3–2.6 s of every command's start on a 2-core CPU, for a run that never compiles.
-    Here the flag is set where the compiler is already loaded, and otherwise left in the
-    environment variable the compiler reads when it loads."""
-    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
-    config = sys.modules.get("torch._inductor.config")
-    if config is not None:
-        config.deterministic = mode
-    else:
-        os.environ[COMPILER_FLAG] = "1" if mode else "0"
 
 
 def numerics() -> dict:
