@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.common import busy_cores, report
 
 SWEEP = """
-import time, torch
+import time, torch, evalkit
 from evalkit.heads.linear import Standardizer, logistic_path
 x, y, xv, yv, l2 = torch.load({data!r})
 wall, cpu = time.perf_counter(), time.process_time()
@@ -30,7 +30,7 @@ scale = Standardizer.fit(x)
 path = logistic_path(scale(x), y, num_classes=int(y.max()) + 1, l2_values=l2)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 best = max((m.logits(scale(xv)).argmax(1) == yv).float().mean().item() for _, m in path)
-print(wall, cpu, round(100 * best, 2))
+print(evalkit.__file__, wall, cpu, round(100 * best, 2))
 """
 
 
@@ -60,14 +60,23 @@ def checkout(commit: str, trees: Path) -> Path:
 
 
 def sweep(tree: Path, data: Path, load: int) -> tuple[float, float, float]:
-    """(wall s, CPU s, best top-1) of the sweep of the code in ``tree``."""
+    """(wall s, CPU s, best top-1) of the sweep of the code in ``tree``. The process starts
+    in the tree: ``python -c`` puts its working directory first on the path, so started in a
+    checkout it would import the checkout's evalkit whatever ``PYTHONPATH`` says."""
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-    code = SWEEP.format(data=str(data))
+    code = SWEEP.format(data=str(data.resolve()))
     with busy_cores(load):
         done = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            check=True,
         )
-    wall, cpu, top1 = done.stdout.split()
+    imported, wall, cpu, top1 = done.stdout.split()
+    if not Path(imported).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"the sweep of {tree.name} imported {imported}, not its own code")
     return float(wall), float(cpu), float(top1)
 
 
