@@ -31,7 +31,7 @@ def tests(session):
 def long(session):
     """The long tier CI runs after the default suite: the regression gate (tests/test_gate.py),
     every kernel path (tests/test_kernels.py), the two-rank torchrun runs and the other
-    end-to-end runs of half a minute or more (about 15 minutes on 2 cores)."""
+    end-to-end runs of half a minute or more (about 16 minutes on 2 cores)."""
     install(session)
     session.run("pytest", "-q", "-m", "long and not slow", *session.posargs, env=OFFLINE)
 
