@@ -15,7 +15,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "regression"))
 from gate import BASELINES, TOLERANCES, run_rows  # noqa: E402
 
-pytestmark = pytest.mark.long  # CI runs these as their own step: pytest -q -m long
+pytestmark = pytest.mark.long  # the long tier: CI runs it as its own step (nox -s long)
 
 REPORT = HERE.parent / "results" / "regression" / "gate.xml"
 

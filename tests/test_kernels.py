@@ -18,7 +18,7 @@ from test_repeatable import resnet_features
 
 from benchmarks.kernels import kernel_paths, run_under
 
-pytestmark = pytest.mark.long  # CI runs these as their own step: pytest -q -m long
+pytestmark = pytest.mark.long  # the long tier: CI runs it as its own step (nox -s long)
 
 SCRIPT = str(Path(__file__).with_name("kernel_check.py"))
 ATEN = {"default": "DEFAULT", "avx2": "AVX2"}
