@@ -176,10 +176,12 @@ TRIVIAL = {"img_size": 224, "depth": 1, "patch": 16}  # fake/: one block, a chea
 
 
 def class_folders(paths: list[Path], folder: Path) -> Path:
-    """The JPEGs as a class-folder set (``train`` and ``val``, four classes), hard-linked."""
+    """The JPEGs as a class-folder set (``train`` and ``val``, four classes), hard-linked; one
+    set per image count, since a set linked for another count would hold both counts' files
+    (an image in train and val at once, and more images than asked)."""
     import os
 
-    root = folder / "set"
+    root = folder / f"set-{len(paths)}"
     cut = len(paths) * 3 // 4
     for split, part in (("train", paths[:cut]), ("val", paths[cut:])):
         for i, path in enumerate(part):
@@ -218,7 +220,7 @@ def run_rate(root: Path, cache: str, seed: int) -> float:
 def model_alone_rate(images: int, seed: int) -> float:
     """Images per second of the trivial backbone's input stage and forward alone (normalise,
     forward, pooling) on random uint8 views already in memory, in batches of a run's size, in
-    its own process with the command's OpenMP setting: the most a backbone that reads nothing
+    its own process with the command's OpenMP and page settings: the most a backbone that reads nothing
     could reach, measured beside the run it bounds."""
     import os
     import subprocess
@@ -226,7 +228,9 @@ def model_alone_rate(images: int, seed: int) -> float:
 
     module = [sys.executable, "-m", "benchmarks.bench_loader"]
     command = [*module, "--model-alone", str(images), str(seed)]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    from evalkit.cli import process_environment
+
+    env = {**os.environ, **process_environment()}
     done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
     return float(done.stdout.split()[-1])
 

@@ -271,20 +271,62 @@ def test_compare_writes_junit_and_github_annotations(tmp_path, capsys):
     assert cases["fake top5"].find("failure") is None
 
 
-@pytest.mark.parametrize(("given", "kept"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_command_lets_idle_openmp_threads_sleep_unless_told_otherwise(given, kept):
-    """OpenMP reads its wait policy when torch loads it: the command sets it first, and a
-    value the user set is kept."""
+@pytest.mark.parametrize(
+    ("name", "given", "kept"),
+    [
+        ("OMP_WAIT_POLICY", None, "PASSIVE"),
+        ("OMP_WAIT_POLICY", "ACTIVE", "ACTIVE"),
+        ("THP_MEM_ALLOC_ENABLE", None, "1"),
+        ("THP_MEM_ALLOC_ENABLE", "0", "0"),
+    ],
+)
+def test_the_command_sets_threads_and_pages_before_torch_unless_told_otherwise(name, given, kept):
+    """OpenMP reads its wait policy, and torch's CPU allocator its large-page switch, when
+    torch loads: the command sets them first, and a value the user set is kept."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if name == "THP_MEM_ALLOC_ENABLE" and not os.path.exists(
+        "/sys/kernel/mm/transparent_hugepage/enabled"
+    ):
+        pytest.skip("this kernel offers no transparent huge pages: the switch is left unset")
+    env = {k: v for k, v in os.environ.items() if k != name}
     if given is not None:
-        env["OMP_WAIT_POLICY"] = given
+        env[name] = given
     code = (
         "import os, sys; from evalkit.cli import main; main(['ls', 'tasks']); "
-        "assert 'torch' not in sys.modules, 'torch loaded before the policy was set'; "
-        "print('policy', os.environ['OMP_WAIT_POLICY'])"
+        "assert 'torch' not in sys.modules, 'torch loaded before the settings were made'; "
+        f"print('value', os.environ[{name!r}])"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert f"policy {kept}" in proc.stdout
+    assert f"value {kept}" in proc.stdout
+
+
+def test_torch_backs_large_cpu_buffers_with_huge_pages_under_the_command_setting():
+    """The switch the command sets is the one torch reads: a 8 MiB tensor's memory is marked
+    for huge pages (``hg`` in its mapping's flags), and is not without the switch."""
+    import os
+
+    if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        pytest.skip("this kernel offers no transparent huge pages")
+    code = (
+        "import torch\n"
+        "buffer = torch.empty(8 * 2**20, dtype=torch.uint8)\n"
+        "pointer = buffer.data_ptr()\n"
+        "lines = open('/proc/self/smaps').read().splitlines()\n"
+        "inside = False\n"
+        "for line in lines:\n"
+        "    head = line.split()[0]\n"
+        "    if '-' in head and ':' not in head:\n"
+        "        start, stop = (int(x, 16) for x in head.split('-'))\n"
+        "        inside = start <= pointer < stop\n"
+        "    elif inside and line.startswith('VmFlags:'):\n"
+        "        print('huge' if ' hg' in line else 'plain')\n"
+    )
+    seen = {}
+    for value in ("1", "0"):
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": value}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        seen[value] = done.stdout.split()
+    assert seen == {"1": ["huge"], "0": ["plain"]}

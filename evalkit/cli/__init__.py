@@ -65,14 +65,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-IDLE_OPENMP = ("OMP_WAIT_POLICY", "PASSIVE")  # a value set by the user is kept
+IDLE_OPENMP = ("OMP_WAIT_POLICY", "PASSIVE")
+LARGE_PAGES = ("THP_MEM_ALLOC_ENABLE", "1")
+
+
+def process_environment() -> dict[str, str]:
+    """The variables the command sets before torch loads (a value the user set is kept).
+
+    ``OMP_WAIT_POLICY``: by default an OpenMP thread spins for a while after each parallel
+    region, on the core that the threads reading images (``evalkit.data.feeding``) need;
+    asleep, it costs a wake-up. ``THP_MEM_ALLOC_ENABLE``: torch backs its CPU buffers of 2 MiB
+    or more with the kernel's 2 MiB pages where Linux offers them, so a batch's fresh 38 MB
+    buffer faults in about 20 pages instead of 9,412 (neither changes what is computed)."""
+    settings = dict([IDLE_OPENMP])
+    if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        settings.update([LARGE_PAGES])
+    return {name: os.environ.get(name, value) for name, value in settings.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Read by OpenMP when torch loads it, so set before any command imports torch. By default
-    # an OpenMP thread spins for a while after each parallel region, on the core that the
-    # threads reading images (``evalkit.data.feeding``) need; asleep, it costs a wake-up.
-    os.environ.setdefault(*IDLE_OPENMP)
+    # Read by OpenMP and torch's CPU allocator when torch loads, so set before any command
+    # imports torch.
+    os.environ.update(process_environment())
     args = build_parser().parse_args(argv)
     from rich.console import Console
     from rich.markup import escape  # "pip install 'evalkit[clip]'" must keep its [clip]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -48,16 +49,19 @@ def library_versions(backbone: str | None = None) -> dict[str, str | None]:
     features: torch for every backbone, timm for timm models, open_clip (and the timm towers
     it may build) for open_clip models; every feature library when no backbone is named.
     Installing or upgrading a library that does not run a backbone leaves its keys as they are."""
-
-    def major_minor(name: str) -> str | None:
-        try:
-            return ".".join(version(name).split(".")[:2])
-        except PackageNotFoundError:
-            return None
-
     family = (backbone or "").partition("/")[0]
     names = FAMILY_LIBRARIES.get(family, ("torch",)) if backbone is not None else FEATURE_LIBRARIES
-    return {name: major_minor(name) for name in names}
+    return {name: _major_minor(name) for name in names}
+
+
+@functools.cache
+def _major_minor(name: str) -> str | None:
+    """The installed version of ``name``, read once per process: the metadata walk costs a few
+    ms and every cache key asks, while the library this process runs is the one it imported."""
+    try:
+        return ".".join(version(name).split(".")[:2])
+    except PackageNotFoundError:
+        return None
 
 
 FAMILY_LIBRARIES = {
