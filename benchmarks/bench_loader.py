@@ -276,7 +276,7 @@ def end_to_end(paths: list[Path], folder: Path) -> dict:
     keep_freed_buffers()  # as a run sets it: the decoder alone measured on the same allocator
     root = class_folders(paths, folder)
     rates = {name: [] for name in ("decoder_alone", "first", "second", "third", "model_alone")}
-    for _ in range(3):
+    for _ in range(ROUNDS):
         with tempfile.TemporaryDirectory() as cache:
             rates["decoder_alone"].append(decoder_rate(root))
             for seed, name in enumerate(("first", "second", "third")):
