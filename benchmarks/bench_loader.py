@@ -220,16 +220,16 @@ def run_rate(root: Path, cache: str, seed: int) -> float:
 def model_alone_rate(images: int, seed: int) -> float:
     """Images per second of the trivial backbone's input stage and forward alone (normalise,
     forward, pooling) on random uint8 views already in memory, in batches of a run's size, in
-    its own process with the command's OpenMP and page settings: the most a backbone that reads nothing
-    could reach, measured beside the run it bounds."""
+    its own process with the command's OpenMP and page settings: the most a backbone that
+    reads nothing could reach, measured beside the run it bounds."""
     import os
     import subprocess
     import sys
 
-    module = [sys.executable, "-m", "benchmarks.bench_loader"]
-    command = [*module, "--model-alone", str(images), str(seed)]
     from evalkit.cli import process_environment
 
+    module = [sys.executable, "-m", "benchmarks.bench_loader"]
+    command = [*module, "--model-alone", str(images), str(seed)]
     env = {**os.environ, **process_environment()}
     done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
     return float(done.stdout.split()[-1])

@@ -285,9 +285,9 @@ def test_the_command_sets_threads_and_pages_before_torch_unless_told_otherwise(n
     torch loads: the command sets them first, and a value the user set is kept."""
     import os
 
-    if name == "THP_MEM_ALLOC_ENABLE" and not os.path.exists(
-        "/sys/kernel/mm/transparent_hugepage/enabled"
-    ):
+    from evalkit.cli import HUGE_PAGES_OFFERED
+
+    if name == "THP_MEM_ALLOC_ENABLE" and not os.path.exists(HUGE_PAGES_OFFERED):
         pytest.skip("this kernel offers no transparent huge pages: the switch is left unset")
     env = {k: v for k, v in os.environ.items() if k != name}
     if given is not None:
@@ -307,7 +307,9 @@ def test_torch_backs_large_cpu_buffers_with_huge_pages_under_the_command_setting
     for huge pages (``hg`` in its mapping's flags), and is not without the switch."""
     import os
 
-    if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+    from evalkit.cli import HUGE_PAGES_OFFERED
+
+    if not os.path.exists(HUGE_PAGES_OFFERED):
         pytest.skip("this kernel offers no transparent huge pages")
     code = (
         "import torch\n"
