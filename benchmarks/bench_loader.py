@@ -283,8 +283,12 @@ def end_to_end(paths: list[Path], folder: Path) -> dict:
                 rates[name].append(run_rate(root, cache, seed))
             rates["model_alone"].append(model_alone_rate(len(paths), seed=1))
     median = {name: round(statistics.median(r), 1) for name, r in rates.items()}
+    # paired within each round: a machine whose speed drifts between rounds moves both alike
+    by_round = [round(s / f, 2) for s, f in zip(rates["second"], rates["first"], strict=True)]
     return {
         "img_s": median,
+        "second_vs_first_by_round": by_round,
+        "rounds_second_at_least_5x": sum(ratio >= 5.0 for ratio in by_round),
         "end_to_end_vs_decoder": round(median["first"] / median["decoder_alone"], 2),
         "second_vs_first_backbone": round(median["second"] / median["first"], 2),
         # the third reads views the second checked (old enough to vouch for, or checked again)
