@@ -39,6 +39,7 @@ from evalkit.device import threads
 BASELINE = "before (PIL, float on the core)"
 PRE = Preprocess()  # 224 px, crop 0.875 (resize 256), bicubic, ImageNet mean/std: a ViT-B/16's
 ROUNDS = 5
+SECOND_VS_FIRST = 5.0  # the target: a second backbone from the pixel cache against the first
 
 
 def source_photos() -> list[np.ndarray]:
@@ -288,7 +289,7 @@ def end_to_end(paths: list[Path], folder: Path) -> dict:
     return {
         "img_s": median,
         "second_vs_first_by_round": by_round,
-        "rounds_second_at_least_5x": sum(ratio >= 5.0 for ratio in by_round),
+        "rounds_second_at_least_5x": sum(ratio >= SECOND_VS_FIRST for ratio in by_round),
         "end_to_end_vs_decoder": round(median["first"] / median["decoder_alone"], 2),
         "second_vs_first_backbone": round(median["second"] / median["first"], 2),
         # the third reads views the second checked (old enough to vouch for, or checked again)
@@ -298,7 +299,7 @@ def end_to_end(paths: list[Path], folder: Path) -> dict:
         "second_vs_model_alone": round(median["second"] / median["model_alone"], 2),
         "run_read_threads": read_threads(),  # the decoder alone reads on one
         "target_end_to_end_vs_decoder": 0.8,
-        "target_second_vs_first": 5.0,
+        "target_second_vs_first": SECOND_VS_FIRST,
     }
 
 
