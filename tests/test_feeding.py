@@ -5,6 +5,8 @@ master weights for fine-tuning, and the numerics each row records."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from fake_cuda import fake_cuda
@@ -87,14 +89,84 @@ def test_fine_tuning_trains_fp32_master_weights():
 
 
 def test_run_numerics_are_set_recorded_and_restored():
-    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    def settings():
+        fill = torch.utils.deterministic.fill_uninitialized_memory
+        return torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, fill
+
+    before = settings()
     restore = run_numerics()
     try:
         assert numerics() == {"tf32": False, "deterministic": True}
         assert not torch.backends.cudnn.benchmark
+        assert not torch.utils.deterministic.fill_uninitialized_memory  # a cost, not a number
     finally:
         restore()
-    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
+    assert settings() == before
+
+
+def _with_the_fill(real):
+    """``run_numerics`` as a run sets it, but keeping deterministic mode's fill of new tensors."""
+
+    def numerics_with_fill():
+        restore = real()
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        return restore
+
+    return numerics_with_fill
+
+
+@pytest.mark.parametrize("task", ["imagenet-knn", "imagenet-linear"])
+def test_a_run_without_the_fill_of_new_tensors_gives_the_same_rows(cli_env, monkeypatch, task):
+    """A run turns off deterministic mode's NaN fill of every new tensor (a pass over each
+    output, for speed): with the fill kept, the same run gives the same rows bit for bit. A
+    head that read memory nothing wrote would give NaN with the fill and other values
+    without it."""
+    import evalkit.core.runner as runner
+
+    def values(out: str) -> dict[str, float]:
+        spec = {"tasks": (task,), "backbones": ("fake",), "data": "embedded", "out": out}
+        (result,) = list(runner.run(runner.RunSpec(**spec, no_cache=True, progress=False)))
+        return {row["metric"]: row["value"] for row in result.rows}
+
+    plain = values("plain")
+    monkeypatch.setattr(runner, "run_numerics", _with_the_fill(runner.run_numerics))
+    assert values("filled") == plain and all(math.isfinite(v) for v in plain.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("fake", {}),
+        ("vit22b/test", {}),
+        ("timm/vit_tiny_patch16_224", {"img_size": 32, "depth": 2}),
+        ("open_clip/ViT-B-32", {"force_image_size": 64}),
+    ],
+)
+def test_backbones_extract_the_same_bits_without_the_fill_of_new_tensors(name, options):
+    """Each family's forward, every layer pooled and dense, under a run's numerics with and
+    without deterministic mode's fill of new tensors: the same bits."""
+    from evalkit import load_backbone
+
+    backbone = load_backbone(name, model_kwargs=options)
+    size = backbone.info.preprocess.size
+    images = torch.randint(0, 256, (3, 3, size, size), generator=torch.Generator().manual_seed(0))
+    images = images.to(torch.uint8)
+    layers = tuple(range(backbone.info.depth))
+    pool = "mean" if "mean" in backbone.info.pools else backbone.info.pools[0]
+
+    def features(fill: bool):
+        restore = run_numerics()
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        try:
+            with torch.inference_mode():
+                out = backbone.extract(images, layers=layers, pool=pool, dense=True)
+            return [out.pooled, *out.grids]
+        finally:
+            restore()
+
+    plain, filled = features(fill=False), features(fill=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, filled, strict=True))
+    assert all(torch.isfinite(a).all() for a in plain)
 
 
 def test_plan_states_decode_rate_beside_forward_rate(capsys):

@@ -19,8 +19,15 @@ def run_numerics() -> Callable[[], None]:
     - Deterministic algorithms: cuDNN picks no kernel by timing, cuBLAS gets a fixed
       workspace, and an op with no deterministic CUDA kernel (bilinear-upsample backward)
       warns rather than varying silently; the ADE20k and depth gates compare to 0.001.
+    - Without the fill of new tensors that deterministic mode adds by default
+      (``torch.utils.deterministic.fill_uninitialized_memory``): it writes NaN over every
+      tensor torch allocates before the op that produces it writes it again, a second pass
+      over each output that cost a quarter of the forward's time a batch on the CPU. The fill
+      only makes a read of memory that no op wrote repeatable, and evalkit's ops write every
+      element they allocate: the numbers are the same bits without it (tests compare both).
 
-    Every row records both (``provenance.tf32``, ``provenance.deterministic``)."""
+    Every row records the first two (``provenance.tf32``, ``provenance.deterministic``)."""
+    fill = torch.utils.deterministic
     saved = (
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
@@ -28,16 +35,19 @@ def run_numerics() -> Callable[[], None]:
         torch.backends.cudnn.benchmark,
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
+        fill.fill_uninitialized_memory,
     )
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.use_deterministic_algorithms(True, warn_only=True)
+    fill.fill_uninitialized_memory = False
 
     def restore():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
         torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+        fill.fill_uninitialized_memory = saved[6]
 
     return restore
 
