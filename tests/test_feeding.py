@@ -149,14 +149,13 @@ def test_backbones_extract_the_same_bits_without_the_fill_of_new_tensors(name, o
 
     backbone = load_backbone(name, model_kwargs=options)
     size = backbone.info.preprocess.size
-    images = torch.randint(0, 256, (3, 3, size, size), generator=torch.Generator().manual_seed(0))
-    images = images.to(torch.uint8)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 3, size, size), generator=generator, dtype=torch.uint8)
     layers = tuple(range(backbone.info.depth))
     pool = "mean" if "mean" in backbone.info.pools else backbone.info.pools[0]
 
     def features(fill: bool):
-        restore = run_numerics()
-        torch.utils.deterministic.fill_uninitialized_memory = fill
+        restore = (_with_the_fill(run_numerics) if fill else run_numerics)()
         try:
             with torch.inference_mode():
                 out = backbone.extract(images, layers=layers, pool=pool, dense=True)

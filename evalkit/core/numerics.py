@@ -28,7 +28,7 @@ def run_numerics() -> Callable[[], None]:
       it (tests compare both).
 
     Every row records the first two (``provenance.tf32``, ``provenance.deterministic``)."""
-    fill = torch.utils.deterministic
+    deterministic = torch.utils.deterministic
     saved = (
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
@@ -36,19 +36,19 @@ def run_numerics() -> Callable[[], None]:
         torch.backends.cudnn.benchmark,
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
-        fill.fill_uninitialized_memory,
+        deterministic.fill_uninitialized_memory,
     )
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.use_deterministic_algorithms(True, warn_only=True)
-    fill.fill_uninitialized_memory = False
+    deterministic.fill_uninitialized_memory = False
 
     def restore():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
         torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
-        fill.fill_uninitialized_memory = saved[6]
+        deterministic.fill_uninitialized_memory = saved[6]
 
     return restore
 
