@@ -304,6 +304,24 @@ def test_one_leaderboard_call_writes_every_format_from_one_computation(
     assert "expected one of .md" in capsys.readouterr().err and len(computed) == 1
 
 
+def test_a_single_leaderboard_output_is_written_in_the_format_its_suffix_names(cli_env, capsys):
+    """``--output one.json`` alone holds JSON, not the terminal default's Markdown; a suffix
+    that names no format, or a ``--format`` that contradicts it, is refused in one line."""
+    zoo(cli_env)
+    for suffix in ("json", "md", "html"):
+        assert main(["leaderboard", "runs", "--output", str(cli_env / f"one.{suffix}")]) == 0
+    assert json.loads((cli_env / "one.json").read_text())["overall"]
+    assert (cli_env / "one.md").read_text().lstrip().startswith(("#", "|"))
+    assert (cli_env / "one.html").read_text().lstrip().lower().startswith("<!doctype html")
+    capsys.readouterr()
+    for refused in (["--output", "x.txt"], ["--format", "json", "--output", "x.md"]):
+        assert main(["leaderboard", "runs", *refused]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and refused[-1] in err, err
+    assert main(["leaderboard", "runs", "--format", "json", "--output", "x.txt"]) == 0
+    assert json.loads((cli_env / "x.txt").read_text())["overall"]
+
+
 def _without_dates(text: str) -> str:
     import re
 

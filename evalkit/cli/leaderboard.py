@@ -14,13 +14,18 @@ def add_leaderboard(sub) -> None:
         help="rank backbones per task and over a suite, with paired tests between every two",
     )
     board.add_argument("results", nargs="+", type=Path, help="rows folders or files")
-    board.add_argument("--format", choices=FORMATS, default="terminal")
+    board.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="of standard output (default: terminal), or of an --output whose suffix names no "
+        "format",
+    )
     board.add_argument(
         "--output",
         type=Path,
         action="append",
-        help="write here (default: standard output); repeat it to write several formats from "
-        "one computation, each named by its suffix (.md, .json, .html)",
+        help="write here (default: standard output), in the format its suffix names (.md, "
+        ".json, .html); repeat it to write several formats from one computation",
     )
     board.add_argument(
         "--level", type=float, default=0.05, help="significance level after Holm's correction"
@@ -60,7 +65,7 @@ def cmd_leaderboard(args, console) -> int:
     if args.snapshot is not None:
         kept = snapshot(board, args.snapshot)
         console.print(f"snapshot: {kept} (index: {args.snapshot / 'index.html'})", highlight=False)
-    if not outputs and args.format == "terminal":
+    if not outputs and args.format in (None, "terminal"):
         print_terminal(console, board)
     elif not outputs:
         print(FORMATTERS[args.format](board))
@@ -72,20 +77,30 @@ def cmd_leaderboard(args, console) -> int:
 SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".json": "json", ".html": "html"}
 
 
-def output_formats(paths: list[Path], asked: str) -> list[tuple[Path, str]]:
-    """Each ``--output`` with the format it is written in: ``--format`` for a single one (as
-    before), else each file's suffix."""
-    from evalkit.errors import EvalkitError
-
-    if len(paths) == 1:
-        return [(paths[0], asked)]
+def output_formats(paths: list[Path], asked: str | None) -> list[tuple[Path, str]]:
+    """Each ``--output`` with the format it is written in: the one its suffix names, so that
+    ``one.json`` never holds Markdown. ``--format`` names it only for a single output whose
+    suffix names none, and is refused where it contradicts the suffix."""
+    if len(paths) == 1 and asked not in (None, "terminal"):
+        return [(paths[0], single_format(paths[0], asked))]
     unknown = [str(path) for path in paths if path.suffix.lower() not in SUFFIXES]
     if unknown:
+        from evalkit.errors import EvalkitError
+
         raise EvalkitError(
-            f"--output {', '.join(unknown)}: several outputs are named by their suffix; "
-            f"expected one of {', '.join(SUFFIXES)}"
+            f"--output {', '.join(unknown)}: the format is named by the suffix; expected one "
+            f"of {', '.join(SUFFIXES)} (or --format with a single --output)"
         )
     return [(path, SUFFIXES[path.suffix.lower()]) for path in paths]
+
+
+def single_format(path: Path, asked: str) -> str:
+    from evalkit.errors import EvalkitError
+
+    named = SUFFIXES.get(path.suffix.lower())
+    if named is not None and named != asked:
+        raise EvalkitError(f"--output {path} names {named} but --format asks for {asked}")
+    return asked
 
 
 def write_board(console, board: dict, path: Path, kind: str):
