@@ -115,3 +115,24 @@ def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(cli_env, tmp_pa
         "top5": 2.0,
     }
     assert not finished(plan, Job("imagenet-linear", "vit22b/e"))
+
+
+def test_a_job_run_with_every_keyed_option_is_seen_as_finished(cli_env, data_cache):
+    """The sweep reads a job's key off the job's own command line: every run option that
+    reaches the rows' request key (decoder, dtypes, data, model options, task settings given
+    to the whole plan) is the one the run itself used, so a finished job is not relaunched."""
+    from evalkit.reproduction.sweep import Job, Sweep, finished
+
+    run_args = (
+        *("--data", "embedded", "--cache-dir", str(data_cache), "--verify-data"),
+        *("--decoder", "pil", "--pixels", "decode", "--device", "cpu", "--cache-dtype", "bf16"),
+        *("--model-arg", "depth=2", "--random-init", "--set", "l2=512"),
+    )
+    plan = Sweep(jobs=(), out=cli_env / "sweep", run_args=run_args)
+    job = Job("imagenet-1shot", "fake", seed=2, overrides=("seeds=2",))
+    assert not finished(plan, job)
+    assert main(plan.command(job)[3:]) == 0  # the job's own `evalkit run ...`
+    assert finished(plan, job)
+    for changed in (("--decoder", "tensor"), ("--set", "l2=256"), ("--dtype", "bf16")):
+        other = Sweep(jobs=(), out=plan.out, run_args=(*run_args, *changed))
+        assert not finished(other, job), changed

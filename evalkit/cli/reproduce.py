@@ -6,7 +6,8 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from evalkit.cli.run import add_log_argument, log_run_args
+from evalkit.cli.run import log_run_args
+from evalkit.core.run_options import add_log_argument
 from evalkit.errors import EvalkitError
 
 

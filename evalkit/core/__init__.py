@@ -4,5 +4,6 @@ what a row records, and what a run will cost before it runs.
 Modules: ``task`` (settings, metrics, paired tests), ``catalog`` (the built-in tasks),
 ``suites`` (named sets of tasks), ``runner`` (the one driver), ``rows`` (what a row records),
 ``results`` (rows files, tables, gates), ``merge`` (rows written on several machines),
-``costs`` and ``rates`` (the plan and this machine's speed) and ``numerics`` (how a run's
-arithmetic is set)."""
+``costs`` and ``rates`` (the plan and this machine's speed), ``numerics`` (how a run's
+arithmetic is set) and ``run_options`` (the options of evalkit run, and the run they ask
+for)."""

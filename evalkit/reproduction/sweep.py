@@ -87,8 +87,8 @@ class Sweep:
             grouped.setdefault(self.resources_of(job), []).append(job)
         return grouped
 
-    def command(self, job: Job) -> list[str]:
-        """The job's command line: ``python -m evalkit run ...`` or, across GPUs, torchrun."""
+    def run_arguments(self, job: Job) -> list[str]:
+        """The job's ``evalkit run`` arguments (``run`` first), whatever launches them."""
         args = [
             "run",
             "--task",
@@ -111,6 +111,11 @@ class Sweep:
             args += ["--tp", str(r.tp)]
         if r.fsdp:
             args += ["--fsdp"]
+        return args
+
+    def command(self, job: Job) -> list[str]:
+        """The job's command line: ``python -m evalkit run ...`` or, across GPUs, torchrun."""
+        args, r = self.run_arguments(job), self.resources_of(job)
         if r.nodes > 1:  # one torchrun per node, meeting at the job's first node
             rendezvous = (
                 "--rdzv-id $SLURM_JOB_ID --rdzv-backend c10d --rdzv-endpoint "
@@ -179,19 +184,26 @@ def _listed(value) -> list:
 
 
 def check(plan: Sweep):
-    """Unknown task names and settings fail before anything starts."""
+    """Unknown task names and settings, and run options the run would refuse, fail before
+    anything starts."""
+    for job in plan.jobs:
+        job_task(plan, job)
+
+
+def job_task(plan: Sweep, job: Job, spec=None):
+    """The task as the job's run resolves it: with the settings of the plan's ``--set`` and
+    the job's own (``spec``: the job's ``RunSpec`` when the caller has it)."""
     from evalkit.core.runner import resolve_task
 
-    for job in plan.jobs:
-        resolve_task(job.task, job.overrides)
+    spec = spec or job_run_spec(plan, job)
+    return resolve_task(job.task, spec.overrides)
 
 
 def finished(plan: Sweep, job: Job, read: dict | None = None) -> bool:
     """Rows of every metric of ``job`` are already under the plan's output folder."""
-    from evalkit.core.runner import resolve_task
     from evalkit.core.task import rows_complete
 
-    expected = resolve_task(job.task, job.overrides).metrics()
+    expected = job_task(plan, job).metrics()
     return rows_complete(expected, job_rows(plan, job, read))
 
 
@@ -201,9 +213,8 @@ def job_rows(plan: Sweep, job: Job, read: dict | None = None) -> list[dict]:
     options, weights content, dtypes, libraries, data files, seed). ``read`` keeps each rows
     file read, and each dataset walked, once."""
     from evalkit.core.results import load_rows, rows_file
-    from evalkit.core.runner import resolve_task
 
-    task = resolve_task(job.task, job.overrides)
+    task = job_task(plan, job)
     path = rows_file(plan.out, task.name)
     if not path.exists():
         return []
@@ -218,49 +229,36 @@ def job_rows(plan: Sweep, job: Job, read: dict | None = None) -> list[dict]:
 def request_key(plan: Sweep, job: Job, identities: dict, task=None) -> str:
     """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``); ``task``
     is the job's task when the caller has resolved it already."""
-    from evalkit.core.runner import request_spec, resolve_task
+    from evalkit.core.runner import request_spec
     from evalkit.storage.identity import spec_key
 
     spec = job_run_spec(plan, job)
-    task = task or resolve_task(job.task, job.overrides)
+    task = task or job_task(plan, job, spec)
     ctx = spec.context(job.seed, identities)
     return spec_key(request_spec(spec, task, job.backbone, ctx), length=16)
 
 
 def job_run_spec(plan: Sweep, job: Job):
-    """The ``RunSpec`` of a job's ``evalkit run`` line, as far as its key goes: the job's own
-    fields and the plan's run options that reach the key (other options do not change it)."""
-    import argparse
+    """The ``RunSpec`` of a job's ``evalkit run`` line, read off that line by the run's own
+    parser (``core.run_options``), so every option that reaches the key is the run's."""
+    from evalkit.core.run_options import parse_run, run_spec
 
-    from evalkit.backbones.options import parse_model_args
-    from evalkit.core.runner import RunSpec
+    args = parse_run(plan.run_arguments(job)[1:])
+    args.dtype = args.dtype or _job_default_dtype(plan, job, args.device)
+    # the device is the job's machine's, not this one's (which need not have it): only the
+    # dtype it implies reaches the key
+    args.device = None
+    return run_spec(args)
 
-    parser = argparse.ArgumentParser(add_help=False)
-    for flag in ("--data", "--data-dir", "--dtype", "--cache-dtype", "--device", "--cache-dir"):
-        parser.add_argument(flag)
-    for flag in ("--verify-data", "--pretrained", "--random-init"):
-        parser.add_argument(flag, action="store_true")
-    parser.add_argument("--model-arg", dest="model_args", action="append", default=[])
-    known, _ = parser.parse_known_args(list(plan.run_args))
-    # the device is the job's machine's, not this one's: only its default dtype is taken
-    dtype = known.dtype or ("bf16" if (known.device or "").startswith("cuda") else None)
-    return RunSpec(
-        tasks=job.task,
-        backbones=job.backbone,
-        seeds=(job.seed,),
-        overrides=job.overrides,
-        weights=job.weights,
-        data=known.data or "auto",
-        data_dir=known.data_dir and Path(known.data_dir),
-        dtype=dtype,
-        cache_dtype=known.cache_dtype,
-        cache_dir=known.cache_dir and Path(known.cache_dir),
-        verify_data=known.verify_data,
-        pretrained=known.pretrained,
-        random_init=known.random_init,
-        model_args=parse_model_args(known.model_args),
-        progress=False,
-    )
+
+def _job_default_dtype(plan: Sweep, job: Job, device: str | None) -> str | None:
+    """The dtype the job's run defaults to where it is known here: that of its ``--device``,
+    or of a GPU when the job is given GPUs; ``None`` (this machine's default) otherwise."""
+    from evalkit.device import default_dtype
+
+    if device is None and plan.resources_of(job).gpus:
+        device = "cuda"
+    return default_dtype(device) if device else None
 
 
 def pending(plan: Sweep) -> list[Job]:
