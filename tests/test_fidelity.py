@@ -288,6 +288,24 @@ def test_plan_reads_sizes_from_the_data_when_it_is_there(tmp_path, capsys, monke
     assert code == 0 and "imagenet: train 12, val 4 (data on disk)" in out and "resident" in out
 
 
+def test_plan_does_not_time_the_passes_whose_features_are_cached(cli_env, capsys, monkeypatch):
+    """After a run, its features are on disk: the plan of the same job says so and neither
+    counts their forward passes nor their compute in the expected time."""
+    monkeypatch.setenv("COLUMNS", "250")
+    job = ["--task", "imagenet-linear", "--backbone", "fake", "--data", "embedded"]
+    plan = ["plan", *job, "--device", "cpu", "--cache-dir", "c"]
+    assert main(plan) == 0
+    before = " ".join(capsys.readouterr().out.split())
+    assert "extract features │ cached │ 1,344" in before
+    assert main(["run", *job, "--device", "cpu", "--cache-dir", "c", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(plan) == 0
+    after = " ".join(capsys.readouterr().out.split())
+    assert "extract features │ cached (on disk) │ 0 │" in after, after
+    total = lambda out: out.split("compute: ")[1].split(" in all")[0]  # noqa: E731
+    assert total(after) != total(before)
+
+
 @pytest.mark.parametrize(
     ("target", "mode"),
     [

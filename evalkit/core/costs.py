@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from evalkit.cache.features import backbone_key, cached_bytes
+from evalkit.cache.features import backbone_key, cached_bytes, list_cache
 from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
 from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
 from evalkit.device import default_device, default_dtype, free_bytes
@@ -263,8 +263,9 @@ class RunPlan(NamedTuple):
 
 
 def plan_run(task, backbone: str, config, options: dict) -> RunPlan:
-    """The stages of ``task`` on ``backbone``, this machine's budget (checked), where the
-    split sizes came from, the backbone's shape and the images of the splits."""
+    """The stages of ``task`` on ``backbone`` (less what the cache holds already), this
+    machine's budget (checked), where the split sizes came from, the backbone's shape and the
+    images of the splits."""
     target, tp = options.get("target"), options.get("tp") or 1
     ranks = planned_ranks(target, tp)
     device = options.get("device") or ("cuda" if target and target.gpus else default_device())
@@ -273,8 +274,10 @@ def plan_run(task, backbone: str, config, options: dict) -> RunPlan:
     inputs, sources = plan_inputs(task, backbone, config, options)
     budget = Budget.of(target, ranks) if target else Budget.here(device, config.cache, ranks)
     inputs = replace(inputs, device_bytes=budget.device or 0)
-    stages = task.plan(inputs)
-    budget.check(stages, inputs.shape)
+    stages, held = on_disk(
+        task.plan(inputs), inputs.sizes, config.cache, setup_key(backbone, dtype)
+    )
+    budget.check(stages, inputs.shape, cached=held)
     weights = Stage(
         "backbone weights",
         f"{dtype}, tp={options.get('tp', 1)}",
@@ -282,6 +285,44 @@ def plan_run(task, backbone: str, config, options: dict) -> RunPlan:
     )
     images = sum(inputs.sizes.values())
     return RunPlan([weights, *stages], budget, sources, inputs.shape, images)
+
+
+def setup_key(spec: str, dtype: str) -> str | None:
+    """The cache's key of the backbone setup a default run of ``spec`` extracts with (seed 0's
+    random weights, as the planning backbone has them); None for the built-in family, which a
+    plan never builds."""
+    if spec.partition("/")[0] == "vit22b":
+        return None
+    return backbone_key(planning_backbone(spec).info, dtype)
+
+
+def on_disk(stages: list[Stage], sizes: dict, root: Path, key: str | None):
+    """``stages`` less the forward passes whose features are in the cache already, and the
+    cache bytes those take: a stage that fills the cache recomputes nothing that a complete
+    entry of this backbone setup holds (same split, same row count, pooled or grids alike), so
+    neither its passes nor their time are counted."""
+    held = held_splits(root, key) if key else set()
+    out, kept = [], 0
+    for stage in stages:
+        dense = "grids" in stage.name  # the two stages that fill the cache: pooled or grids
+        rows = sum(n for split, n in sizes.items() if (split, n, dense) in held)
+        rows = min(rows, stage.forward_passes) if stage.cache_bytes else 0
+        if rows:
+            kept += stage.cache_bytes * rows // stage.forward_passes
+            left = stage.forward_passes - rows
+            mode = "on disk" if not left else f"{rows:,} of {stage.forward_passes:,} on disk"
+            stage = replace(stage, mode=f"cached ({mode})", forward_passes=left)
+        out.append(stage)
+    return out, kept
+
+
+def held_splits(root: Path, key: str) -> set[tuple[str, int, bool]]:
+    """(split, rows, grids) of each complete feature entry of the setup ``key`` under ``root``."""
+    return {
+        (entry["split"], entry["n"], bool(entry.get("request", {}).get("dense")))
+        for entry in list_cache(root)
+        if entry["area"] == "features" and entry.get("backbone_key") == key and entry["complete"]
+    }
 
 
 def planned_ranks(target: Target | None, tp: int) -> int:
