@@ -154,12 +154,14 @@ RECORD_COLUMNS = (
     "seeds",
     "higher_is_better",
     "random_init",
+    "draws",
 )
 
 
 def records_text(rows, fmt: str) -> str:
     """One numeric record per (task, data, backbone, metric): the mean, the interval and what
-    it is (``sd``: over ``seeds`` seeds; ``se``: over ``n`` test items), for other tools."""
+    it is (``sd``: over ``seeds`` job seeds, or over the task's own ``draws`` in one job when
+    that is set; ``se``: over ``n`` test items), for other tools."""
     import json
 
     import pandas as pd
@@ -178,6 +180,7 @@ def records_text(rows, fmt: str) -> str:
             "interval_kind": r["interval"],
             "n": r["n"],
             "seeds": r["seeds"],
+            "draws": r.get("draws"),
             "higher_is_better": r["higher_is_better"],
             "random_init": r["random_init"],
         }
@@ -190,15 +193,26 @@ def records_text(rows, fmt: str) -> str:
 
 
 def legend(frame) -> str:
-    """What the table's ``±`` means, for the kinds it shows."""
+    """What the table's ``±`` means, for the kinds it shows (a spread over job seeds and one
+    over a task's own draws are different quantities, so each is named), and why a stand-in
+    column has no paper numbers beside it."""
+    import re
+
     from evalkit.core.results import INTERVALS
 
     cells = " ".join(str(v) for v in frame.values.ravel())
     shown = []
     if "(se" in cells:
         shown.append(f"± … (se, n): {INTERVALS['se']}, n of them")
-    if "(sd/" in cells:
-        shown.append(f"± … (sd/k): {INTERVALS['sd']}, k seeds")
+    if re.search(r"\(sd/\d+\)", cells):
+        shown.append(f"± … (sd/k): {INTERVALS['sd']}, k of them")
+    if "draws)" in cells:
+        shown.append(f"± … (sd/k draws): {INTERVALS['draws']}, k of them, one job seed")
+    if any(STAND_IN in str(label) for label in [*frame.columns, *frame.index]):
+        shown.append(
+            f"{STAND_IN.strip()}: measured on evalkit's embedded stand-in images, not the real "
+            "set, so the paper's numbers are not shown in that column"
+        )
     return f"\n{'; '.join(shown)}.\n" if shown else ""
 
 
@@ -244,6 +258,7 @@ def detail_table(rows):
 
 
 FINETUNED = " (fine-tuned)"
+STAND_IN = " (stand-in)"
 
 
 def table_task(row) -> str:
@@ -255,7 +270,7 @@ def table_task(row) -> str:
     recorded = row.get("dataset")
     if isinstance(recorded, dict):  # rows say what they read; older rows are looked up
         own = None if recorded.get("own") else recorded.get("name")
-        stand_in = " (stand-in)" if recorded.get("stand_in") else ""
+        stand_in = STAND_IN if recorded.get("stand_in") else ""
     else:
         own, stand_in = _own_dataset(row["task"], config), ""
     return (f"{label} on {own}" if own else label) + stand_in
@@ -280,11 +295,13 @@ def _default_dataset(task: str) -> str | None:
 
 def references_for(rows) -> dict:
     """The paper's numbers for the tasks present, as each was run: frozen numbers beside
-    frozen runs, fine-tuned ones beside fine-tuned runs, none beside a run on other data
-    (tasks unknown here have none)."""
+    frozen runs, fine-tuned ones beside fine-tuned runs, none beside a run on other data or on
+    the embedded stand-in (tasks unknown here have none)."""
     refs, looked_up = {}, set()
     for row in rows:  # rows carry the paper's numbers they sit beside; older rows look them up
-        if "paper" in row:
+        if row["task"].endswith(STAND_IN):  # measured on other images: not comparable
+            refs[row["task"]] = {}
+        elif "paper" in row:
             refs.setdefault(row["task"], {})[row["metric"]] = row["paper"]
         else:
             looked_up.add(row["task"])
@@ -349,6 +366,7 @@ def cmd_compare(args, console) -> int:
         table.add_column(column, overflow="fold")  # names are folded, never cut
     for column in ("metric", "base", "new", "delta", "status"):
         table.add_column(column, no_wrap=True)  # short: kept whole
+    table.add_column("seeds", overflow="fold")
     if args.paired:
         table.add_column("paired test (tolerance)", overflow="fold")
     if args.equivalent is not None:
@@ -369,6 +387,7 @@ def cmd_compare(args, console) -> int:
             fmt(rec["new"]),
             "–" if rec["delta"] is None else f"{rec['delta']:+.2f}",
             f"[{colours.get(status, 'white')}]{status}[/]",
+            escape(rec["seeds"]),
             *([paired_cell(rec)] if args.paired else []),
             *([escape(rec["equivalence"])] if args.equivalent is not None else []),
         )
@@ -421,11 +440,19 @@ def refuse_empty_gate(records: list[dict], args):
 
 
 def judged_paired(records: list[dict], args) -> list[dict]:
+    from evalkit.core.results import on_shared_seeds
     from evalkit.publish.leaderboard import folder_rows, paired_compare
 
     if not 0 < args.level < 1:
         raise EvalkitError(f"--level {args.level}: expected a probability between 0 and 1")
-    base, new = folder_rows([args.base]), folder_rows([args.new])
+    for given in (args.base, args.new):
+        folder = given if given.is_dir() else given.parent  # a rows file's outputs sit beside it
+        if not any(folder.rglob("predictions/*.parquet")):
+            raise EvalkitError(
+                f"{folder} holds no per-image outputs, so no change can be paired: rerun its "
+                "jobs with evalkit run ... --save-predictions, or compare without --paired"
+            )
+    base, new, _ = on_shared_seeds(folder_rows([args.base]), folder_rows([args.new]))
     return paired_compare(records, base, new, level=args.level, one_sided=args.one_sided)
 
 
@@ -434,7 +461,9 @@ def paired_cell(record: dict) -> str:
     tolerance's own verdict beside it."""
     tolerance = f" (tolerance: {record.get('tolerance_status', record['status'])})"
     flips = record.get("flips")
-    moved = f"; {flips['right_to_wrong']} right→wrong, {flips['wrong_to_right']} wrong→right"
+    moved = (
+        flips and f"; {flips['right_to_wrong']} right→wrong, {flips['wrong_to_right']} wrong→right"
+    )
     if "p_holm" in record:
         return f"p = {record['p_holm']:.3g}, Holm{moved if flips else ''}{tolerance}"
     return escape(record.get("paired", "–")) + tolerance
@@ -452,7 +481,9 @@ def with_equivalence(record: dict, margin: float) -> dict:
     elif not isinstance(test, Paired) or test.interval90 is None:
         found = f"not shown equivalent: untested ({test or 'no per-image outputs'})"
     else:
+        low, high = test.interval90
         found = equivalence(test, margin, record["higher_is_better"])
+        found += f" (90% interval of new − base: [{low:+.3g}, {high:+.3g}])"
     return record | {"equivalence": found}
 
 

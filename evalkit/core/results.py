@@ -283,9 +283,10 @@ def _tell_apart(labels: dict[tuple, str], specs: dict[tuple, Row]):
             labels[spec] += f" [settings {spec[4][:8]}]"
 
 
-def aggregate(rows: list[Row]) -> list[dict[str, Any]]:
-    """One record per run spec and metric: mean and spread over seeds."""
-    labels = spec_labels(rows)
+def aggregate(rows: list[Row], labels: dict[tuple, str] | None = None) -> list[dict[str, Any]]:
+    """One record per run spec and metric: mean and spread over seeds; ``labels`` names the
+    specs when they were chosen over more rows than these (``spec_labels``)."""
+    labels = labels or spec_labels(rows)
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for row in rows:
         groups[(run_spec(row), row["metric"])].append(row)
@@ -335,19 +336,23 @@ def _aggregated(spec: tuple, label: str, metric: str, members: list[Row]) -> dic
 
 
 INTERVALS = {
-    "sd": "standard deviation over seeds",
+    "sd": "standard deviation over job seeds (runs differing only in --seed)",
+    "draws": "standard deviation over the task's own draws within one job (few-shot's "
+    "training subsets)",
     "se": "standard error over the test items",
 }
 
 
 def interval(values: list[float], row: Row) -> dict[str, Any]:
-    """What the ``±`` of an aggregated value is: the standard deviation over its seeds when
-    there are several (``sd``, ``seeds`` of them), else the row's own standard deviation over
-    the seeds it ran internally, else its standard error over the test items (``se``)."""
+    """What the ``±`` of an aggregated value is: the standard deviation over its job seeds
+    when there are several (``sd``, ``seeds`` of them), else the row's own standard deviation
+    over the draws it made internally (``sd`` with ``draws`` of them: one job seed), else its
+    standard error over the test items (``se``)."""
     if len(values) > 1:
         return {"std": statistics.stdev(values), "interval": "sd", "seeds": len(values)}
     if row.get("std") is not None:
-        return {"std": row["std"], "interval": "sd", "seeds": len(row.get("seeds") or [])}
+        draws = len(row.get("seeds") or [])
+        return {"std": row["std"], "interval": "sd", "seeds": 1, "draws": draws}
     if row.get("stderr") is not None:
         return {"std": row["stderr"], "interval": "se", "seeds": 1}
     return {"std": None, "interval": None, "seeds": 1}
@@ -360,12 +365,14 @@ def own_spread(row: Row) -> float | None:
 
 def format_value(record: dict[str, Any]) -> str:
     """An aggregated record's cell: ``24.22 ± 2.19 (se, n=384)`` (standard error over n test
-    items) or ``24.22 ± 1.10 (sd/3)`` (standard deviation over 3 seeds)."""
+    items), ``24.22 ± 1.10 (sd/3)`` (standard deviation over 3 job seeds) or ``24.22 ± 1.10
+    (sd/5 draws)`` (over the task's own 5 draws in one job: not the same spread)."""
     mean, std = record["mean"], record["std"]
     if std is None or math.isnan(std):
         return number(mean)
     n = f", n={record['n']}" if record.get("n") else ""
-    label = {"se": f" (se{n})", "sd": f" (sd/{record['seeds']})"}.get(record["interval"] or "", "")
+    spread = f"{record['draws']} draws" if record.get("draws") else record["seeds"]
+    label = {"se": f" (se{n})", "sd": f" (sd/{spread})"}.get(record["interval"] or "", "")
     return f"{number(mean)} ± {number(std)}{label}"
 
 
@@ -453,14 +460,19 @@ def compare(
     """Per (task, backbone, metric): base, new, delta and a status — ``ok``, ``regression``
     (worse by more than the metric's tolerance, in its units), ``changed-up`` (better by more
     than that: a change the baseline does not explain, which fails the gate too), or with
-    ``one_sided`` ``improved`` (tolerated); ``missing`` and ``new`` for rows on one side only."""
+    ``one_sided`` ``improved`` (tolerated); ``missing`` and ``new`` for rows on one side only.
+
+    Seeds are part of what is compared: where the two sides ran different seed sets, both
+    are cut to the seeds they share (a mean of seeds 0 and 1 is never set against seed 0
+    alone), and each record's ``seeds`` says which seeds it compares."""
     if not isinstance(tolerance, Tolerances):
         tolerance = Tolerances(tolerance)
 
     labels = spec_labels([*base, *new])  # one naming for both sides: what differs shows
+    base, new, seeds = on_shared_seeds(base, new)
 
     def index(rows):
-        return {(r["spec"], r["metric"]): r for r in aggregate(rows)}
+        return {(r["spec"], r["metric"]): r for r in aggregate(rows, labels)}
 
     base_idx, new_idx = index(base), index(new)
     out = []
@@ -469,13 +481,14 @@ def compare(
         rec = {
             "task": key[0][0],
             "dataset": (b or n)["dataset"],
-            "backbone": labels.get(key[0]) or (b or n)["backbone"],
+            "backbone": (b or n)["backbone"],
             "metric": key[1],
             "base": b["mean"] if b else None,
             "new": n["mean"] if n else None,
             "delta": None,
             "allowed": None,
             "spec": key[0],
+            "seeds": seeds.get((key[0][:6], key[1]), ""),
             "higher_is_better": (b or n)["higher_is_better"],
         }
         if b is None:
@@ -490,6 +503,40 @@ def compare(
             rec["status"] = "regression" if gain < -allowed else (up if gain > allowed else "ok")
         out.append(rec)
     return out
+
+
+def on_shared_seeds(base: list[Row], new: list[Row]) -> tuple[list[Row], list[Row], dict]:
+    """Both sides' rows cut, per (run spec, metric), to the seeds both ran, and what each
+    comparison is made on: ``"0, 1"`` where the seed sets agree, ``"base seeds 0, 1; new seed
+    0: compared on seed 0"`` where they differ. Sides with no seed in common keep all their
+    rows (their means are compared) and say so."""
+    found: dict[tuple, list[set]] = defaultdict(lambda: [set(), set()])
+    for side, rows in enumerate((base, new)):
+        for row in rows:
+            found[(run_spec(row), row["metric"])][side].add(row.get("seed", 0))
+    kept: dict[tuple, set] = {}
+    said = {}
+    for key, (ran_base, ran_new) in found.items():
+        shared = ran_base & ran_new
+        kept[key] = shared or ran_base | ran_new
+        said[key] = _seeds_said(ran_base, ran_new, shared)
+
+    def cut(rows):
+        return [r for r in rows if r.get("seed", 0) in kept[(run_spec(r), r["metric"])]]
+
+    return cut(base), cut(new), said
+
+
+def _seeds_said(ran_base: set, ran_new: set, shared: set) -> str:
+    def named(seeds: set) -> str:
+        return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, sorted(seeds)))
+
+    if ran_base == ran_new or not (ran_base and ran_new):
+        return ", ".join(map(str, sorted(ran_base | ran_new)))
+    sides = f"base {named(ran_base)}; new {named(ran_new)}"
+    if not shared:
+        return f"{sides}: no seed in common, their means compared"
+    return f"{sides}: compared on {named(shared)}"
 
 
 FAILING = ("regression", "changed-up", "missing")  # statuses that fail the gate
