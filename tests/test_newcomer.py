@@ -130,6 +130,40 @@ def test_own_data_is_named_and_never_beside_the_papers_number(cli_env, capsys):
     assert cells[" imagenet-linear top1 ↑ "].strip() == "89.51"
 
 
+def test_the_papers_numbers_never_sit_in_a_stand_in_column(cli_env, capsys):
+    """Rows measured on the embedded stand-in carry the paper's numbers (measured on the real
+    set): the table keeps those out of the stand-in's column, shows them beside the real
+    run's, and its legend says why the stand-in column has none."""
+    from evalkit.core.runner import resolve_task
+
+    (cli_env / "rows").mkdir()
+    config = resolve_task("imagenet-linear").config()
+    with (cli_env / "rows" / "imagenet-linear.jsonl").open("w") as f:
+        for stand_in, value in ((True, 24.2), (False, 80.0)):
+            row = {
+                "task": "imagenet-linear",
+                "backbone": "timm/x",
+                "weights_id": "sha256:a",
+                "metric": "top1",
+                "value": value,
+                "config": config,
+                "config_hash": "c",
+                "dataset": {"name": "imagenet", "own": True, "stand_in": stand_in},
+                "paper": {"ViT-22B": 89.51},
+                "seed": 0,
+                "higher_is_better": True,
+            }
+            f.write(json.dumps(row) + "\n")
+    assert main(["table", str(cli_env / "rows")]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| backbone"))
+    paper = next(line for line in out.splitlines() if line.startswith("| paper: ViT-22B"))
+    cells = dict(zip(header.split("|"), paper.split("|"), strict=True))
+    assert cells[" imagenet-linear (stand-in) top1 ↑ "].strip() == "–"
+    assert cells[" imagenet-linear top1 ↑ "].strip() == "89.51"
+    assert "(stand-in): measured on evalkit's embedded stand-in images, not the real set" in out
+
+
 def test_a_pickled_checkpoint_is_one_line_without_torchs_advice(tmp_path):
     import argparse
 

@@ -320,7 +320,39 @@ def test_the_table_names_its_interval_and_the_data(three_classes, capsys):
     text = capsys.readouterr().out
     assert re.search(r"\d+\.\d+ ± \d+\.\d+ \(sd/2\)", text)  # two seeds: their spread
     assert f"imagenet-knn on folder:{own}" in text and "imagenet-linear (stand-in)" in text
-    assert "(sd/k): standard deviation over seeds" in text
+    assert "(sd/k): standard deviation over job seeds" in text
+
+
+def test_a_spread_over_job_seeds_and_one_over_a_tasks_own_draws_are_told_apart(tmp_path, capsys):
+    """A few-shot row's ± is over its own draws in one job, a two-seed linear probe's over job
+    seeds: each cell says which, the table's legend names both, and the leaderboard's seeds
+    column says it counts job seeds, with a note on the draws beside it."""
+    from evalkit.core.results import aggregate, format_value
+    from evalkit.publish.rendering import SPREADS, notes, task_header
+
+    def row(task, seed, value, **extra):
+        base = {"backbone": "fake", "metric": "top1", "config_hash": task, "seed": seed}
+        return {**base, "task": task, "value": value, "higher_is_better": True, **extra}
+
+    rows = [
+        row("imagenet-5shot", 0, 30.0, std=1.5, seeds=[0, 1, 2]),
+        row("imagenet-linear", 0, 24.0, stderr=2.0, n=384),
+        row("imagenet-linear", 1, 26.0, stderr=2.0, n=384),
+    ]
+    cells = {r["task"]: format_value(r) for r in aggregate(rows)}
+    assert cells == {
+        "imagenet-5shot": "30.00 ± 1.50 (sd/3 draws)",
+        "imagenet-linear": "25.00 ± 1.41 (sd/2)",
+    }
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["table", str(tmp_path / "rows.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "(sd/k): standard deviation over job seeds" in out
+    assert "(sd/k draws): standard deviation over the task's own draws within one job" in out
+    assert "job seeds (sd)" in task_header({"metric": "top1", "higher_is_better": True})
+    shown = {"task": "imagenet-5shot", "cells": [{"shown": cells["imagenet-5shot"]}]}
+    board = {"correction": "Holm", "level": 0.05, "tasks": [shown], "failed": []}
+    assert SPREADS in notes(board) and "job seeds" in SPREADS
 
 
 def test_a_cell_names_its_interval_and_its_count():

@@ -83,7 +83,7 @@ def task_header(task: dict) -> list[str]:
         "tier",
         "backbone",
         f"{task['metric']} {arrow}",
-        "seeds (sd)",
+        "job seeds (sd)",
         "n",
         "right",
         "outputs",
@@ -135,11 +135,21 @@ def notes(board: dict) -> list[str]:
             f"chi² = {test['statistic']:.3g}, p = {test['p']:.3g}"
             + (" (the overall order may be noise)" if test["p"] > board["level"] else "")
         )
+    if any("draws)" in cell["shown"] for task in board["tasks"] for cell in task["cells"]):
+        lines.append(SPREADS)
     lines += [
         f"failed cell: {f['task']} × {f['backbone']} (seed {f['seed']}): {f['error']}"
         for f in board["failed"]
     ]
     return lines
+
+
+# Two spreads sit side by side in a task's table; a reader must not take one for the other.
+SPREADS = (
+    "spreads: 'job seeds (sd)' counts the runs differing only in --seed and their standard "
+    "deviation; a value's own '(sd/k draws)' is the standard deviation over the task's k draws "
+    "within one job (few-shot's training subsets), not over job seeds"
+)
 
 
 def _accuracy(value: float | None) -> str:
