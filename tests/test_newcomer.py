@@ -101,6 +101,19 @@ def test_ls_lists_what_errors_point_to(capsys):
     assert main(["ls", "settings"]) == 2
 
 
+def test_ls_models_takes_a_plain_name_as_a_part_of_the_name(capsys):
+    """``vit_tiny`` (no glob characters) finds every model whose name holds it, as
+    ``'*vit_tiny*'`` does; a glob keeps its own meaning."""
+    assert main(["ls", "models", "timm", "vit_tiny"]) == 0
+    plain = capsys.readouterr().out
+    assert "timm/vit_tiny_patch16_224" in plain and "\n0 models" not in plain
+    assert main(["ls", "models", "timm", "*vit_tiny*"]) == 0
+    assert capsys.readouterr().out == plain
+    assert "resnet" not in plain
+    assert main(["ls", "models", "timm", "resnet1?"]) == 0
+    assert "timm/resnet18\n" in capsys.readouterr().out
+
+
 def test_own_data_is_named_and_never_beside_the_papers_number(cli_env, capsys):
     from evalkit.core.runner import resolve_task
 

@@ -17,7 +17,11 @@ def add_ls(sub) -> None:
     )
     ls.add_argument("what", nargs="?", choices=LISTS, default="tasks")
     ls.add_argument("name", nargs="?", help="settings: the task; models: timm or open_clip")
-    ls.add_argument("pattern", nargs="?", help="models: a glob such as 'resnet*' or '*B-32*'")
+    ls.add_argument(
+        "pattern",
+        nargs="?",
+        help="models: a glob such as 'resnet*', or a part of the name such as vit_tiny",
+    )
 
 
 def add_backbones(sub) -> None:
@@ -115,7 +119,7 @@ def _models(family: str | None, pattern: str | None, console) -> int:
     if family == "timm":
         import timm
 
-        names = timm.list_models(pattern or "*")
+        names = timm.list_models(as_glob(pattern))
         tags = {}
     elif family == "open_clip":
         import fnmatch
@@ -127,7 +131,7 @@ def _models(family: str | None, pattern: str | None, console) -> int:
                 "listing open_clip models needs open_clip_torch: pip install 'evalkit[clip]'"
             ) from None
 
-        names = [n for n in open_clip.list_models() if fnmatch.fnmatch(n, pattern or "*")]
+        names = [n for n in open_clip.list_models() if fnmatch.fnmatch(n, as_glob(pattern))]
         tags = {}
         for arch, tag in open_clip.list_pretrained():
             tags.setdefault(arch, []).append(tag)
@@ -141,6 +145,14 @@ def _models(family: str | None, pattern: str | None, console) -> int:
         )
     console.print(f"{len(names)} models", highlight=False)
     return 0
+
+
+def as_glob(pattern: str | None) -> str:
+    """A glob as given; a plain name matches anywhere in a model's name, since ``vit_tiny``
+    is meant to find ``vit_tiny_patch16_224``, not only a model named exactly that."""
+    if not pattern:
+        return "*"
+    return pattern if any(c in pattern for c in "*?[") else f"*{pattern}*"
 
 
 def cmd_backbones(args, console) -> int:
