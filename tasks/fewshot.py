@@ -1,11 +1,13 @@
 """Few-shot linear probes on frozen features (big_vision's protocol; paper: ViT-22B few-shot).
 
-Protocol: for each seed, ``shots`` training images per class are drawn from a seeded
+Protocol: ``seeds`` times, ``shots`` training images per class are drawn from a seeded
 permutation of each class; features are whitened with the few-shot set's statistics, a
 constant bias feature of 100 is appended, and a least-squares regression to {-1, +1} one-hot
 targets with L2 strength ``l2`` (big_vision default 2¹⁰) is solved in closed form. Top-1 on
-the eval split is reported as the mean ± std over ``seeds`` seeds. Features come from the same
-cache as the linear probe, so every k and every seed reuses one extraction.
+the eval split is reported as the mean ± std over the ``seeds`` draws. Each draw is seeded by
+the one seed rule from the job's seed, ``"shots"`` and its index (``shot_seeds``), so the jobs
+of two ``--seed`` values share no draw; the row's ``seeds`` are the draws' own seeds. Features
+come from the same cache as the linear probe, so every k and every seed reuses one extraction.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
-from evalkit.seeds import generator
+from evalkit.seeds import derived_seed, generator
 from evalkit.significance import column_mean
 
 
@@ -30,7 +32,10 @@ class FewShot(FrozenClassification):
     seeds: int = setting(3, POSITIVE)
     l2: float = setting(1024.0, POSITIVE)
 
-    version = 2  # 2: the spread over seeds is in ``std`` (it was in ``stderr``)
+    # 2: the spread over seeds is in ``std`` (it was in ``stderr``); 3: draws seeded by
+    # (job seed, "shots", index), no longer job seed + index, and ``seeds`` records the draws'
+    # seeds (it listed job seeds that never ran)
+    version = 3
 
     def paired_test(self, metric: str, columns: set[str]):
         """Top-1 from each image's share of seeds right (its mean × 100 is the row)."""
@@ -67,7 +72,7 @@ class FewShot(FrozenClassification):
             )
         train, test, _, _ = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
-        seeds = [ctx.seed + s for s in range(self.seeds)]
+        seeds = shot_seeds(ctx.seed, self.seeds)
         x_test, hits = test.pooled, []
         for seed in seeds:
             pick = kshot_indices(train.labels, self.shots, seed=seed)
@@ -92,6 +97,13 @@ class FewShot(FrozenClassification):
             seeds=seeds,
             extra={"per_seed": scores, "shots": self.shots, "l2": self.l2},
         )
+
+
+def shot_seeds(seed: int, draws: int) -> list[int]:
+    """The seed of each of a job's ``draws`` draws of shots, named by the job's ``seed``,
+    ``"shots"`` and the draw's index: job seed + index would make the jobs of seeds 0 and 1
+    share two of their three draws."""
+    return [derived_seed(seed, "shots", index) for index in range(draws)]
 
 
 def kshot_indices(labels: torch.Tensor, shots: int, *, seed: int) -> torch.Tensor:

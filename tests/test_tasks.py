@@ -7,7 +7,7 @@ from evalkit import get_task
 from evalkit.core.runner import run_task
 from evalkit.errors import EvalkitError
 from evalkit.protocols.classification import stratified_holdout
-from evalkit.tasks.fewshot import kshot_indices
+from evalkit.tasks.fewshot import kshot_indices, shot_seeds
 
 
 def test_linear_probe_learns_and_is_deterministic(fake, ctx, tmp_path):
@@ -38,10 +38,35 @@ def test_rerun_skips_and_rerun_recomputes(fake, ctx, tmp_path):
 def test_fewshot_row_has_mean_and_std_over_seeds(fake, ctx, tmp_path):
     [row], _ = run_task(get_task("imagenet-1shot"), fake, ctx, out_dir=tmp_path)
     per_seed = row["extra"]["per_seed"]
-    assert len(per_seed) == 3 and row["seeds"] == [0, 1, 2]
+    assert len(per_seed) == 3 and row["seeds"] == shot_seeds(0, 3)  # each draw's own seed
     assert row["value"] == pytest.approx(sum(per_seed) / 3)
     assert row["std"] == pytest.approx(torch.tensor(per_seed).std().item())
     assert row["stderr"] is None  # a spread over seeds is not a standard error
+
+
+def test_fewshot_jobs_of_two_seeds_share_no_shot_draw(fake, ctx, tmp_path, monkeypatch):
+    """Jobs of seeds 0 and 1 are independent experiments: no draw of shots of one is a draw
+    of the other (each draw is named by its job's seed and its index, not seed + index)."""
+    import evalkit.tasks.fewshot as fewshot
+
+    drawn = []
+
+    def recorded(*args, **kwargs):
+        drawn[-1].append(kshot_indices(*args, **kwargs))
+        return drawn[-1][-1]
+
+    monkeypatch.setattr(fewshot, "kshot_indices", recorded)
+    rows = {}
+    for seed in (0, 1):
+        drawn.append([])
+        ctx.seed = seed
+        [rows[seed]], _ = run_task(
+            get_task("imagenet-5shot"), fake, ctx, out_dir=tmp_path / f"s{seed}"
+        )
+    assert len(drawn[0]) == len(drawn[1]) == 3
+    assert not any(torch.equal(a, b) for a in drawn[0] for b in drawn[1])
+    assert not set(rows[0]["seeds"]) & set(rows[1]["seeds"])  # nor do their rows say so
+    assert rows[0]["seeds"] != [0, 1, 2] and rows[0]["seed"] == 0
 
 
 def test_row_provenance(fake, ctx, tmp_path):
