@@ -286,3 +286,46 @@ def test_a_timm_backbones_feature_key_names_no_open_clip():
     assert set(library_versions("vit22b/test")) == {"torch"}
     assert "open_clip_torch" in library_versions("open_clip/ViT-B-32")
     assert FORMAT_VERSION == 4  # entries keyed with every library are not read as these
+
+
+def label_row(dataset: str, **settings) -> dict:
+    """A kNN row of plain ``fake`` on ``dataset`` with ``settings`` changed from the defaults."""
+    from evalkit.core.catalog import resolve_task
+    from evalkit.storage.identity import spec_key
+
+    config = json.loads(json.dumps(resolve_task("imagenet-knn").config(), default=list))
+    config |= {"dataset": dataset.split(" ")[0], **settings}
+    return {
+        "task": "imagenet-knn",
+        "backbone": "fake",
+        "backbone_options": {},
+        "random_init": True,
+        "config": config,
+        "config_hash": spec_key(config, length=16),
+        "dataset": {"name": dataset.split(" ")[0], "stand_in": dataset.endswith("(stand-in)")},
+        "metric": "top1/k=20",
+        "value": 20.0,
+        "seed": 0,
+    }
+
+
+def test_a_setups_default_run_has_one_label_whatever_its_siblings(tmp_path, capsys):
+    """Plain fake on the stand-in and on a folder, and fake with pool=mean on the stand-in:
+    the plain runs share one label (one table row holding both cells); the other is named by
+    the setting it changed."""
+    from evalkit.core.results import spec_labels
+
+    rows = [
+        label_row("imagenet (stand-in)"),
+        label_row("folder:/data/own"),
+        label_row("imagenet (stand-in)", pool="mean"),
+    ]
+    labels = sorted(spec_labels(rows).values())
+    assert labels == [PLAIN, PLAIN, "fake [pool=mean] (random init)"]
+    alone = spec_labels(rows[:2])  # without the sibling: the same labels
+    assert sorted(alone.values()) == [PLAIN, PLAIN]
+    (tmp_path / "imagenet-knn.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["table", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| fake")]
+    plain = next(line for line in lines if line.startswith(f"| {PLAIN} |"))
+    assert plain.count("20.00") == 2 and len(lines) == 2

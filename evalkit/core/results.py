@@ -11,6 +11,7 @@ seeds (or ± its standard error). ``compare`` matches baseline and new rows by r
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import math
 import re
@@ -243,28 +244,53 @@ UNLABELLED_SETTINGS = ("dataset",)  # views show the data beside the label (colu
 
 def spec_labels(rows: list[Row]) -> dict[tuple, str]:
     """Run spec → how views name it: its setup's label (``setup_labels``) with the task
-    settings that set it apart from the other runs of that setup on that task and data
-    (``timm/x [pool=mean]``), so no two specs share a line and a setup is named alike on every
-    task."""
+    settings it ran away from the task's defaults, where that setup ran the task in more than
+    one way (``timm/x [pool=mean]`` beside plain ``timm/x``). Chosen per task over every data
+    set at once, so a setup's default run has one label on every board, whatever runs beside
+    it; runs that still look alike on one data set get their settings hash."""
     setups = _setups(rows)
     variants: dict[tuple, dict[tuple, Row]] = defaultdict(dict)
-    for row in rows:
-        variants[(row["task"], setup_key(row), dataset_label(row))][run_spec(row)] = row
+    for row in rows:  # the task as registered: views may rename it per data set
+        task = (row.get("config") or {}).get("name") or row["task"]
+        variants[(task, setup_key(row))][run_spec(row)] = row
     labels = {}
-    for (_, setup, _), specs in variants.items():
+    for (task, setup), specs in variants.items():
         parts, random_init = setups[setup]
         settings = [k for k in _differing([r.get("config") or {} for r in specs.values()])]
         settings = [k for k in settings if k not in UNLABELLED_SETTINGS]
+        defaults = task_defaults(task) if settings else {}
         for spec, row in specs.items():
-            own = [f"{k}={_short((row.get('config') or {}).get(k))}" for k in settings]
-            labels[spec] = setup_label(setup[0], parts + own, random_init)
+            own = row.get("config") or {}
+            shown = [
+                k for k in settings if defaults is None or _text(own.get(k)) != defaults.get(k)
+            ]
+            labels[spec] = setup_label(
+                setup[0], parts + [f"{k}={_short(own.get(k))}" for k in shown], random_init
+            )
         _tell_apart(labels, specs)
     return labels
 
 
+@functools.cache
+def task_defaults(task: str) -> dict[str, str] | None:
+    """The settings ``task`` runs with when none is given, each as JSON text; None for a
+    task this installation does not know (its rows then name every setting that differs)."""
+    from evalkit.core.catalog import resolve_task
+
+    try:
+        config = resolve_task(task).config()
+    except (EvalkitError, ImportError):
+        return None
+    return {key: _text(value) for key, value in config.items()}
+
+
+def _text(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _differing(dicts: list[dict]) -> list[str]:
     keys = sorted({k for d in dicts for k in d})
-    return [k for k in keys if len({json.dumps(d.get(k), default=str) for d in dicts}) > 1]
+    return [k for k in keys if len({_text(d.get(k)) for d in dicts}) > 1]
 
 
 def _short(value) -> str:
@@ -273,13 +299,13 @@ def _short(value) -> str:
 
 
 def _tell_apart(labels: dict[tuple, str], specs: dict[tuple, Row]):
-    """Specs whose visible differences do not separate them (settings recorded the same
-    under different hashes) get their settings hash too."""
-    seen: dict[str, int] = defaultdict(int)
+    """Specs of one data set whose visible differences do not separate them (settings
+    recorded the same under different hashes) get their settings hash too."""
+    seen: dict[tuple, int] = defaultdict(int)
     for spec in specs:
-        seen[labels[spec]] += 1
+        seen[(labels[spec], spec[5])] += 1
     for spec in specs:
-        if seen[labels[spec]] > 1:
+        if seen[(labels[spec], spec[5])] > 1:
             labels[spec] += f" [settings {spec[4][:8]}]"
 
 
