@@ -423,6 +423,27 @@ def test_every_relative_link_in_the_readme_and_docs_resolves():
     )
 
 
+def test_every_folder_the_readmes_results_commands_read_exists_by_then():
+    """A folder that ``compare``, ``table`` or ``leaderboard`` reads in the README is in the
+    checkout or written by a command before it (``--out DIR``, else ``results/runs``): an
+    example that names a folder nothing makes fails for the reader who follows it."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [
+        block.replace("\\\n", " ") for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+    ]
+    made, missing = set(), []
+    for line in "\n".join(commands).splitlines():
+        words = line.split("#")[0].split()
+        if any(pair == ("evalkit", "run") for pair in zip(words, words[1:], strict=False)):
+            outs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--out"]
+            made.update(outs or ["results/runs"])
+        for verb in ("compare", "table", "leaderboard"):
+            if words[:2] == ["evalkit", verb]:
+                read = [w for w in words[2:] if w.startswith("results/")]
+                missing += [w for w in read if w not in made and not (ROOT / w).exists()]
+    assert not missing, f"the README reads folders nothing before it makes: {missing}"
+
+
 def test_every_fault_of_the_mutation_pass_still_applies():
     """Each fault names one line of today's code: a fault whose text moved or was reformatted
     would silently test nothing."""
