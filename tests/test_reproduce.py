@@ -91,6 +91,18 @@ def test_paper_scale_dry_run_estimates_compute_and_prints_the_batch_script(cli_e
     assert compute.count("\n| ") == 14  # header, 12 rows, total
 
 
+def test_a_paper_scale_dry_run_needs_no_submitit(cli_env, capsys, monkeypatch):
+    """A dry run only plans: it prints the Slurm script without ``evalkit[cluster]``."""
+    import sys
+
+    for name in [n for n in sys.modules if n.split(".")[0] == "submitit"] + ["submitit"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    args = ["reproduce", "--scale", "paper", "--dry-run", "--executor", "slurm", "--rows", "5"]
+    assert main([*args, "--out", "p", "--weights", "ViT-22B=/ckpt/22b"]) == 0
+    printed = capsys.readouterr().out
+    assert "#SBATCH --array=0-1%2" in printed and "export SUBMITIT_EXECUTOR=slurm" in printed
+
+
 def test_paper_scale_needs_weights_and_writes_the_table_from_its_jobs(cli_env, data_cache):
     from evalkit.data import DATASETS
 

@@ -93,6 +93,28 @@ def test_slurm_dry_run_prints_the_batch_script(cli_env, capsys):
     assert script.count("torchrun --nproc-per-node 8 -m evalkit run") == 2
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"partition": "gpu", "gpus_per_node": 8, "mem": "64GB", "time": 600, "cpus_per_task": 10},
+        {"partition": None, "gpus_per_node": None, "mem": None, "time": 60, "cpus_per_task": 2},
+    ],
+)
+def test_the_dry_runs_batch_script_is_the_one_submitit_writes(tmp_path, options):
+    """The script a dry run prints without submitit is, line for line, the one submitit
+    writes when it submits the array."""
+    slurm = pytest.importorskip("submitit.slurm.slurm")
+    from evalkit.reproduction.sbatch import sbatch_script
+
+    folder = str(tmp_path / "submitit" / "%j")
+    common = {"job_name": "evalkit-sweep", "nodes": 1, "ntasks_per_node": 1, **options}
+    ours = sbatch_script("cmd a", folder, count=3, parallelism=2, **common)
+    theirs = slurm._make_sbatch_string(
+        command="cmd a", folder=folder, array_parallelism=2, map_count=3, **common
+    )
+    assert ours == theirs
+
+
 def test_sweep_errors(cli_env):
     assert main(["sweep", "--backbone", "fake"]) == 2
     assert main(["sweep", "--task", "imagenet-lineer", "--backbone", "fake"]) == 2

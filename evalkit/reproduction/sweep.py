@@ -320,11 +320,13 @@ def batch_script(plan: Sweep, jobs: list[Job]) -> str:
 
 
 def _array_script(plan: Sweep, r: Resources, jobs: list[Job]) -> str:
-    from submitit.slurm.slurm import _make_sbatch_string
+    from evalkit.reproduction.sbatch import sbatch_script  # a dry run needs no submitit
 
-    script = _make_sbatch_string(
-        command="<each array task runs its command below>",
-        folder=str(plan.out / "submitit" / "%j"),
+    script = sbatch_script(
+        "<each array task runs its command below>",
+        str(plan.out / "submitit" / "%j"),
+        count=len(jobs),
+        parallelism=r.array_parallelism,
         job_name="evalkit-sweep",
         partition=r.partition,
         time=r.timeout_min,
@@ -333,8 +335,6 @@ def _array_script(plan: Sweep, r: Resources, jobs: list[Job]) -> str:
         cpus_per_task=r.cpus,
         gpus_per_node=r.gpus or None,
         mem=f"{r.mem_gb}GB" if r.mem_gb else None,
-        array_parallelism=r.array_parallelism,
-        map_count=len(jobs),
     )
     tasks = [f"# task {i}: {shlex.join(plan.command(job))}" for i, job in enumerate(jobs)]
     return script + "\n" + "\n".join(tasks) + "\n"
