@@ -188,6 +188,30 @@ def test_zoo_lines_name_the_setup(cli_env, capsys):
     assert "× fake [dim=16] (random init) (seed 0)" in lines[1]
 
 
+def test_the_closing_table_and_the_failed_cells_name_each_setup(cli_env, capsys, monkeypatch):
+    from evalkit.tasks.knn import KNN
+
+    (cli_env / "zoo.toml").write_text(
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
+    )
+    argv = ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]
+    assert main([*argv, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("│ imagenet-knn")]
+    assert sum("fake [dim=64] (random init)" in line for line in table) == 2  # top-1, top-5
+    assert sum("fake [dim=128] (random init)" in line for line in table) == 2
+
+    def broken(self, backbone, ctx):
+        raise RuntimeError("a bug in one cell")
+
+    monkeypatch.setattr(KNN, "run", broken)
+    assert main([*argv, "--quiet", "--rerun"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "imagenet-knn × fake [dim=64] (random init) (seed 0): RuntimeError" in out
+    assert "imagenet-knn × fake [dim=128] (random init) (seed 0): RuntimeError" in out
+
+
 @pytest.mark.parametrize(
     "entry,says",
     [

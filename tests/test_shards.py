@@ -138,7 +138,9 @@ def test_merge_refuses_conflicts_and_lists_missing_cells(cli_env, capsys):
     changed[0]["run_key"] = "another"
     rows.write_text("".join(json.dumps(r) + "\n" for r in changed))
     assert main(["merge", "m", "a", "b"]) == 2
-    assert "measured with another task_version" in " ".join(capsys.readouterr().err.split())
+    err = " ".join(capsys.readouterr().err.split())
+    assert "measured with another task_version" in err
+    assert "of fake (random init) (seed" in err  # the setup as every view names it
     one = ["run", "--task", "imagenet-1shot", "--backbone", "fake", "--data", "embedded"]
     assert main([*one, "--out", "c", "--quiet"]) == 0
     capsys.readouterr()

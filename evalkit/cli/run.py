@@ -45,7 +45,7 @@ def cmd_run(args, console) -> int:
             spec, on_backbone=lambda b: warn_random_init(b, console), on_data=show_data
         )
         for job in jobs:
-            results.append(job)
+            results.append((job, spec))
             if total > 1:
                 line = cell_line(job, len(results), total, spec)
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
@@ -82,23 +82,37 @@ def cell_line(job, index: int, total: int, spec) -> str:
     """One line per finished cell of a zoo: its place, what it is (the backbone's setup, named
     as tables name it: its options and weights, which tell two entries of a zoo file apart)
     and how it ended."""
+    why = f": {job.error or job.note}" if job.error or job.note else ""
+    return f"[{index}/{total}] {cell_name(job, spec)}: {job.status}{why}"
+
+
+def cell_name(job, spec) -> str:
+    """``task × setup (seed N)``: the backbone named as tables name its setup, with its
+    options and weights, so two entries of a zoo file are told apart in every line."""
+    return f"{job.task} × {cell_setup(job, spec)} (seed {job.seed})"
+
+
+def cell_setup(job, spec) -> str:
     from evalkit.core.results import setup_label
 
-    why = f": {job.error or job.note}" if job.error or job.note else ""
     parts = [f"{k}={v}" for k, v in sorted(spec.model_args.items())]
     parts += [f"weights {Path(spec.weights).name}"] if spec.weights else []
-    backbone = setup_label(job.backbone, parts, not (spec.weights or spec.pretrained))
-    return f"[{index}/{total}] {job.task} × {backbone} (seed {job.seed}): {job.status}{why}"
+    return setup_label(job.backbone, parts, not (spec.weights or spec.pretrained))
 
 
 def print_rows(console, results):
+    from rich.markup import escape
     from rich.table import Table
 
-    cells = [summary_cells(row, skipped=job.skipped) for job in results for row in job.rows]
+    cells = [
+        summary_cells(row, cell_setup(job, spec), skipped=job.skipped)
+        for job, spec in results
+        for row in job.rows
+    ]
     noted = any(line[-1] for line in cells)  # a note column only when a row has a note
     table = Table("task", "backbone", "metric", "value", "n", *(["note"] if noted else []))
-    for line in cells:
-        table.add_row(*(line if noted else line[:-1]))
+    for line in cells:  # labels are text: "fake [dim=64]" is no markup
+        table.add_row(*(escape(cell) for cell in (line if noted else line[:-1])))
     console.print(table)
 
 
@@ -106,7 +120,7 @@ def report_failures(console, results, out: Path) -> int:
     """The zoo's failed cells, listed at the end (exit status 1 when there are any)."""
     from evalkit.core.results import FAILED
 
-    failed = [job for job in results if job.error]
+    failed = [(job, spec) for job, spec in results if job.error]
     if not failed:
         return 0
     console.print(
@@ -115,8 +129,8 @@ def report_failures(console, results, out: Path) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    for job in failed:
-        line = f"  {job.task} × {job.backbone} (seed {job.seed}): {job.error}"
+    for job, spec in failed:
+        line = f"  {cell_name(job, spec)}: {job.error}"
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     return 1
 
@@ -202,13 +216,13 @@ def warn_random_init(backbone, console):
         )
 
 
-def summary_cells(row, *, skipped: bool) -> list[str]:
+def summary_cells(row, setup: str, *, skipped: bool) -> list[str]:
     from evalkit.core.results import number, own_spread
 
     spread = f" ± {number(own_spread(row))}" if own_spread(row) is not None else ""
     return [
         row["task"],
-        row["backbone"],
+        setup,
         row["metric"],
         f"{number(row['value'])}{spread}",
         str(row.get("n") or ""),

@@ -26,8 +26,10 @@ from evalkit.core.results import (
     file_rows,
     rows_files,
     rows_text,
+    run_spec,
     setup_key,
     setup_labels,
+    spec_labels,
 )
 from evalkit.errors import EvalkitError
 from evalkit.storage.writes import appending, replacing
@@ -89,6 +91,7 @@ def _check_rows(pairs: list[tuple[dict, Path]]):
     task, settings, data and seed measured two ways."""
     by_id: dict[tuple, tuple[dict, Path]] = {}
     by_measure: dict[tuple, tuple[dict, Path]] = {}
+    labels = spec_labels([row for row, _ in pairs])  # named as every view names the setup
     for row, file in pairs:
         first = by_id.setdefault(_row_id(row), (row, file))
         if not _same_value(first[0]["value"], row["value"]):
@@ -103,7 +106,7 @@ def _check_rows(pairs: list[tuple[dict, Path]]):
         for what in ("task_version", "data_id"):
             if other.get(what) != row.get(what):
                 raise EvalkitError(
-                    f"{row['task']} {row['metric']} of {row['backbone']} (seed "
+                    f"{row['task']} {row['metric']} of {labels[run_spec(row)]} (seed "
                     f"{row.get('seed', 0)}) was measured with another {what} in "
                     f"{by_measure[measure][1]} than in {file}: they cannot share a table; "
                     "rerun one of them"
