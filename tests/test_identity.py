@@ -353,3 +353,26 @@ def test_a_setups_default_run_has_one_label_whatever_its_siblings(tmp_path, caps
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| fake")]
     plain = next(line for line in lines if line.startswith(f"| {PLAIN} |"))
     assert plain.count("20.00") == 2 and len(lines) == 2
+
+
+def test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label(cli_env, capsys):
+    (cli_env / "zoo.toml").write_text(
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
+    )
+    argv = ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]
+    assert main([*argv, "--quiet", "--save-predictions", "--out", "R"]) == 0
+    capsys.readouterr()
+    assert main(["errors", "R", "--task", "imagenet-knn", "--top", "1"]) == 0
+    heads = [x for x in capsys.readouterr().out.splitlines() if x.startswith("fake")]
+    assert heads == [
+        "fake [dim=128] (random init) on imagenet (stand-in), seed 0: 384 images",
+        "fake [dim=64] (random init) on imagenet (stand-in), seed 0: 384 images",
+    ]
+    picked = ["errors", "R", "--task", "imagenet-knn", "--backbone", "fake [dim=64] (random init)"]
+    assert main(picked) == 0
+    heads = [x for x in capsys.readouterr().out.splitlines() if x.startswith("fake")]
+    assert heads == ["fake [dim=64] (random init) on imagenet (stand-in), seed 0: 384 images"]
+    assert main([*picked[:-1], "fake [dim=32]"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "expected a backbone or one of the setups 'fake [dim=128] (random init)'" in err

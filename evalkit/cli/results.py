@@ -538,34 +538,70 @@ def cmd_errors(args, console) -> int:
     import pandas as pd
     from rich.table import Table
 
-    slug = args.task.replace("/", "_")
-    files = sorted((args.run_dir / "predictions").glob(f"{slug}--*.parquet"))
-    if args.backbone:
-        files = [
-            f for f in files if f.name.startswith(f"{slug}--{args.backbone.replace('/', '_')}--")
-        ]
-    if not files:
-        raise EvalkitError(
-            f"no predictions of {args.task} under {args.run_dir}/predictions: rerun it with "
-            "evalkit run ... --save-predictions"
-        )
-    for path in files:
+    outputs = named_outputs(args.run_dir, args.task)
+    if args.backbone:  # a backbone (every setup of it) or one setup as the views print it
+        outputs = [o for o in outputs if args.backbone in (o[1], o[2])]
+    if not outputs:
+        raise EvalkitError(no_outputs_message(args, named_outputs(args.run_dir, args.task)))
+    for heading, _, _, path in outputs:
         frame = pd.read_parquet(path)
         tables = [(title, rows) for title, rows in error_tables(frame, args.top) if len(rows)]
         if not tables:
             console.print(
-                f"{path.name}: {len(frame)} images, nothing to show (no mistakes)", highlight=False
+                f"{escape(heading)}: {len(frame)} images, nothing to show (no mistakes)",
+                highlight=False,
             )
             continue
-        console.print(f"[bold]{path.name}[/bold]: {len(frame)} images")
+        console.print(f"[bold]{escape(heading)}[/bold]: {len(frame)} images", highlight=False)
         for title, rows in tables:
             table = Table(title=title)
             for column in rows.columns:  # folded, never cut: a path is only useful whole
                 table.add_column(column, overflow="fold")
             for values in rows.itertuples(index=False):
-                table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values))
+                table.add_row(
+                    *(escape(f"{v:.3f}" if isinstance(v, float) else str(v)) for v in values)
+                )
             console.print(table)
     return 0
+
+
+def named_outputs(run_dir: Path, task: str) -> list[tuple[str, str, str, Path]]:
+    """(heading, backbone, setup label, file) of each per-image file of ``task`` under
+    ``run_dir``, headed as the other views name the cell (``fake [dim=64] (random init) on
+    imagenet (stand-in), seed 0``); a file no row speaks for keeps its own name."""
+    from evalkit.core.results import dataset_label, load_rows, rows_file, run_spec, spec_labels
+
+    slug = task.replace("/", "_")
+    files = sorted((run_dir / "predictions").glob(f"{slug}--*.parquet"))
+    every = load_rows([run_dir]) if rows_file(run_dir, task).is_file() else []
+    labels = spec_labels(every)  # chosen over the whole folder, as the table chooses them
+    by_name = {}
+    for row in every:
+        name = f"{row['task']}--{row['backbone']}--s{row.get('seed', 0)}--{row.get('run_key')}"
+        by_name[name.replace("/", "_") + ".parquet"] = row
+    found = []
+    for path in files:
+        row = by_name.get(path.name)
+        if row is None:
+            found.append((path.name, "", "", path))
+            continue
+        label = labels[run_spec(row)]
+        heading = f"{label} on {dataset_label(row)}, seed {row.get('seed', 0)}"
+        found.append((heading, row["backbone"], label, path))
+    return found
+
+
+def no_outputs_message(args, every: list) -> str:
+    if not every:
+        return (
+            f"no predictions of {args.task} under {args.run_dir}/predictions: rerun it with "
+            "evalkit run ... --save-predictions"
+        )
+    setups = sorted({label for _, _, label, _ in every if label})
+    return (
+        f"no predictions of {args.task} by {args.backbone!r} under {args.run_dir}: expected a "
+        f"backbone or one of the setups {', '.join(map(repr, setups))}"
+    )
 
 
 def error_tables(frame, top: int):
