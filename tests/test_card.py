@@ -66,7 +66,8 @@ def test_a_card_is_for_one_backbone(results, tmp_path, capsys):
         main(["card", str(mixed), "--model-id", "org/x", "--out", str(tmp_path / "other-card.txt")])
         == 2
     )
-    assert "2 backbones (fake, other)" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "2 model setups ('fake (random init)', 'other (random init)')" in err
     assert (
         main(
             [

@@ -121,10 +121,12 @@ def test_compare_names_each_setup(two_setups, capsys, monkeypatch):
 def test_the_card_names_each_setup(two_setups, tmp_path):
     from evalkit.publish.card import card_rows, card_text
 
-    rows = card_rows(two_setups, "fake")
-    text = card_text(rows, "org/fake")
-    top1 = [line for line in text.splitlines() if "imagenet-linear" in line and "top1" in line]
-    assert sorted(line.split(" | ")[0].strip("| ") for line in top1) == [PLAIN, SMALL]
+    with pytest.raises(EvalkitError, match="--backbone fake names 2 model setups"):
+        card_rows(two_setups, "fake")  # a card is for one model
+    for label in (PLAIN, SMALL):
+        text = card_text(card_rows(two_setups, label), "org/fake")
+        top1 = [x for x in text.splitlines() if "imagenet-linear" in x and "top1" in x]
+        assert len(top1) == 1, text
     doubled = tmp_path / "doubled"
     doubled.mkdir()
     lines = (two_setups / "imagenet-knn.jsonl").read_text().splitlines()

@@ -62,23 +62,28 @@ PROVENANCE_KEPT = (
 
 
 def card_rows(results: Path, backbone: str | None = None) -> list[Row]:
-    """The rows of one backbone under ``results`` (``backbone`` picks one when there are more)."""
+    """The rows of one model setup under ``results``: ``backbone`` picks it by backbone name
+    (when that backbone ran one setup there) or by the setup's label as the views print it
+    (``fake [img_size=64] (random init)``). A card is for one model: a pick that names
+    several setups is refused, naming them."""
     rows = load_rows([results])
-    names = sorted({r["backbone"] for r in rows})
+    if not rows:
+        raise EvalkitError(f"no result rows under {results} (expected evalkit run's *.jsonl)")
+    labels = setup_labels(rows)
     if backbone is not None:
-        rows = [r for r in rows if r["backbone"] == backbone]
+        rows = [r for r in rows if backbone in (r["backbone"], labels[setup_key(r)])]
         if not rows:
             raise EvalkitError(
                 f"no rows of backbone {backbone!r} under {results}: it holds "
-                f"{', '.join(names) or 'none'}"
+                f"{', '.join(map(repr, sorted(set(labels.values()))))}"
             )
-    elif len(names) > 1:
+    setups = sorted({labels[setup_key(r)] for r in rows})
+    if len(setups) > 1:
+        picked = f"--backbone {backbone} names" if backbone else f"{results} holds rows of"
         raise EvalkitError(
-            f"{results} holds rows of {len(names)} backbones ({', '.join(names)}):"
-            " a card is for one model, pick it with --backbone"
+            f"{picked} {len(setups)} model setups ({', '.join(map(repr, setups))}): a card is "
+            "for one model, pick one with --backbone and its label as written here"
         )
-    if not rows:
-        raise EvalkitError(f"no result rows under {results} (expected evalkit run's *.jsonl)")
     return named_setups(distinct_jobs(rows))
 
 
