@@ -21,6 +21,7 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
+from evalkit.protocols.predictions import class_name, image_ids
 from evalkit.seeds import derived_seed, generator
 from evalkit.significance import column_mean
 
@@ -70,7 +71,7 @@ class FewShot(FrozenClassification):
                 f"{self.name} scores a split of {self.dataset}; a shifted test set "
                 f"(eval_split={self.eval_split}) is scored by imagenet-linear"
             )
-        train, test, _, _ = self.split_features(backbone, ctx)
+        train, test, _, test_set = self.split_features(backbone, ctx)
         num_classes = int(max(train.labels.max(), test.labels.max())) + 1
         seeds = shot_seeds(ctx.seed, self.seeds)
         x_test, hits = test.pooled, []
@@ -88,7 +89,7 @@ class FewShot(FrozenClassification):
                 )
             )
         scores = [100.0 * h.double().mean().item() for h in hits]
-        save_shot_hits(ctx, torch.stack(hits, dim=1), test.labels)
+        save_shot_hits(ctx, torch.stack(hits, dim=1), test.labels, test_set)
         yield Metric(
             "top1",
             statistics.fmean(scores),
@@ -116,13 +117,16 @@ def kshot_indices(labels: torch.Tensor, shots: int, *, seed: int) -> torch.Tenso
     return torch.cat(picks)
 
 
-def save_shot_hits(ctx, hits: torch.Tensor, labels: torch.Tensor):
-    """Per test image (``--save-predictions``): its label, whether each seed's probe got it
-    right, and the share of seeds that did (whose mean over images × 100 is the top-1)."""
+def save_shot_hits(ctx, hits: torch.Tensor, labels: torch.Tensor, dataset):
+    """Per test image (``--save-predictions``): its file and label (index and class name, as
+    the other classification tasks keep them), whether each draw's probe got it right, and
+    the share of draws that did (whose mean over images × 100 is the top-1)."""
+    ids, names = image_ids(dataset), list(getattr(dataset, "classes", []))
     ctx.save_predictions(
         {
-            "image": [str(i) for i in range(len(labels))],
+            "image": ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))],
             "label": labels.tolist(),
+            "label_name": [class_name(names, label) for label in labels.tolist()],
             "correct_by_seed": hits.tolist(),
             "correct_share": hits.double().mean(dim=1).tolist(),
         }

@@ -378,3 +378,15 @@ def test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label(cli_en
     assert main([*picked[:-1], "fake [dim=32]"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "expected a backbone or one of the setups 'fake [dim=128] (random init)'" in err
+
+
+def test_few_shot_errors_show_files_and_class_names(cli_env, capsys):
+    argv = ["run", "--task", "imagenet-1shot", "--backbone", "fake", "--data", "embedded"]
+    assert main([*argv, "--quiet", "--save-predictions", "--out", "R"]) == 0
+    capsys.readouterr()
+    assert main(["errors", "R", "--task", "imagenet-1shot", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ".png" in out and "label_name" in out
+    assert re.search(
+        r"│ (circle|square|triangle|cross)-\w+-\w+ ", out
+    )  # a class name, not a number

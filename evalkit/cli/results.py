@@ -638,9 +638,10 @@ def human_alignment_tables(frame, top: int):
 
 
 def few_shot_tables(frame, top: int):
-    missed = frame.nsmallest(top, "correct_share")[["image", "label", "correct_share"]]
-    classes = frame.groupby("label")["correct_share"].mean().nsmallest(top).reset_index()
-    return [("images most seeds got wrong", missed), ("classes of lowest share right", classes)]
+    label = "label_name" if "label_name" in frame else "label"  # older files: class numbers
+    missed = frame.nsmallest(top, "correct_share")[["image", label, "correct_share"]]
+    classes = frame.groupby(label)["correct_share"].mean().nsmallest(top).reset_index()
+    return [("images most draws got wrong", missed), ("classes of lowest share right", classes)]
 
 
 def fairness_tables(frame, top: int):
