@@ -46,6 +46,56 @@ def test_bad_input_is_one_line_exit_2(cli_env, capsys, args, message):
     assert message in " ".join(err.split()) and "Traceback" not in err
 
 
+def test_argument_typos_are_refused_before_torch_is_imported(cli_env):
+    """An unknown task or suite, a --set that is no key=value or names no setting, a
+    malformed --model-arg and an unknown backbone family are one line each, before the
+    imports that take half a minute on a loaded machine."""
+    typos = [
+        ["--task", "imagenet-linaer"],
+        ["--task", "suite:nope"],
+        ["--task", "imagenet-linear", "--set", "nope=1"],
+        ["--task", "imagenet-linear[l2=1]"],
+        ["--task", "imagenet-linear", "--set", "nope"],
+        ["--task", "imagenet-linear", "--model-arg", "x"],
+        ["--task", "imagenet-linear", "--backbone", "timmm/vit_tiny_patch16_224"],
+        ["--task", "imagenet-linear", "--backbone", "timm"],
+    ]
+    code = (
+        "import json, sys; from evalkit.cli import main\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    assert main(['run', '--backbone', 'fake', '--data', 'embedded', *args]) == 2, args\n"
+        "    assert 'torch' not in sys.modules, f'{args} imported torch'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(typos)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("error: ") == len(typos) and "Traceback" not in proc.stderr
+
+
+def test_the_settings_read_from_source_are_each_tasks_own():
+    """The early check reads a built-in task's settings from its class's source: for every
+    task they are the settings the class itself has."""
+    import dataclasses
+
+    from evalkit.core.catalog import TASKS, resolve_task
+    from evalkit.core.preflight import setting_names
+
+    for entry in TASKS.entries():
+        own = {f.name for f in dataclasses.fields(resolve_task(entry.name))} - {"name"}
+        assert setting_names(entry.target) == own, entry.name
+
+
+def test_a_misspelt_timm_model_fails_before_the_stand_in_data_is_written(cli_env, capsys):
+    cache = cli_env / "fresh-cache"
+    args = ["--task", "imagenet-linear", "--cache-dir", str(cache)]
+    assert (
+        main(["run", *args, "--backbone", "timm/vit_tinny_patch16_224", "--data", "embedded"]) == 2
+    )
+    assert "did you mean 'vit_tiny_patch16_224'" in capsys.readouterr().err
+    assert not (cache / "embedded").exists()
+
+
 def test_bad_weights_is_one_line_via_subprocess(cli_env, tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"garbage")

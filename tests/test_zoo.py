@@ -308,13 +308,14 @@ def test_a_single_leaderboard_output_is_written_in_the_format_its_suffix_names(c
     """``--output one.json`` alone holds JSON, not the terminal default's Markdown; a suffix
     that names no format, or a ``--format`` that contradicts it, is refused in one line."""
     zoo(cli_env)
-    for suffix in ("json", "md", "html"):
-        assert main(["leaderboard", "runs", "--output", str(cli_env / f"one.{suffix}")]) == 0
-    assert json.loads((cli_env / "one.json").read_text())["overall"]
-    assert (cli_env / "one.md").read_text().lstrip().startswith(("#", "|"))
-    assert (cli_env / "one.html").read_text().lstrip().lower().startswith("<!doctype html")
+    one = {suffix: cli_env / f"one.{suffix}" for suffix in ("json", "md", "html")}
+    for path in one.values():
+        assert main(["leaderboard", "runs", "--output", str(path)]) == 0
+    assert json.loads(one["json"].read_text())["overall"]
+    assert one["md"].read_text().lstrip().startswith(("#", "|"))
+    assert one["html"].read_text().lstrip().lower().startswith("<!doctype html")
     capsys.readouterr()
-    for refused in (["--output", "x.txt"], ["--format", "json", "--output", "x.md"]):
+    for refused in (["--output", "x.txt"], ["--format", "json", "--output", "x.markdown"]):
         assert main(["leaderboard", "runs", *refused]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and refused[-1] in err, err

@@ -65,15 +65,33 @@ def row_name(spec: str) -> str:
 BUILT_FROM_SEED = frozenset({"fake", "none"})  # backbones with no weights file to read
 
 
-def load_backbone(spec: str, opts: BackboneOptions | None = None):
-    """Build the backbone named ``spec`` (e.g. ``timm/vit_tiny_patch16_224``)."""
+def check_backbone_name(spec: str) -> tuple[str, str]:
+    """(family, variant) of ``spec``: a registered family, with a variant where the family
+    needs one. Nothing is imported, so a typo is refused before torch loads."""
     family, _, variant = spec.partition("/")
-    variant, pinned, revision = variant.partition("@")
-    build = BACKBONES.get(family).load()
-    if family in NEEDS_VARIANT and not variant:
+    BACKBONES.get(family)
+    if family in NEEDS_VARIANT and not variant.partition("@")[0]:
         raise EvalkitError(
             f"backbone {spec!r} needs a variant: {family}/<name>, e.g. {EXAMPLES.get(family, '')}"
         )
+    return family, variant
+
+
+def check_backbone_model(spec: str) -> None:
+    """That the model ``spec`` names exists where its family can tell without building it
+    (timm's list of models), so a misspelt model fails before any data is written."""
+    family, variant = check_backbone_name(spec)
+    if family == "timm":
+        from evalkit.backbones.timm_backbone import check_model
+
+        check_model(variant.partition("@")[0])
+
+
+def load_backbone(spec: str, opts: BackboneOptions | None = None):
+    """Build the backbone named ``spec`` (e.g. ``timm/vit_tiny_patch16_224``)."""
+    family, variant = check_backbone_name(spec)
+    variant, pinned, revision = variant.partition("@")
+    build = BACKBONES.get(family).load()
     from evalkit import distributed
 
     if distributed.current().tp_size > 1 and family != "vit22b":

@@ -113,12 +113,19 @@ class TimmBackbone:
         return out if need_final else (None, out)
 
 
-def build(variant: str, opts: BackboneOptions) -> TimmBackbone:
+def check_model(variant: str) -> None:
+    """``variant`` (``<model>`` or ``<model>.<tag>``) is a model timm can build."""
     import timm
 
     if not timm.is_model(variant):
         hint = did_you_mean(variant, timm.list_models(), "evalkit ls models timm")
         raise EvalkitError(f"unknown timm model {variant!r}: {hint}")
+
+
+def build(variant: str, opts: BackboneOptions) -> TimmBackbone:
+    import timm
+
+    check_model(variant)
     model, weights_id = _create(timm, variant, opts)
     model.eval().requires_grad_(False).to(opts.device)
     return TimmBackbone(model, _info(timm, f"timm/{variant}", model, weights_id))

@@ -24,6 +24,9 @@ def log_run_args(log: list[str]) -> tuple[str, ...]:
 
 
 def cmd_run(args, console) -> int:
+    from evalkit.core.preflight import check_run_args
+
+    check_run_args(args)  # a typo is refused before torch and timm are imported
     from evalkit.core import runner
 
     specs = zoo_specs(run_spec(args), args.zoo) if args.zoo else [run_spec(args)]

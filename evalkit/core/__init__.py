@@ -5,5 +5,5 @@ Modules: ``task`` (settings, metrics, paired tests), ``catalog`` (the built-in t
 ``suites`` (named sets of tasks), ``runner`` (the one driver), ``rows`` (what a row records),
 ``results`` (rows files, tables, gates), ``merge`` (rows written on several machines),
 ``costs`` and ``rates`` (the plan and this machine's speed), ``numerics`` (how a run's
-arithmetic is set) and ``run_options`` (the options of evalkit run, and the run they ask
-for)."""
+arithmetic is set), ``run_options`` (the options of evalkit run, and the run they ask
+for) and ``preflight`` (what a run refuses before torch is imported)."""

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit import distributed, tracking
-from evalkit.backbones import BackboneOptions, load_backbone, row_name, row_weights_id
+from evalkit.backbones import (
+    BackboneOptions,
+    check_backbone_model,
+    load_backbone,
+    row_name,
+    row_weights_id,
+)
 from evalkit.batching import job_limits
 from evalkit.cache.features import STORAGE, ExtractSettings
 from evalkit.core.catalog import TASKS, resolve_task, task_settings
@@ -267,6 +273,9 @@ def run(
     ``on_data(line)`` once per dataset the run reads, found before any backbone is built."""
     tasks = [resolve_task(name, spec.overrides) for name in spec.tasks]  # bad names fail first
     backbones = spec.backbones or _no_backbone(tasks)
+    zoo = spec.is_zoo or len(tasks) > 1
+    for name in [] if zoo else backbones:  # a typo fails before the stand-in data is written
+        check_backbone_model(name)  # (in a zoo a backbone that does not load fails its cells)
     writable_folder(spec.out, "--out")  # before any work: where its results would go
     spec = read_only_cache(spec)
     for line in data_found(tasks, spec):  # a missing folder fails in a second, not after a model
@@ -276,7 +285,6 @@ def run(
     keep_freed_buffers()
     restore = run_numerics()
     identities = {}
-    zoo = spec.is_zoo or len(tasks) > 1
     try:
         for name in backbones:
             if spec.cells is not None and not any(cell[0] == name for cell in spec.cells):

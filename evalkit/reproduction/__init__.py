@@ -2,5 +2,5 @@
 
 Modules: ``rows`` (its rows, scales and verdicts), ``scales`` (the scales it runs at),
 ``reproduce`` (the runs that measure it), ``table`` (its Markdown, JSON and picture),
-``paper_scale`` (the paper-scale sweep and its compute estimate) and ``sweep`` (plans of jobs,
-local or on Slurm)."""
+``paper_scale`` (the paper-scale sweep and its compute estimate), ``sweep`` (plans of jobs,
+local or on Slurm) and ``sbatch`` (the Slurm batch script a dry run prints)."""
