@@ -111,3 +111,18 @@ def test_paired_gate_on_every_family_passes_itself_and_fails_a_dropped_family(
     os.remove(dropped / "imagenet-5shot.jsonl")
     code, out = compared(capsys, every, dropped, "--paired")
     assert code == 1 and "missing" in out
+
+
+def test_piped_output_keeps_labels_whole_whatever_columns_says(cli_env, capsys, monkeypatch):
+    (cli_env / "zoo.toml").write_text(
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
+    )
+    argv = ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]
+    assert main([*argv, "--quiet", "--out", "R"]) == 0
+    monkeypatch.setenv("COLUMNS", "80")  # as a CI runner sets it
+    code, out = compared(capsys, "R", "R")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("│ imagenet-knn")]
+    assert len(rows) == 4 and all("(random init)" in line for line in rows)
+    assert "fake [dim=128] (random init)" in out and "imagenet (stand-in)" in out
