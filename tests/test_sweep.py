@@ -158,3 +158,23 @@ def test_a_job_run_with_every_keyed_option_is_seen_as_finished(cli_env, data_cac
     for changed in (("--decoder", "tensor"), ("--set", "l2=256"), ("--dtype", "bf16")):
         other = Sweep(jobs=(), out=plan.out, run_args=(*run_args, *changed))
         assert not finished(other, job), changed
+
+
+def test_a_jobs_key_takes_the_dtype_of_its_machines_device(cli_env, monkeypatch):
+    """The job's device is its machine's: a plan naming cuda, or giving its jobs GPUs, keys
+    the job's rows with a GPU's dtype, even where the plan is read on a machine without one."""
+    from evalkit.reproduction.sweep import Job, Sweep, request_key
+
+    monkeypatch.delenv("EVALKIT_DEVICE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # this machine: no GPU
+    job, data = Job("imagenet-linear", "fake"), ("--data", "embedded")
+
+    def key(*run_args, **plan):
+        return request_key(
+            Sweep(jobs=(), out=cli_env, run_args=(*data, *run_args), **plan), job, {}
+        )
+
+    gpu = key("--dtype", "bf16")
+    assert key("--device", "cuda") == gpu
+    assert key(resources=Resources(gpus=1)) == gpu
+    assert key("--device", "cpu") == key() == key("--dtype", "fp32") != gpu

@@ -19,6 +19,7 @@ machine, for tests and debugging).
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import subprocess
 import sys
@@ -252,12 +253,13 @@ def job_run_spec(plan: Sweep, job: Job):
 
 
 def _job_default_dtype(plan: Sweep, job: Job, device: str | None) -> str | None:
-    """The dtype the job's run defaults to where it is known here: that of its ``--device``,
-    or of a GPU when the job is given GPUs; ``None`` (this machine's default) otherwise."""
+    """The dtype the job's run defaults to where it is known here: that of its ``--device``
+    (or of ``EVALKIT_DEVICE``, which the job inherits), or of a GPU when the job is given
+    GPUs; ``None`` (this machine's default) otherwise."""
     from evalkit.device import default_dtype
 
-    if device is None and plan.resources_of(job).gpus:
-        device = "cuda"
+    gpu = "cuda" if plan.resources_of(job).gpus else None
+    device = device or os.environ.get("EVALKIT_DEVICE") or gpu
     return default_dtype(device) if device else None
 
 
