@@ -115,6 +115,7 @@ def test_a_failed_cell_is_recorded_and_the_zoo_goes_on(cli_env, monkeypatch, cap
     def broken(self, backbone, ctx):
         raise RuntimeError("a bug in one cell")
 
+    real = KNN.run
     monkeypatch.setattr(KNN, "run", broken)
     assert zoo(cli_env) == 1
     out = " ".join(capsys.readouterr().out.split())
@@ -123,6 +124,10 @@ def test_a_failed_cell_is_recorded_and_the_zoo_goes_on(cli_env, monkeypatch, cap
     assert {f["task"] for f in failures} == {"imagenet-knn"} and len(failures) == 3
     board = leaderboard([cli_env / "runs"])
     assert len(board["failed"]) == 3 and len(board["tasks"]) == 2
+    monkeypatch.setattr(KNN, "run", real)  # the bug fixed: a rerun completes the three cells
+    assert zoo(cli_env) == 0
+    board = leaderboard([cli_env / "runs"])
+    assert board["failed"] == [] and len(board["tasks"]) == 3
 
 
 def test_zero_shot_is_not_applicable_to_a_backbone_without_a_text_tower(cli_env):

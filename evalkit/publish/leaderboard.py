@@ -101,7 +101,7 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = Fal
         "across_tasks": across,
         "curves": parity_curves(rows),
         "curve_intervals": curve_intervals(rows),
-        "failed": failed_cells(paths),
+        "failed": failed_cells(paths, rows),
     }
 
 
@@ -660,8 +660,10 @@ def relative_ids(ids: list[str]) -> list[str]:
     return [os.path.relpath(i, common) for i in ids]
 
 
-def failed_cells(paths) -> list[dict]:
-    """The cells a zoo recorded as failed (the latest record of each)."""
+def failed_cells(paths, rows: list[dict] | None = None) -> list[dict]:
+    """The cells a zoo recorded as failed (the latest record of each), less those whose rows
+    a later run wrote (``rows``: the rows under ``paths``): a cell a rerun completed is no
+    longer missing."""
     latest = {}
     for path in map(Path, paths):
         found = sorted(path.rglob(FAILED)) if path.is_dir() else [path.parent / FAILED]
@@ -672,7 +674,50 @@ def failed_cells(paths) -> list[dict]:
                 continue
             cell = ("task", "backbone", "seed", "weights", "options")
             latest[json.dumps([record.get(k) for k in cell], sort_keys=True)] = record
-    return list(latest.values())
+    done = _finished_at(rows or [])
+    return [r for r in latest.values() if done.get(_failed_cell(r), -1.0) < _epoch(r.get("time"))]
+
+
+def _finished_at(rows: list[dict]) -> dict[tuple, float]:
+    """Cell → when its newest row was written (seconds since the epoch)."""
+    found: dict[tuple, float] = {}
+    for row in rows:
+        source = str(row.get("weights_source") or "")
+        weights = source.removeprefix("local file ") if source.startswith("local file ") else None
+        cell = (
+            row["task"],
+            row["backbone"],
+            row.get("seed", 0),
+            weights,
+            json.dumps(row.get("backbone_options") or {}, sort_keys=True, default=str),
+        )
+        written = _epoch((row.get("provenance") or {}).get("time"))
+        found[cell] = max(found.get(cell, written), written)
+    return found
+
+
+def _failed_cell(record: dict) -> tuple:
+    options = json.dumps(record.get("options") or {}, sort_keys=True, default=str)
+    return (
+        record.get("task"),
+        record.get("backbone"),
+        record.get("seed", 0),
+        record.get("weights"),
+        options,
+    )
+
+
+def _epoch(stamp) -> float:
+    """A row's or a failure record's time in seconds since the epoch: rows write an offset,
+    failure records the writer's local time; an unreadable stamp is the oldest."""
+    from datetime import datetime
+
+    for layout in ("%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            return datetime.strptime(str(stamp), layout).timestamp()
+        except ValueError:
+            continue
+    return float("-inf")
 
 
 def _lines(files) -> list[str]:
