@@ -254,7 +254,7 @@ def extract_features(
     shards = [
         indices[i : i + settings.shard_size] for i in range(0, len(indices), settings.shard_size)
     ]
-    folder = None
+    folder, read_only = None, settings.read_only
     dataset_id = dataset.identity()  # stats every file: compute once
     if settings.cache_dir is not None:
         key = cache_key(
@@ -269,23 +269,13 @@ def extract_features(
             device=settings.device,
         )
         folder = Path(settings.cache_dir) / "features" / key
-        if not settings.read_only:
+        # another user's entry in a shared cache is read where it can be, never written
+        read_only = settings.read_only or not files.may_write(folder)
+        if not read_only:
             _write_meta(folder, backbone.info, split, request, settings, len(indices))
     wanted = files.places(folder.name if folder else "", len(indices), settings.shard_size)
-    unusable = set()
-    if folder is not None and distributed.current().main:
-        bad = files.verify_shards(
-            folder, wanted, recheck=settings.verify_cache, read_only=settings.read_only
-        )
-        bad += derived_damage(settings, folder, wanted)
-        unusable = {files.shard_index(path) for path in bad}
-    distributed.barrier()  # all ranks agree on what is missing before any rank writes
-    done = {
-        i
-        for i in range(len(shards))
-        if folder and i not in unusable and files.shard_path(folder, i).exists()
-    }
-    writes_to = None if settings.read_only else folder
+    done = _usable_shards(settings, folder, wanted, read_only)
+    writes_to = None if read_only else folder
     pixels = _pixels(dataset, settings, request, dataset_id, split, subset, len(indices))
     feed = Feed(dataset, shards, settings, pixels)
     computed = _compute_missing(backbone, feed, done, request, writes_to)
@@ -303,11 +293,29 @@ def extract_features(
     return features
 
 
-def derived_damage(settings: ExtractSettings, folder: Path, wanted) -> list[Path]:
+def _usable_shards(settings, folder: Path | None, wanted, read_only: bool) -> set[int]:
+    """The shards of the entry at ``folder`` this run reads rather than computes: on disk,
+    sound (``verify_shards``), not derived from damaged views, and readable by this user."""
+    unusable, seen = set(), folder is not None and files.searchable(folder)
+    if seen and distributed.current().main:
+        bad = files.verify_shards(
+            folder, wanted, recheck=settings.verify_cache, read_only=read_only
+        )
+        bad += derived_damage(settings, folder, wanted, read_only)
+        unusable = {files.shard_index(path) for path in bad}
+    distributed.barrier()  # all ranks agree on what is missing before any rank writes
+    return {
+        p.index
+        for p in wanted
+        if seen and p.index not in unusable and files.shard_path(folder, p.index).exists()
+    }
+
+
+def derived_damage(settings: ExtractSettings, folder: Path, wanted, read_only: bool) -> list[Path]:
     """Shards of ``folder`` computed from cached views later found damaged: removed (kept, but
-    not used, in a read-only cache), so they are recomputed from sound ones."""
+    not used, in a read-only cache or entry), so they are recomputed from sound ones."""
     derived = files.derived_from_damaged(Path(settings.cache_dir), folder, wanted)
-    if derived and not settings.read_only:
+    if derived and not read_only:
         files.drop_derived(folder, derived)
     return derived
 
@@ -366,7 +374,7 @@ class Feed:
         """Shards whose views are cached first, then those to decode (looked for only when
         there is something to compute; each is checked as it is read)."""
         if todo and self.pixels is not None:
-            self.cached = self.pixels.ready(recheck=self.settings.verify_cache)
+            self.cached = self.pixels.ready()
         return [i for i in todo if i in self.cached] + [i for i in todo if i not in self.cached]
 
     def batches(self, todo: list[int]) -> list[list[int]]:

@@ -9,6 +9,13 @@ resize). An entry is keyed by the data's identity, the split and subset, and the
 geometry and decoder (``EvalView``), and is stored as the feature cache stores features:
 checksummed shards with the same boundaries, each written whole or not at all.
 
+Every read of a view shard is checked against its checksum, whatever its stamp: a view
+changed in place (bit rot, a faulty copy) would otherwise become a new backbone's features
+without a word. Summing costs a few percent of a read (``benchmarks/bench_view_check.py``);
+a damaged shard is reported, removed and its images decoded again. An entry another user
+keeps private in a shared cache is read where it can be and never written or removed
+(``shards.may_write``).
+
 ``--pixels auto`` (the default) keeps views where they take at most a quarter of the cache
 disk's free space (ImageNet's 50,000 validation images at 224² are 7.5 GB); ``cache`` keeps them
 whatever the size; ``decode`` never reads or writes them.
@@ -18,7 +25,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,24 +64,20 @@ class PixelStore:
     folder: Path
     wanted: list[files.Place]
     writable: bool
-    unchecked: set[int] = field(default_factory=set)
 
-    def ready(self, recheck: bool = False) -> set[int]:
-        """The shards on disk. Those not checked in full since they last changed (all of them
-        with ``recheck``) are checked as they are read (``read``), beside the forward."""
+    def ready(self) -> set[int]:
+        """The shards on disk; each is checked in full as it is read (``read``)."""
         if not self.folder.exists():
             return set()
-        self.unchecked = {
-            p.index for p in files.unchecked_shards(self.folder, self.wanted, recheck=recheck)
-        }
         return {p.index for p in self.wanted if files.shard_path(self.folder, p.index).exists()}
 
     def read(self, index: int) -> dict | None:
-        """Shard ``index``'s images and labels; None when its full check fails (it is
-        reported and removed, and its images are to be decoded again)."""
-        if index not in self.unchecked:
-            return files.read_shard(files.shard_path(self.folder, index))
-        return files.load_checked(self.folder, self.wanted[index], read_only=not self.writable)
+        """Shard ``index``'s images and labels, checked against its checksum on every read (a
+        stamp kept over bytes changed in place vouches for nothing); None when the check fails
+        (it is reported and removed) or this user may not read it: its images are then decoded
+        again."""
+        place = self.wanted[index]
+        return files.load_checked(self.folder, place, read_only=not self.writable, what="views")
 
     def save(self, index: int, images: torch.Tensor, labels: torch.Tensor):
         """Keep a shard's views; a write that fails (a full disk) stops keeping them, with a
@@ -107,8 +110,12 @@ def pixel_store(dataset, settings, *, dataset_id: str, split: str, subset_key: s
     key = spec_key(spec)
     folder = Path(settings.cache_dir) / "pixels" / key
     wanted = files.places(key, n, settings.shard_size)
-    if settings.read_only or not _writable_area(folder.parent):
-        return PixelStore(folder, wanted, writable=False) if folder.exists() else None
+    if settings.read_only or not _writable_area(folder.parent) or not files.may_write(folder):
+        return (
+            PixelStore(folder, wanted, writable=False)
+            if files.searchable(folder, "views")
+            else None
+        )
     if asked == "auto" and not folder.exists() and not fits(folder, view, n):
         return None
     try:

@@ -20,6 +20,7 @@ from evalkit.data import DataConfig, data_kind, dataset_root, is_stand_in, open_
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 from evalkit.storage.identity import file_digest
+from evalkit.storage.writes import not_readable
 
 
 @dataclass
@@ -176,6 +177,8 @@ def _check_image(path, split_report: SplitReport) -> str | None:
         with Image.open(path) as image:
             image.verify()
             size = image.size
+    except PermissionError:  # another user's file: sound, and not this user's to replace
+        return f"image {path} is not readable by this user ({not_readable(path)})"
     except Exception as exc:  # noqa: BLE001 - every way a file can be unreadable
         return f"unreadable image {path} ({type(exc).__name__})"
     area = size[0] * size[1]

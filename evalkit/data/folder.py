@@ -16,6 +16,7 @@ from PIL import Image, UnidentifiedImageError
 from evalkit.data import DataKind, verifies_content
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity, spec_key
+from evalkit.storage.writes import not_readable
 
 PIXEL_LIMIT_VARIABLE = "EVALKIT_MAX_IMAGE_PIXELS"  # PIL's decompression-bomb guard
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"}
@@ -37,6 +38,11 @@ def load_rgb(path: Path) -> Image.Image:
         raise EvalkitError(
             f"image {path} has more pixels than allowed ({exc}): set "
             f"{PIXEL_LIMIT_VARIABLE}=<pixels> to read it, or shrink it"
+        ) from exc
+    except PermissionError as exc:  # another user's file: nothing is wrong with it
+        raise EvalkitError(
+            f"image {path} is not readable by this user ({not_readable(path)}): ask its "
+            "owner to make it readable, or read a copy of the data of your own"
         ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise EvalkitError(

@@ -17,13 +17,21 @@ Checking reads a shard whole. A warm cache skips that: a shard that passed is re
 that stamp changes. The warm path still reads every shard's header (a few hundred bytes): its
 place and checksum must be the ones the entry and its manifest expect, so a shard swapped in
 with its stamp kept (``touch -r`` after a copy) is caught without hashing the file. Damage
-that keeps both stamp and header (bit rot) is found by ``evalkit cache verify`` or ``evalkit
-run --verify-cache``, which re-read every shard whatever its stamp.
+that keeps both stamp and header (bit rot) in a feature shard is found by ``evalkit cache
+verify`` or ``evalkit run --verify-cache``, which re-read every shard whatever its stamp.
+Decoded views (``evalkit.cache.pixels``) are not trusted by stamp: ``load_checked`` sums each
+one as it is read, since a damaged view would become a new backbone's features.
+
+Only damage a check proves is deleted. A shard this user may not read (another user's in a
+shared cache, mode 0600) is ``Unreadable``: reported with its owner, used by no one here and
+left as it is; ``may_write`` keeps a run from writing into an entry that holds one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,9 +40,9 @@ from pathlib import Path
 import torch
 import xxhash
 
-from evalkit.errors import EvalkitError, warn
+from evalkit.errors import EvalkitError, warn, warn_once
 from evalkit.storage.identity import file_stamp, read_json, write_json
-from evalkit.storage.writes import replacing
+from evalkit.storage.writes import not_readable, replaceable, replacing, writable
 
 CHECKSUM = "evalkit_xxh3_128"
 LEGACY_CHECKSUM = "evalkit_sha256"  # shards written before XXH3: checked by their own sum
@@ -74,6 +82,10 @@ def shard_path(folder: Path, index: int) -> Path:
 class CorruptShard(Exception):
     """A cached shard that cannot be trusted: unreadable, truncated, not matching its sum,
     or written for another entry, index or row range."""
+
+
+class Unreadable(Exception):
+    """A cached file this user may not read (``not_readable``): not damage, so never deleted."""
 
 
 def shard_checksum(shard: dict[str, torch.Tensor], place: Place, kind: str = CHECKSUM) -> str:
@@ -153,6 +165,8 @@ def load_shard(path: Path, place: Place, listed: str | None = None) -> dict:
     manifest's checksum for this index, when there is one)."""
     from safetensors import safe_open
 
+    if (problem := not_readable(path)) is not None:
+        raise Unreadable(problem)
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -183,28 +197,37 @@ def verify_shards(
     """Check the shards of ``wanted`` that are on disk; a bad one is warned about and deleted
     (with the manifest) so that it is recomputed. Without ``recheck`` a shard whose stamp is in
     ``verified.json`` is not read again. ``advance(1)`` is called per shard on disk. Returns
-    the bad shards. ``read_only``: nothing is deleted or written (a read-only cache)."""
+    the shards not to use: the bad ones, and those this user may not read (reported, kept).
+    ``read_only``: nothing is deleted or written (a read-only cache)."""
     folder = Path(folder)
     verified = read_json(folder / VERIFIED)
     on_disk = [p for p in wanted if shard_path(folder, p.index).exists()]
     unknown = unchecked_shards(folder, on_disk, recheck=recheck)
     checked = _checked_in_parallel(folder, unknown, read_only)
-    bad = []
+    bad, skipped = [], []
     for place in on_disk:
         path = shard_path(folder, place.index)
-        if place in checked:
+        if isinstance(checked.get(place), Unreadable):
+            skipped.append(path)
+        elif place in checked:
             verified[path.name] = checked[place]
             if checked[place] is None and (read_only or not path.exists()):
                 bad.append(path)
         if advance is not None:
             advance(1)
-    if read_only:
-        return bad
+    if not read_only:
+        _forget_damaged(folder, bad, verified)
+    return bad + skipped
+
+
+def _forget_damaged(folder: Path, bad: list[Path], verified: dict):
+    """Drop the manifest of an entry that lost shards, mark them damaged, and record the
+    stamps of the sound ones (a memo: where it cannot be written they are checked again)."""
     if bad:
         (folder / MANIFEST).unlink(missing_ok=True)
         mark_damaged(folder, [path.name for path in bad])
-    write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
-    return bad
+    with contextlib.suppress(OSError, EvalkitError):
+        write_json(folder / VERIFIED, {k: v for k, v in verified.items() if v})
 
 
 def mark_damaged(folder: Path, names: list[str]):
@@ -290,23 +313,25 @@ def unchecked_shards(folder: Path, wanted: Iterable[Place], recheck: bool = Fals
     return [p for p in on_disk if recheck or not known(p)]
 
 
-def load_checked(folder: Path, place: Place, read_only: bool = False) -> dict | None:
-    """The shard at ``place``, read once and checked in full, its stamp then recorded in
-    ``verified.json``; None when it is damaged, which is reported and handled as
-    ``verify_shards`` handles it (removed with the manifest and marked damaged; only
-    reported in a read-only cache). For a reader that checks each shard as it uses it."""
+def load_checked(
+    folder: Path, place: Place, read_only: bool = False, what: str = "features"
+) -> dict | None:
+    """The shard at ``place``, read and checked in full, for a reader that checks each shard
+    as it uses it (the pixel cache, on every read). None when it is damaged, which is reported
+    and handled as ``verify_shards`` handles it (removed with the manifest and marked damaged;
+    only reported in a read-only cache), or when this user may not read it (reported, kept).
+    ``what`` the shard holds names it in the warning."""
     folder, path = Path(folder), shard_path(folder, place.index)
     try:
-        shard = load_shard(path, place, _listed(folder).get(str(place.index)))
+        return load_shard(path, place, _listed(folder).get(str(place.index)))
+    except Unreadable as exc:
+        _report_unreadable(path, exc, what)
     except CorruptShard as exc:
-        _report_damaged(path, exc, read_only)
+        _report_damaged(path, exc, read_only, what)
         if not read_only:
             (folder / MANIFEST).unlink(missing_ok=True)
             mark_damaged(folder, [path.name])
-        return None
-    if not read_only and (stamp := file_stamp(path)) is not None:
-        write_json(folder / VERIFIED, read_json(folder / VERIFIED) | {path.name: stamp})
-    return shard
+    return None
 
 
 def _listed(folder: Path) -> dict:
@@ -314,26 +339,67 @@ def _listed(folder: Path) -> dict:
     return read_json(Path(folder) / MANIFEST).get("checksums", {})
 
 
-def _report_damaged(path: Path, problem: CorruptShard, read_only: bool):
-    warn(f"cached features {path} are unusable ({problem}): recomputing them")
+AGAIN = {"features": "recomputing them", "views": "decoding their images again"}
+
+
+def _report_damaged(path: Path, problem: CorruptShard, read_only: bool, what: str = "features"):
+    warn(f"cached {what} {path} are unusable ({problem}): {AGAIN[what]}")
     if not read_only:
         path.unlink(missing_ok=True)
 
 
+def _report_unreadable(path: Path, problem: Unreadable, what: str = "features"):
+    warn_once(
+        ("unreadable", path),
+        f"cached {what} {path} are skipped, {problem}: {AGAIN[what]} here; it is left as it is",
+    )
+
+
+def may_write(folder: Path) -> bool:
+    """Whether this process may change the entry at ``folder``: create files in it, and read
+    and replace each of its files. One holding another user's files that this user may not
+    read or replace (a private umask, a sticky shared folder) is read where it can be and
+    never written: what it lacks is computed and not kept, and nothing of it is deleted."""
+    folder = Path(folder)
+    if not os.path.exists(folder):  # it is made in the nearest folder there is (or cannot be)
+        return writable(next(p for p in folder.parents if os.path.exists(p)))
+    try:
+        names = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return False
+    return writable(folder) and all(
+        replaceable(p) and not_readable(p) is None for p in names if p.is_file()
+    )
+
+
+def searchable(folder: Path, what: str = "features") -> bool:
+    """Whether the entry at ``folder`` exists and its files can be looked at; another user's
+    private folder cannot, which is reported (its ``what`` are then computed here)."""
+    folder = Path(folder)
+    hidden = next((p for p in folder.parents if not os.access(p, os.X_OK)), None)
+    if hidden is None and not folder.exists():
+        return False
+    if hidden is None and os.access(folder, os.R_OK | os.X_OK):
+        return True
+    place = hidden or folder
+    _report_unreadable(place, Unreadable(not_readable(place) or "permission denied"), what)
+    return False
+
+
 def _checked_in_parallel(folder: Path, places: list[Place], read_only: bool):
     """Each of ``places``' stamp after a full check (None: unusable, or too fresh to vouch
-    for). The shards are read and hashed on torch's threads at once (hashing releases the
+    for; ``Unreadable``: this user may not read it). The shards are read and hashed on torch's threads at once (hashing releases the
     interpreter); the warnings of bad ones come after, in the shards' order."""
     from concurrent.futures import ThreadPoolExecutor
 
     listed = _listed(folder)
 
-    def check(place: Place) -> str | CorruptShard | None:
+    def check(place: Place) -> str | CorruptShard | Unreadable | None:
         path = shard_path(folder, place.index)
         try:
             load_shard(path, place, listed.get(str(place.index)))
             return file_stamp(path) or (read_only and "fresh")
-        except CorruptShard as exc:
+        except (CorruptShard, Unreadable) as exc:
             return exc
 
     with ThreadPoolExecutor(
@@ -341,7 +407,9 @@ def _checked_in_parallel(folder: Path, places: list[Place], read_only: bool):
     ) as pool:
         results = dict(zip(places, pool.map(check, places), strict=True))
     for place, result in results.items():
-        if isinstance(result, CorruptShard):
+        if isinstance(result, Unreadable):
+            _report_unreadable(shard_path(folder, place.index), result)
+        elif isinstance(result, CorruptShard):
             _report_damaged(shard_path(folder, place.index), result, read_only)
             results[place] = None
     return results

@@ -8,7 +8,8 @@ that fails removes its temporary file and ends in one line naming the path and w
 full disk, a read-only file system or a missing permission, whichever library raised it
 (safetensors reports a full disk as its own error type). Temporary names carry the writer's
 process id; ``sweep_stale`` removes those whose process is gone, so what a killed run left
-behind does not stay for good.
+behind does not stay for good. In a shared cache, ``not_readable`` and ``replaceable`` say
+which of another user's files this process must leave as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,6 +155,46 @@ def writable(folder: Path) -> bool:
     try:
         with tempfile.TemporaryFile(dir=folder):
             return True
+    except OSError:
+        return False
+
+
+def not_readable(path: Path) -> str | None:
+    """Why this user may not read ``path`` — "permission denied (owned by uid N)": another
+    user's file in a shared cache, kept private by its owner's umask — or None when it may (or
+    when it is missing, which its reader reports). Asked by opening it, since libraries report
+    EACCES in their own words (safetensors says FileNotFoundError)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except PermissionError:
+        return f"permission denied (owned by uid {owner(path)})"
+    except OSError:
+        return None
+    return None
+
+
+def owner(path: Path) -> int:
+    """The uid owning ``path``, or its folder's when ``path`` itself cannot be looked at."""
+    for place in (Path(path), Path(path).parent):
+        try:
+            return os.stat(place).st_uid
+        except OSError:
+            continue
+    return -1
+
+
+def replaceable(path: Path) -> bool:
+    """Whether this user may replace or remove ``path``: it may write its folder, and a sticky
+    folder (a shared ``/tmp``-like cache) lets only a file's or the folder's owner do so."""
+    folder = Path(path).parent
+    try:
+        here, mine = os.stat(folder), os.geteuid()
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return False
+        sticky = here.st_mode & stat.S_ISVTX and mine not in (0, here.st_uid)
+        return not sticky or os.lstat(path).st_uid == mine
+    except FileNotFoundError:
+        return os.access(folder, os.W_OK | os.X_OK)
     except OSError:
         return False
 
