@@ -104,7 +104,7 @@ def test_a_rerun_of_the_array_does_only_what_is_left(cli_env, capsys, monkeypatc
     monkeypatch.setenv("EVALKIT_SHARDS", "2")
     rows = cli_env / "shared" / "imagenet-knn.jsonl"
     lines = rows.read_text().splitlines()
-    rows.write_text("\n".join(lines[:2]) + "\n")  # one kNN cell's rows lost
+    rows.write_text("\n".join(lines[2:]) + "\n")  # share 0's kNN cell's rows lost
     assert zoo(cli_env, "shared") == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "shard 0/2: 1 cell(s) to run of its 2" in out
@@ -144,10 +144,18 @@ def test_merge_refuses_conflicts_and_lists_missing_cells(cli_env, capsys):
     one = ["run", "--task", "imagenet-1shot", "--backbone", "fake", "--data", "embedded"]
     assert main([*one, "--out", "c", "--quiet"]) == 0
     capsys.readouterr()
-    assert main(["merge", "m", "a", "c"]) == 0
+    assert main(["merge", "m", "a", "c"]) == 1  # share 1 of a's study was never merged
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("share 1 of 2: that share was not merged") == 2
+    assert "missing-cells.json" in out and "(not run)" not in out
+    assert main(["merge", "m", "a", "c", "--allow-missing"]) == 0
+    other = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--model-arg", "dim=16"]
+    assert main([*other, "--data", "embedded", "--out", "d", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["merge", "gaps", "c", "d"]) == 1  # no shares: a task one setup did not run
     out = " ".join(capsys.readouterr().out.split())
     assert "missing: imagenet-1shot · imagenet (stand-in) × fake [dim=16] (random init)" in out
-    assert out.count("missing: imagenet") == 1 and "missing-cells.json" in out
+    assert out.count("(not run)") == 2
 
 
 def test_the_cluster_pages_slurm_script_and_kubernetes_job_are_ready(cli_env, capsys):
@@ -174,3 +182,120 @@ def test_the_cluster_pages_slurm_script_and_kubernetes_job_are_ready(cli_env, ca
     assert shard_asked(None, slurm) == (last - first, last - first + 1)
     pod = {"JOB_COMPLETION_INDEX": str(spec["completions"] - 1), **env}
     assert shard_asked(None, pod) == (spec["completions"] - 1, spec["completions"])
+
+
+@pytest.mark.parametrize(
+    "environ,shard",
+    [
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "4",
+                "SLURM_ARRAY_TASK_STEP": "2",
+                "SLURM_ARRAY_TASK_COUNT": "3",
+            },
+            (2, 3),
+        ),
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "5",
+                "SLURM_ARRAY_TASK_MIN": "1",
+                "SLURM_ARRAY_TASK_MAX": "9",
+                "SLURM_ARRAY_TASK_STEP": "4",
+            },
+            (1, 3),
+        ),
+    ],
+)
+def test_a_stepped_slurm_array_is_indexed_by_position(environ, shard):
+    assert shard_asked(None, environ) == shard  # --array=0-4:2 and --array=1-9:4
+
+
+@pytest.mark.parametrize(
+    "environ,says",
+    [
+        (  # --array=0,5,9: ids not evenly spaced have no position Slurm tells
+            {
+                "SLURM_ARRAY_TASK_ID": "5",
+                "SLURM_ARRAY_TASK_MIN": "0",
+                "SLURM_ARRAY_TASK_COUNT": "3",
+            },
+            "position cannot be told from SLURM_ARRAY_TASK_ID=5",
+        ),
+        ({"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "2"}, "SLURM_ARRAY_TASK_ID='x'"),
+        ({"JOB_COMPLETION_INDEX": "1", "EVALKIT_SHARDS": "two"}, "EVALKIT_SHARDS='two'"),
+        (
+            {"JOB_COMPLETION_INDEX": "3", "EVALKIT_SHARDS": "2"},
+            "JOB_COMPLETION_INDEX/EVALKIT_SHARDS gives 3/2",
+        ),
+        ({"EVALKIT_SHARDS": "4"}, "EVALKIT_SHARDS=4 is set but not JOB_COMPLETION_INDEX"),
+    ],
+)
+def test_a_bad_share_from_the_environment_names_its_variable(environ, says):
+    with pytest.raises(EvalkitError) as caught:
+        shard_asked(None, environ)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+    assert "--shard 3/2" not in str(caught.value)  # never a flag the user did not pass
+
+
+def test_a_negative_shard_is_one_line(cli_env):
+    done = subprocess.run(
+        [sys.executable, "-m", "evalkit", "run", "--task", "imagenet-knn", "--shard", "-1/2"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "--option=VALUE" in done.stderr
+
+
+def test_each_backbone_setups_features_are_extracted_on_one_share():
+    """4 backbone setups × 3 tasks: cut cell by cell (i mod N) every setup ran on both of 2
+    shares (8 extractions) and on all of 3 (12); cut by features, each on one (4)."""
+    from evalkit.core.runner import shares_by_features
+
+    cells = [(n, (f"fake{n}", 0, task)) for n in range(4) for task in ("a", "b", "c")]
+    for count in (2, 3):
+        cut = shares_by_features(cells, count)
+        assert sorted(p for share in cut for p in share) == list(range(12))
+        where = {cells[p][1][0]: set() for p in range(12)}
+        for index, share in enumerate(cut):
+            for position in share:
+                where[cells[position][1][0]].add(index)
+        assert all(len(shares) == 1 for shares in where.values())
+        assert sum(map(len, where.values())) == 4
+        assert max(map(len, cut)) - min(map(len, cut)) <= 3
+    one = [(0, ("fake", 0, task)) for task in "abcd"]  # one setup: split to use every share
+    assert all(shares_by_features(one, 2))
+
+
+def test_a_lost_share_is_listed_and_fails_the_merge(cli_env, capsys):
+    assert zoo(cli_env, "s0", "--shard", "0/2") == 0
+    shutil.copytree(cli_env / "s0", cli_env / "s0-again")  # the same share run twice
+    capsys.readouterr()
+    assert main(["merge", "merged", "s0", "s0-again"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("share 1 of 2: that share was not merged") == 2  # its two cells
+    missing = json.loads((cli_env / "merged" / "missing-cells.json").read_text())
+    assert len(missing) == 2 and {cell["task"] for cell in missing} == set(TASKS)
+    assert zoo(cli_env, "s1", "--shard", "1/2") == 0
+    capsys.readouterr()
+    assert main(["merge", "merged", "s1"]) == 0  # the lost share found: every cell there
+    assert json.loads((cli_env / "merged" / "missing-cells.json").read_text()) == []
+
+
+def test_merge_reads_every_per_image_file_before_writing(cli_env, capsys):
+    assert zoo(cli_env, "s0", "--shard", "0/2", "--save-predictions") == 0
+    shutil.copytree(cli_env / "s0", cli_env / "cut")
+    victim = sorted((cli_env / "cut" / "predictions").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    for target in ("fresh", "holding"):
+        if target == "holding":
+            assert main(["merge", "holding", "s0", "--allow-missing"]) == 0
+            before = sorted(p.name for p in (cli_env / "holding").rglob("*"))
+        capsys.readouterr()
+        assert main(["merge", target, "cut", "--allow-missing"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"per-image outputs {victim.relative_to(cli_env)} cannot be read" in err
+        if target == "fresh":
+            assert not (cli_env / "fresh").exists() or not list((cli_env / "fresh").rglob("*.*"))
+        else:
+            assert sorted(p.name for p in (cli_env / "holding").rglob("*")) == before

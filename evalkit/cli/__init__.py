@@ -53,10 +53,18 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line, as every other error is (argparse
+    prints the whole usage first, 13 lines for ``run``); the help is one flag away."""
+
+    def error(self, message):
+        if message.endswith("expected one argument"):  # argparse reads "-1/2" as an option
+            message += "; a value that starts with '-' is written --option=VALUE"
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="evalkit", description="Evaluate frozen vision backbones."
-    )
+    parser = OneLineParser(prog="evalkit", description="Evaluate frozen vision backbones.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -73,12 +73,28 @@ def shared_out(specs: list, args, console) -> list:
     if shard is None or (args.shard is None and sum(map(cell_count, specs)) < 2):
         return specs
     kept, counts = runner.share(specs, shard)
+    if is_main_process():
+        keep_study_record(runner.study_record(specs, shard), specs[0].out)
     console.print(
         f"shard {shard[0]}/{shard[1]}: {counts['mine']} cell(s) to run of its "
         f"{counts['share']} ({counts['cells']} in all; the others are another shard's, or done)",
         highlight=False,
     )
     return kept
+
+
+def keep_study_record(record: dict, out: Path):
+    """The share's record of its study (``runner.study_record``) under ``<out>/shares/``,
+    for ``evalkit merge`` to account for every cell."""
+    from evalkit.storage.identity import write_json
+    from evalkit.storage.writes import disk_error
+
+    path = out / "shares" / f"{record['study']}-{record['share']}-of-{record['of']}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, record)
+    except OSError as exc:
+        raise disk_error(exc, path) from None
 
 
 def cell_line(job, index: int, total: int, spec) -> str:

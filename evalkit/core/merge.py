@@ -52,6 +52,7 @@ def merge(out: Path, sources: list[Path]) -> Merged:
     present = _rows_by_file([out]) if out.exists() else {}
     _check_rows([pair for pairs in [*present.values(), *found.values()] for pair in pairs])
     outputs = _outputs_to_copy(out, sources)
+    records = _study_records(sources)
     merged = Merged()
     for rel, pairs in sorted(found.items()):
         have = {_row_id(row) for row, _ in present.get(rel, [])}
@@ -67,6 +68,7 @@ def merge(out: Path, sources: list[Path]) -> Merged:
             tmp.write_bytes(source.read_bytes())
         merged.outputs += 1
     merged.failed = _merge_failed(out, sources)
+    _keep_study_records(out, records)
     merged.missing = missing_cells(out)
     return merged
 
@@ -123,8 +125,8 @@ def _outputs_to_copy(out: Path, sources) -> list[tuple[Path, Path]]:
     copies = {}
     for folder in map(Path, sources):
         for source in sorted(folder.rglob("predictions/*.parquet")):
-            target = out / source.relative_to(folder)
-            known = copies.get(target, target if target.exists() else None)
+            target = out / _readable(source).relative_to(folder)
+            known = copies.get(target, _readable(target) if target.exists() else None)
             if known is not None and not _same_outputs(known, source):
                 raise EvalkitError(
                     f"per-image outputs {source} differ from {known}, which has the same name "
@@ -133,6 +135,22 @@ def _outputs_to_copy(out: Path, sources) -> list[tuple[Path, Path]]:
             if known is None:
                 copies[target] = source
     return [(source, target) for target, source in copies.items()]
+
+
+def _readable(path: Path) -> Path:
+    """``path``, read whole as Parquet, or one line naming it: nothing is merged from a cut
+    or damaged file (a merged folder has no run that would recompute it)."""
+    import pandas as pd
+
+    try:
+        pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a damaged file
+        raise EvalkitError(
+            f"per-image outputs {path} cannot be read ({type(exc).__name__}): the file was cut "
+            "off or damaged; rerun its cell (evalkit run ... --save-predictions) or delete it, "
+            "then merge again (nothing was written)"
+        ) from None
+    return path
 
 
 def _same_outputs(a: Path, b: Path) -> bool:
@@ -158,18 +176,81 @@ def _merge_failed(out: Path, sources) -> int:
 
 
 def missing_cells(out: Path) -> list[dict]:
-    """The cells a merged folder lacks — a (task, data) some setup has and another does not —
-    written to ``missing-cells.json`` and returned."""
+    """The cells a merged folder lacks, written to ``missing-cells.json`` and returned: every
+    cell of a study that no merged share delivered (a share never merged, a cell that failed
+    or was lost; ``<out>/shares/``), and a (task, data) some setup has and another does not."""
     rows = [row for file in rows_files([out]) for row in file_rows(file)]
+    missing = undelivered_cells(out, rows) + _gaps(rows)
+    with replacing(out / MISSING) as tmp:
+        tmp.write_text(json.dumps(missing, indent=1) + "\n")
+    return missing
+
+
+def _gaps(rows: list[dict]) -> list[dict]:
     labels = setup_labels(rows)
     tasks = {(row["task"], dataset_label(row)) for row in rows}
     have = {(row["task"], dataset_label(row), setup_key(row)) for row in rows}
-    missing = [
-        {"task": task, "dataset": data, "backbone": labels[setup]}
+    return [
+        {"task": task, "dataset": data, "backbone": labels[setup], "why": "not run"}
         for setup in sorted(labels, key=labels.get)
         for task, data in sorted(tasks)
         if (task, data, setup) not in have
     ]
-    with replacing(out / MISSING) as tmp:
-        tmp.write_text(json.dumps(missing, indent=1) + "\n")
+
+
+SHARES = "shares"  # where each share keeps its study's record (runner.study_record)
+
+
+def _study_records(sources) -> dict[str, dict]:
+    """File name → the study record of each share among ``sources`` (read before any write)."""
+    found = {}
+    for folder in map(Path, sources):
+        for path in sorted((folder / SHARES).glob("*.json")):
+            try:
+                found[path.name] = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise EvalkitError(f"cannot read the share record {path} ({exc})") from None
+    return found
+
+
+def _keep_study_records(out: Path, records: dict[str, dict]):
+    for name, record in records.items():
+        with replacing(out / SHARES / name) as tmp:
+            tmp.write_text(json.dumps(record))
+
+
+def undelivered_cells(out: Path, rows: list[dict]) -> list[dict]:
+    """Every cell of each study under ``out/shares`` with no row in ``rows``: named by the
+    share that should have run it, and whether that share was merged at all."""
+    studies: dict[str, dict] = {}
+    for record in _study_records([out]).values():
+        study = studies.setdefault(record["study"], {"record": record, "merged": set()})
+        study["merged"].add(record["share"])
+    done = {_cell_of_row(row) for row in rows}
+    missing = []
+    for study in studies.values():
+        record = study["record"]
+        shares = record["share_of"]
+        for position, cell in enumerate(record["cells"]):
+            if _cell_key(cell) in done:
+                continue
+            share = shares[position]
+            why = "merged, but the cell has no rows (it failed or was lost)"
+            if share not in study["merged"]:
+                why = "that share was not merged"
+            missing.append(
+                {**cell, "why": f"share {share} of {record['of']}: {why}", "study": record["study"]}
+            )
     return missing
+
+
+def _cell_key(cell: dict) -> tuple:
+    options = json.dumps(cell.get("options") or {}, sort_keys=True, default=str)
+    return (cell["task"], cell["backbone"], cell.get("seed", 0), cell.get("weights"), options)
+
+
+def _cell_of_row(row: dict) -> tuple:
+    source = str(row.get("weights_source") or "")
+    weights = source.removeprefix("local file ") if source.startswith("local file ") else None
+    cell = {**row, "options": row.get("backbone_options"), "weights": weights}
+    return _cell_key(cell)

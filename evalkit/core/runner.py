@@ -364,42 +364,91 @@ def failed_cell(spec: RunSpec, result: JobResult, exc: Exception) -> JobResult:
 
 def shard_asked(text: str | None, environ: dict) -> tuple[int, int] | None:
     """The share of a zoo's cells this process runs, as (index, count): ``--shard I/N`` (I
-    from 0), else what the engine that started it says — a Slurm array task
-    (``SLURM_ARRAY_TASK_ID`` from ``SLURM_ARRAY_TASK_MIN``, over ``SLURM_ARRAY_TASK_COUNT``
-    tasks or the array's min…max) or a Kubernetes Indexed Job pod (``JOB_COMPLETION_INDEX``,
-    over ``EVALKIT_SHARDS``, the job's completions) — else None: every cell."""
+    from 0), else what the engine that started it says — a Slurm array task (its position in
+    the array: ``SLURM_ARRAY_TASK_ID`` counted from ``SLURM_ARRAY_TASK_MIN`` in steps of
+    ``SLURM_ARRAY_TASK_STEP``, over ``SLURM_ARRAY_TASK_COUNT`` tasks or the array's
+    min…max) or a Kubernetes Indexed Job pod (``JOB_COMPLETION_INDEX``, over
+    ``EVALKIT_SHARDS``, the job's completions) — else None: every cell. A bad value is one
+    line naming the variable it came from."""
     if text is not None:
-        return _parsed_shard(text)
+        return _parsed_shard(text, "--shard")
     if "SLURM_ARRAY_TASK_ID" in environ:
-        first = int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
-        last = environ.get("SLURM_ARRAY_TASK_MAX")
-        count = environ.get("SLURM_ARRAY_TASK_COUNT") or (
-            str(int(last) - first + 1) if last else None
-        )
-        if count is None:
-            raise EvalkitError(
-                "SLURM_ARRAY_TASK_ID is set but not the array's size (SLURM_ARRAY_TASK_COUNT or "
-                "SLURM_ARRAY_TASK_MAX): pass --shard I/N"
-            )
-        return _parsed_shard(f"{int(environ['SLURM_ARRAY_TASK_ID']) - first}/{count}")
+        return _slurm_share(environ)
     if "JOB_COMPLETION_INDEX" in environ:
         if "EVALKIT_SHARDS" not in environ:
             raise EvalkitError(
                 "JOB_COMPLETION_INDEX is set (a Kubernetes Indexed Job) but not EVALKIT_SHARDS: "
                 "set it to the job's completions in the pod's env, or pass --shard I/N"
             )
-        return _parsed_shard(f"{environ['JOB_COMPLETION_INDEX']}/{environ['EVALKIT_SHARDS']}")
+        index, count = (
+            _env_int(environ, name) for name in ("JOB_COMPLETION_INDEX", "EVALKIT_SHARDS")
+        )
+        return _parsed_shard(f"{index}/{count}", "JOB_COMPLETION_INDEX/EVALKIT_SHARDS")
+    if "EVALKIT_SHARDS" in environ:
+        raise EvalkitError(
+            f"EVALKIT_SHARDS={environ['EVALKIT_SHARDS']} is set but not JOB_COMPLETION_INDEX, "
+            "which says which share this process runs (a Kubernetes Indexed Job sets it): "
+            "every process would run every cell; pass --shard I/N or unset EVALKIT_SHARDS"
+        )
     return None
 
 
-def _parsed_shard(text: str) -> tuple[int, int]:
+SLURM = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP")
+
+
+def _slurm_share(environ: dict) -> tuple[int, int]:
+    """A Slurm array task's position in its array and the array's size. A stepped array
+    (``--array=0-8:2``) counts in steps; a list (``--array=1,5,7``) has no position that
+    Slurm's variables tell, and is refused."""
+    task, first = _env_int(environ, SLURM[0]), _env_int(environ, SLURM[1], 0)
+    step = _env_int(environ, SLURM[2], 1) or 1
+    last = _env_int(environ, "SLURM_ARRAY_TASK_MAX", None)
+    count = _env_int(environ, "SLURM_ARRAY_TASK_COUNT", None)
+    if count is None and last is None:
+        raise EvalkitError(
+            "SLURM_ARRAY_TASK_ID is set but not the array's size (SLURM_ARRAY_TASK_COUNT or "
+            "SLURM_ARRAY_TASK_MAX): pass --shard I/N"
+        )
+    count = count if count is not None else (last - first) // step + 1
+    position, off_step = divmod(task - first, step)
+    if off_step or not 0 <= position < count:
+        read = ", ".join(
+            f"{n}={environ[n]}"
+            for n in (*SLURM, "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT")
+            if n in environ
+        )
+        raise EvalkitError(
+            f"this Slurm array task's position cannot be told from {read}: an array of ids "
+            "that are not evenly spaced (--array=1,5,7) has none; submit --array=0-N-1 (or "
+            "A-B:STEP), or pass --shard I/N"
+        )
+    return _parsed_shard(f"{position}/{count}", "the Slurm array")
+
+
+def _env_int(environ: dict, name: str, default=...) -> int | None:
+    """An integer environment variable, or one line naming it when it is not one."""
+    if name not in environ:
+        if default is ...:
+            raise EvalkitError(f"{name} is not set")
+        return default
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise EvalkitError(
+            f"{name}={environ[name]!r}: expected a whole number (it says which share of the "
+            "cells this process runs); fix the variable or pass --shard I/N"
+        ) from None
+
+
+def _parsed_shard(text: str, source: str) -> tuple[int, int]:
     index, _, count = text.partition("/")
     try:
         shard = int(index), int(count)
     except ValueError:
         shard = (-1, 0)
     if not 0 <= shard[0] < shard[1]:
-        raise EvalkitError(f"--shard {text}: expected I/N with 0 ≤ I < N, e.g. --shard 0/4")
+        given = f"--shard {text}" if source == "--shard" else f"{source} gives {text}"
+        raise EvalkitError(f"{given}: expected I/N with 0 ≤ I < N, e.g. --shard 0/4")
     return shard
 
 
@@ -412,9 +461,9 @@ def cells_of(spec: RunSpec) -> list[tuple[str, int, str]]:
 
 
 def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], dict]:
-    """The specs of a zoo cut to the ``shard`` = (index, count) share of its cells: cell i of
-    the whole zoo (in the runner's order) is shard i mod count's, then the cells of the share
-    whose rows are on disk are left out, so a rerun of the same array does only what is left.
+    """The specs of a zoo cut to the ``shard`` = (index, count) share of its cells (cut by
+    the features they read: ``shares_by_features``), then the cells of the share whose rows
+    are on disk are left out, so a rerun of the same array does only what is left.
     The share is cut from every cell, not from those left, since array tasks start at
     different times: a share cut from what one of them saw left could miss a cell another
     took for its own. Returns the specs (each with its ``cells``; a spec with none is
@@ -423,7 +472,7 @@ def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], 
     everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
     identities: dict = {}
     read: dict = {}  # rows file → its rows: each read once however many cells it holds
-    share_ = everything[index::count]
+    share_ = [everything[i] for i in shares_by_features(everything, count)[index]]
     mine = [(n, cell) for n, cell in share_ if not finished(specs[n], cell, identities, read)]
     cut = [
         dataclasses.replace(spec, cells=frozenset(cell for n, cell in mine if n == number))
@@ -431,6 +480,59 @@ def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], 
     ]
     kept = [spec for spec in cut if spec.cells]
     return kept, {"cells": len(everything), "share": len(share_), "mine": len(mine)}
+
+
+def shares_by_features(cells: list[tuple[int, tuple]], count: int) -> list[list[int]]:
+    """The positions in ``cells`` ((spec number, (backbone, seed, task)), in the runner's
+    order) of each of ``count`` shares. The cells of one backbone setup read the same
+    features, so they go to one share together, and each setup's features are extracted on
+    one machine only; setups are dealt largest first to the share with the fewest cells (a
+    cell is the unit of cost), and a setup is split only when there are fewer setups than
+    shares. Every process computes the same cut from the same zoo."""
+    groups: dict[tuple, list[int]] = {}
+    for position, (number, cell) in enumerate(cells):
+        groups.setdefault((number, cell[0]), []).append(position)
+    units = list(groups.values())
+    while len(units) < count and any(len(unit) > 1 for unit in units):
+        largest = max(units, key=len)
+        units.remove(largest)
+        units += [largest[: len(largest) // 2], largest[len(largest) // 2 :]]
+    shares: list[list[int]] = [[] for _ in range(count)]
+    for unit in sorted(units, key=lambda u: (-len(u), u[0])):
+        smallest = min(range(count), key=lambda i: (len(shares[i]), i))
+        shares[smallest] += unit
+    return [sorted(positions) for positions in shares]
+
+
+def study_record(specs: list[RunSpec], shard: tuple[int, int]) -> dict:
+    """What a share belongs to, kept beside its rows (``<out>/shares/``): every cell of the
+    study, named as rows and failure records name them, the share each cell went to, this
+    share's index and the count, so a merge can tell which cells no merged share delivered."""
+    everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
+    described = [_described(specs[number], cell) for number, cell in everything]
+    cut = shares_by_features(everything, shard[1])
+    share_of = [0] * len(everything)
+    for index, positions in enumerate(cut):
+        for position in positions:
+            share_of[position] = index
+    return {
+        "study": spec_key({"cells": described}, length=16),
+        "share": shard[0],
+        "of": shard[1],
+        "cells": described,
+        "share_of": share_of,
+    }
+
+
+def _described(spec: RunSpec, cell: tuple[str, int, str]) -> dict:
+    name, seed, task_name = cell
+    return {
+        "task": resolve_task(task_name, spec.overrides).name,
+        "backbone": name,
+        "seed": seed,
+        "options": dict(spec.model_args),
+        "weights": spec.weights,
+    }
 
 
 def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> bool:
