@@ -59,3 +59,22 @@ def test_errors_with_nothing_to_show_is_one_line(tmp_path, capsys):
     assert out == [
         "imagenet-linear--fake--s0--key.parquet: 2 images, nothing to show (no mistakes)"
     ]
+
+
+def test_an_out_that_cannot_be_written_is_one_line(cli_env, capsys):
+    """export, merge and the leaderboard's snapshot aimed at a file (or under one): one line
+    naming the path, exit 2, never a traceback."""
+    run = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded"]
+    assert main([*run, "--out", "rows", "--quiet"]) == 0
+    (cli_env / "a-file").write_text("not a folder")
+    commands = [
+        ["export", "rows", "--format", "eee", "--out", "a-file"],
+        ["export", "rows", "--format", "mteb", "--out", "a-file/under"],
+        ["merge", "a-file/merged", "rows"],
+        ["leaderboard", "rows", "--snapshot", "a-file"],
+    ]
+    for argv in commands:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "a-file" in err, (argv, err)

@@ -125,13 +125,32 @@ def main(argv: list[str] | None = None) -> int:
         Console(stderr=True).print("interrupted: finished rows and cached features are kept")
         return 130
     except OSError as exc:
-        if exc.errno != errno.ENOSPC or args.debug:  # any other OS error is a bug to see
+        message = os_error_line(exc)
+        if message is None or args.debug:  # any other OS error is a bug to see
             raise
-        message = disk_error(exc, exc.filename or "a file")
         Console(stderr=True).print(
-            f"[bold red]error:[/] {escape(str(message))}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True
         )
         return 2
+
+
+PLACE_ERRORS = {  # an output path the user named that cannot hold what is written there
+    errno.ENOTDIR: "cannot write {path}: a file stands where that path needs a folder; choose "
+    "another output folder (--out)",
+    errno.EISDIR: "cannot write {path}: it is a folder where a file is needed; choose a file name",
+    errno.ENAMETOOLONG: "cannot write {path}: the name is too long for its file system",
+}
+
+
+def os_error_line(exc: OSError) -> str | None:
+    """One line for an OS error that the user's paths or disk caused (no space, no
+    permission, a read-only disk, a file where a folder must be), or None for any other."""
+    path = exc.filename or "a file"
+    if exc.errno in PLACE_ERRORS:
+        return PLACE_ERRORS[exc.errno].format(path=path)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        return str(disk_error(exc, path))
+    return None
 
 
 def log_width() -> int | None:
