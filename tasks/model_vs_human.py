@@ -49,6 +49,7 @@ from evalkit.protocols.human_alignment import (
     shape_bias_test,
 )
 from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.predictions import image_ids
 from evalkit.protocols.scorer import Scorer
 
 STIMULI = "model-vs-human"
@@ -221,7 +222,7 @@ def _predictions(stimuli, decisions: np.ndarray) -> dict[str, list]:
     names = stimuli.classes
     textures = stimuli.textures() if stimuli.name == "cue-conflict" else [""] * len(stimuli)
     return {
-        "image": [str(p) for p, _ in stimuli.samples],
+        "image": image_ids(stimuli),
         "set": [stimuli.name] * len(stimuli),
         "condition": list(stimuli.conditions),
         "label": list(stimuli.labels),

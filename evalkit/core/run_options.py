@@ -83,7 +83,7 @@ def add_data_arguments(run) -> None:
     run.add_argument(
         "--verify-data",
         action="store_true",
-        help="identify data files by their bytes, not size and modification time (slower)",
+        help="hash every data file again, even those whose memoised stamp is unchanged (slower)",
     )
     run.add_argument(
         "--set",

@@ -81,7 +81,7 @@ class RunSpec:
     model_args: dict = field(default_factory=dict, hash=False)  # backbone constructor options
     data: str = "auto"  # auto | folder | hf | embedded
     data_dir: Path | None = None
-    verify_data: bool = False  # data identities hash file bytes instead of size and mtime
+    verify_data: bool = False  # data identities re-hash files whose stamp is unchanged
     out: Path = Path("results/runs")
     force: bool = False  # run although the plan says it does not fit
     rerun: bool = False  # recompute jobs whose rows are on disk

@@ -53,7 +53,7 @@ class DataConfig:
     source: str = "auto"  # auto: class folders, or parquet files when a split holds them
     root: Path | None = None
     cache: Path = Path(".cache/evalkit")  # embedded stand-ins are written here
-    verify: bool = False  # identities hash file bytes, not sizes and modification times
+    verify: bool = False  # identities re-hash every file, not trusting memos of unchanged ones
     decoder: str = "auto"  # how image files become evaluation views: auto | pil | tensor
     pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
 
@@ -164,20 +164,24 @@ def open_dataset(name: str, split: str, config: DataConfig, **options) -> Datase
     """One split of dataset ``name`` from where ``config`` says, read with ``options`` (a
     transform, an image size, ...: whatever that kind's reader takes). This is where the run's
     reading settings reach the data, so no task can forget them: an evaluation view decodes by
-    ``config.decoder``, and the dataset carries ``config.verify`` and ``config.pixels``."""
+    ``config.decoder``, and the dataset carries ``config.verify``, ``config.pixels`` and its
+    root (per-image files name images relative to it, the same on every copy of the data)."""
     from evalkit.data.views import with_decoder
 
     if options.get("transform") is not None:
         options["transform"] = with_decoder(options["transform"], config.decoder)
     kind = data_kind(name)
-    dataset = kind.open_split(dataset_root(kind, config), split, source=config.source, **options)
+    root = dataset_root(kind, config)
+    dataset = kind.open_split(root, split, source=config.source, **options)
     dataset.verify_content = config.verify
     dataset.pixels = config.pixels
+    dataset.data_root = root
     return dataset
 
 
 def verifies_content(dataset) -> bool:
-    """Whether ``open_dataset`` asked this dataset's identity to hash file bytes."""
+    """Whether ``open_dataset`` asked this dataset's identity to hash every file again, even
+    those whose stamp (size, mtime, inode) is the one their memoised digest was made under."""
     return getattr(dataset, "verify_content", False)
 
 

@@ -129,8 +129,8 @@ class DenseDataset(torch.utils.data.Dataset):
         return np.asarray(load_rgb(self.images[index]))
 
     def identity(self) -> str:
-        """The images the backbone reads (path, size, mtime; bytes with ``--verify-data``)
-        and the size they are resized to; targets do not change features."""
+        """The images the backbone reads (name, size, content digest) and the size they are
+        resized to; targets do not change features."""
         root = self.images[0].parent if self.images else Path()
         return files_identity(
             self.images, root, content=verifies_content(self), extra=f"size={self.size}"

@@ -101,9 +101,9 @@ class ImageFolder(torch.utils.data.Dataset):
         return read_image(path, self.transform), label
 
     def identity(self) -> str:
-        """Every file's relative path, size and modification time (or its bytes, with
-        ``--verify-data``), its label, and the transform: changes when a file is added,
-        removed, rewritten or relabelled, or read another way, without reading image bytes."""
+        """Every file's relative path, size and content digest (hashed once, then remembered
+        by stamp), its label, and the transform: changes when a file is added, removed,
+        renamed, rewritten or relabelled, or read another way; a copy elsewhere is the same."""
         extra = ",".join(map(str, self.labels)) + f"|{self.transform!r}"
         return files_identity(
             [p for p, _ in self.samples], self.root, content=verifies_content(self), extra=extra

@@ -5,6 +5,8 @@ their raw scores and their probabilities, and what those probabilities are (``SC
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -87,12 +89,26 @@ def label_name(own: list[str], names: list[str], label: int, classes: list[int])
 
 
 def image_ids(dataset) -> list[str]:
-    """Each item's file path where the dataset has one, else its index."""
+    """Each item's file path relative to the dataset's root where it has one, else its index:
+    the same cell run on copies of the data at two places writes the same per-image files."""
     samples = getattr(dataset, "samples", None)
-    if samples is not None:
-        return [str(sample[0]) for sample in samples]
-    images = getattr(dataset, "images", None)
-    return [str(p) for p in images] if images is not None else [str(i) for i in range(len(dataset))]
+    images = [sample[0] for sample in samples] if samples is not None else None
+    if images is None:
+        images = getattr(dataset, "images", None)
+    if images is None:
+        return [str(i) for i in range(len(dataset))]
+    root = getattr(dataset, "data_root", None) or getattr(dataset, "root", None)
+    return [relative_id(path, root) for path in images]
+
+
+def relative_id(path, root) -> str:
+    """``path`` relative to ``root`` when it lies under it; else as it is (a reader's own
+    naming, or a file reached from elsewhere)."""
+    path = os.fspath(path)
+    if root is None or not isinstance(path, str):
+        return str(path)
+    prefix = os.path.join(os.fspath(root), "")
+    return path[len(prefix) :] if path.startswith(prefix) else path
 
 
 def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> torch.Tensor:

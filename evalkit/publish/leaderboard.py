@@ -652,12 +652,13 @@ def per_image(cell: Cell):
 
 
 def relative_ids(ids: list[str]) -> list[str]:
-    """Image ids with the folder they share removed, so that runs on copies of a data set in
-    different places pair image by image."""
-    if len(ids) < 2 or not all(os.path.isabs(i) for i in ids):
+    """Image ids with the folder they share removed: older per-image files name images by
+    absolute path, today's by their path under the dataset's root, so both kinds, and runs on
+    copies of a data set in different places, pair image by image."""
+    if len(ids) < 2 or len({os.path.isabs(i) for i in ids}) > 1:
         return ids
     common = os.path.commonpath(ids)
-    return [os.path.relpath(i, common) for i in ids]
+    return [os.path.relpath(i, common) for i in ids] if common else ids
 
 
 def failed_cells(paths, rows: list[dict] | None = None) -> list[dict]:

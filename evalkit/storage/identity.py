@@ -5,8 +5,12 @@ libraries that compute features — and the one way a spec becomes a key (``spec
   ``<cache>/identity/content-ids.json``, so a 40 GB checkpoint is hashed once and a changed
   file (any byte, same size or not) gets a new id.
 - A set of files' identity hashes each file's relative path (as bytes, so any name works),
-  size and modification time: one ``stat`` per file, no reads. ``content=True`` (the CLI's
-  ``--verify-data``) hashes the bytes instead, for trees whose copies keep modification times.
+  size and content digest (xxh3-128): the same bytes copied to another disk, mount or node,
+  with other modification times, are the same data. Digests are remembered by stamp (size,
+  mtime, inode) in one memo per folder of data (``<cache>/identity/data/``), read once and
+  written at most once per walk, so a second look costs one ``stat`` per file; a read-only
+  cache hashes again next time. ``content=True`` (the CLI's ``--verify-data``) re-hashes
+  files whose stamp is unchanged, for bytes changed under a kept stamp.
 - A folder's identity is that of every file under it, from one directory walk that follows
   symbolic links and counts hidden files, as the readers do.
 """
@@ -23,11 +27,17 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import xxhash
+
 from evalkit.errors import EvalkitError
 from evalkit.storage.writes import replacing
 
 CHUNK = 8 << 20
 MEMO_NAME = "content-ids.json"
+DATA_MEMOS = "data"  # under <cache>/identity: one memo of digests per folder of data
+# Part of every data identity, so a key made before files were named by content (1: path,
+# size and mtime) is never read as one of today's.
+IDENTITY_VERSION = 2
 RACY_NS = 3_000_000_000
 FEATURE_LIBRARIES = ("torch", "timm", "open_clip_torch")
 
@@ -82,8 +92,13 @@ def file_stamp(path: Path) -> str | None:
     """(size, modification time, inode) of a file, or None while it is seconds old: a file
     may be rewritten within the same timestamp tick with the same size, so a fresh one is not
     vouched for yet (git's "racy clean" rule)."""
-    stat = Path(path).stat()
-    if time.time_ns() - stat.st_mtime_ns <= RACY_NS:
+    return stat_stamp(Path(path).stat())
+
+
+def stat_stamp(stat: os.stat_result, now: int | None = None) -> str | None:
+    """``file_stamp`` of a ``stat`` already made; ``now``: when a walk began (a file changed
+    since is as fresh as one changed just before)."""
+    if (now or time.time_ns()) - stat.st_mtime_ns <= RACY_NS:
         return None
     return f"{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
 
@@ -150,31 +165,107 @@ def write_json(path: Path, value):
 
 
 def files_identity(paths, root: Path, *, content: bool = False, extra: str = "") -> str:
-    """Hash of each file's path relative to ``root`` (bytes), size and mtime — or its bytes
-    when ``content`` — in the order given, plus ``extra`` (labels, sizes, ...)."""
-    digest = hashlib.sha256(extra.encode())
+    """Hash of each file's path relative to ``root`` (bytes), size and content digest, in the
+    order given, plus ``extra`` (labels, sizes, ...). Digests come from the folders' memos
+    when a file's stamp is unchanged; ``content`` hashes every file again."""
+    digest = hashlib.sha256(f"identity {IDENTITY_VERSION}|{extra}".encode())
     root_bytes = os.fsencode(root)
-    for path in paths:
-        relative = os.fsencode(path)[len(root_bytes) :]
-        digest.update(relative + b"\0")
-        if content:
-            digest.update(file_digest(path).encode())
-        else:
-            try:
-                stat = os.stat(path)
-            except FileNotFoundError:  # a link to nothing: the reader will say so
-                digest.update(b"missing\n")
-                continue
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
-                name = os.fsdecode(path)
-                raise EvalkitError(
-                    f"{name} is a symbolic link loop (→ {os.fsdecode(os.readlink(path))} → …): "
-                    "remove or fix the link"
-                ) from None
-            digest.update(f"{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    memos = DigestMemos(recheck=content)
+    for path in map(os.fsencode, paths):
+        digest.update(path[len(root_bytes) :] + b"\0")
+        digest.update(memos.entry(path))
+    memos.save()
     return digest.hexdigest()[:16]
+
+
+def data_digest(path) -> str:
+    """xxh3-128 of a data file's bytes: several GB/s, so hashing costs about what reading does."""
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DigestMemos:
+    """The content digests of data files by folder: a folder's memo is read when the walk
+    enters it and written, when it changed, as the walk leaves it, so memory holds one
+    folder's and a walk of ImageNet reads and writes each of its 2,000 memos once. A digest
+    is trusted while the file's stamp is the one it was hashed under; a fresh file is hashed
+    and not remembered (``file_stamp``)."""
+
+    def __init__(self, *, recheck: bool = False, memo_dir: Path | None = None):
+        self.recheck, self.now = recheck, time.time_ns()
+        self.dir = Path(memo_dir or cache_root() / "identity") / DATA_MEMOS
+        self.named: bytes | None = None  # the current folder as the paths name it
+        self.folder: bytes | None = None  # ... and made absolute: its memo's name
+        self.memo: dict = {}
+        self.changed = False
+
+    def entry(self, path: bytes) -> bytes:
+        """What the identity takes of one file: its size and digest, or that it is missing."""
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:  # a link to nothing: the reader will say so
+            return b"missing\n"
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise _link_loop(path) from None
+        return f"{stat.st_size}|{self.digest(path, stat)}\n".encode()
+
+    def digest(self, path: bytes, stat: os.stat_result) -> str:
+        folder, _, name = path.rpartition(os.sep.encode())
+        files = self._enter(folder)
+        key, stamp = os.fsdecode(name), stat_stamp(stat, self.now)
+        known = files.get(key, "")
+        if stamp is not None and not self.recheck and known.startswith(stamp + "|"):
+            return known.rpartition("|")[2]
+        digest = data_digest(path)
+        if stamp is not None and known != f"{stamp}|{digest}":
+            files[key] = f"{stamp}|{digest}"
+            self.changed = True
+        return digest
+
+    def _enter(self, folder: bytes) -> dict:
+        """The memo of ``folder``'s files (as the paths name it: made absolute only when the
+        walk enters another folder, the previous one's memo saved first)."""
+        if folder != self.named:
+            self.save()
+            self.named, self.folder = folder, os.path.abspath(folder or b".")
+            memo = read_json(self._path(self.folder))
+            if not _memo_of(memo, self.folder):  # none yet, another folder's, or damaged
+                memo = {"folder": self.folder.hex(), "files": {}}
+            self.memo = memo
+        return self.memo["files"]
+
+    def _path(self, folder: bytes) -> Path:
+        return self.dir / f"{hashlib.sha256(folder).hexdigest()[:24]}.json"
+
+    def save(self):
+        """Write the current folder's memo if it changed; a read-only cache keeps its old one
+        (hashed again next time). Two walks at once: the last write wins, and what the other
+        learnt is hashed again the next time."""
+        if self.changed and self.folder is not None:
+            with contextlib.suppress(OSError, EvalkitError):
+                write_json(self._path(self.folder), self.memo)
+        self.changed = False
+
+
+def _memo_of(memo, folder: bytes) -> bool:
+    return (
+        isinstance(memo, dict)
+        and memo.get("folder") == folder.hex()
+        and isinstance(memo.get("files"), dict)
+    )
+
+
+def _link_loop(path) -> EvalkitError:
+    name = os.fsdecode(path)
+    return EvalkitError(
+        f"{name} is a symbolic link loop (→ {os.fsdecode(os.readlink(path))} → …): "
+        "remove or fix the link"
+    )
 
 
 def tree_identity(root: Path, *, content: bool = False) -> str:
