@@ -7,7 +7,9 @@ fixed-size shards (``shard-00000.safetensors`` …) plus ``manifest.json``. Each
 checksum of its tensors and is written to a temporary name and renamed, so a shard on disk is
 complete; a crash at any point loses at most the shard in flight, the rerun extracts only the
 missing shards, and a damaged shard is reported, deleted and recomputed. Shard boundaries
-depend on the sample index alone, never on batch size or the number of ranks.
+depend on the sample index alone, never on batch size or the number of ranks. An entry another
+user keeps private in a shared cache is read where it can be and never written or deleted:
+what it lacks is computed in memory (``shards.may_write``).
 
 Under torchrun, data-parallel groups take the missing shards round-robin and meet on disk;
 tensor-parallel ranks of one group compute the same shards together and one of them writes.
@@ -19,7 +21,6 @@ clip: ``pooled`` is then (N, T, D), and a shard holds whole clips.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -45,7 +46,7 @@ from evalkit.data.feeding import (
 from evalkit.errors import EvalkitError, warn_once
 from evalkit.progress import ProgressBar
 from evalkit.storage import shards as files
-from evalkit.storage.identity import library_versions, spec_key, write_json
+from evalkit.storage.identity import library_versions, read_json, spec_key, write_json
 
 FORMAT_VERSION = 4  # 2: checksummed shards, keys from feature_spec; 3: shards know their place;
 # 4: a key names only the libraries that run its backbone
@@ -610,10 +611,9 @@ def list_cache(root: Path) -> list[dict]:
     entries = []
     folders = [f for area in AREAS for f in sorted((Path(root) / area).glob("*"))]
     for folder in folders:
-        meta_path = folder / META
-        if not meta_path.exists():
+        meta = read_json(folder / META)  # {}: none yet, or another user's private entry
+        if not meta:
             continue
-        meta = json.loads(meta_path.read_text())
         on_disk = list(folder.glob("shard-*.safetensors"))
         entries.append(
             {

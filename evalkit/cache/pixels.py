@@ -11,10 +11,10 @@ checksummed shards with the same boundaries, each written whole or not at all.
 
 Every read of a view shard is checked against its checksum, whatever its stamp: a view
 changed in place (bit rot, a faulty copy) would otherwise become a new backbone's features
-without a word. Summing costs a few percent of a read (``benchmarks/bench_view_check.py``);
-a damaged shard is reported, removed and its images decoded again. An entry another user
-keeps private in a shared cache is read where it can be and never written or removed
-(``shards.may_write``).
+without a word. Summing costs about 10 µs a 224² view, a seventh of the input stage
+(``benchmarks/bench_view_check.py``); a damaged shard is reported, removed and its images
+decoded again. An entry another user keeps private in a shared cache is read where it can be
+and never written or removed (``shards.may_write``).
 
 ``--pixels auto`` (the default) keeps views where they take at most a quarter of the cache
 disk's free space (ImageNet's 50,000 validation images at 224² are 7.5 GB); ``cache`` keeps them
