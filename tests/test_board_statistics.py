@@ -508,3 +508,72 @@ def test_signed_rank_p_values_are_scipys_wilcoxon_bit_for_bit():
     x, y = np.arange(28.0).reshape(2, 14), np.arange(28.0).reshape(2, 14)[:, ::-1]
     theirs = [stats.wilcoxon(a, b, zero_method="zsplit").pvalue for a, b in zip(x, y, strict=True)]
     assert signed_rank_p(x, y).tolist() == theirs
+
+
+def test_tiers_are_monotone_in_rank():
+    """Rank 5 not separated from the leader, ranks 2–4 separated from it: a tier is a run down
+    the ranks, so rank 5 is never in a better tier than ranks 2–4."""
+    from evalkit.publish.leaderboard import tiers_of
+
+    order = ["r1", "r2", "r3", "r4", "r5"]
+    apart = {frozenset(("r1", n)) for n in ("r2", "r3", "r4")}
+    tiers = tiers_of(order, apart)
+    assert [tiers[n] for n in order] == [1, 2, 2, 2, 2]
+    ranks = [tiers[n] for n in order]
+    assert ranks == sorted(ranks)
+
+
+def test_few_tasks_say_they_cannot_separate_any_two_setups(tmp_path):
+    """With 3 tasks the signed-rank test's smallest p is 2/2³ = 0.25: the board says no two
+    setups can be separated, even when one beats another on every task, and how many tasks
+    it would take; with 10 tasks it can."""
+    from evalkit.publish.leaderboard import separable
+
+    assert separable("wilcoxon-holm", 3, 4, 0.05)["separable"] is False
+    assert "at least 8" in separable("wilcoxon-holm", 3, 4, 0.05)["note"]  # 2^-7 ≤ 0.05/6
+    assert separable("wilcoxon-holm", 7, 4, 0.05)["separable"] is False
+    assert separable("wilcoxon-holm", 9, 4, 0.05)["separable"] is True
+    assert separable("wilcoxon-holm", 6, 2, 0.05)["separable"] is True  # 2^-5 ≤ 0.05
+    assert separable("nemenyi", 2, 3, 0.05)["separable"] is False
+    rng = np.random.default_rng(3)
+    images = [f"{i}.png" for i in range(30)]
+    for t in range(3):
+        for b in range(3):
+            values = b + rng.normal(0, 0.01, 30)  # b0 best on every task by far
+            write_cell(tmp_path / "R", f"task{t}", f"b{b}", {"image": images, "mse": values})
+    across = leaderboard([tmp_path / "R"])["across_tasks"]
+    assert across["separable"] is False and "3 tasks cannot separate" in across["note"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_nemenyi_p_values_are_scikit_posthocs(seed):
+    """Nemenyi's p of every pair from the same per-task ranks as scikit-posthocs'
+    ``posthoc_nemenyi_friedman`` (Demšar's test after Friedman)."""
+    sp = pytest.importorskip("scikit_posthocs")
+    from evalkit.publish.leaderboard import nemenyi_p
+
+    rng = np.random.default_rng(seed)
+    tasks, setups = int(rng.integers(4, 20)), int(rng.integers(3, 8))
+    values = rng.normal(size=(tasks, setups)) - 1.5 * (np.arange(setups) == 0)  # one leads
+    table = np.apply_along_axis(stats.rankdata, 1, values)
+    i, j = np.triu_indices(setups, k=1)
+    reference = sp.posthoc_nemenyi_friedman(table).to_numpy()
+    assert nemenyi_p(table, i, j) == pytest.approx(reference[i, j], rel=1e-6, abs=1e-9)
+
+
+def test_nemenyi_separates_the_setup_last_on_every_task(tmp_path):
+    """Twelve tasks, four setups; b3 last on every task, the others interchange: Nemenyi puts
+    b3 in a tier of its own (as autorank does), below the others."""
+    rng = np.random.default_rng(5)
+    images = [f"{i}.png" for i in range(30)]
+    for t in range(12):
+        shuffle = rng.permutation(3)
+        for b in range(4):
+            level = 5.0 if b == 3 else float(shuffle[b])
+            values = level + rng.normal(0, 0.01, 30)
+            write_cell(tmp_path / "R", f"task{t}", f"b{b}", {"image": images, "mse": values})
+    board = leaderboard([tmp_path / "R"], cd="nemenyi")
+    across = board["across_tasks"]
+    assert across["test"].startswith("Nemenyi")
+    tiers = {e["backbone"]: e["tier"] for e in board["overall"]}
+    assert tiers["b3"] > max(tiers[b] for b in ("b0", "b1", "b2"))

@@ -32,6 +32,14 @@ def add_leaderboard(sub) -> None:
     )
     board.add_argument("--seed", type=int, default=0, help="of the paired bootstrap's resamples")
     board.add_argument(
+        "--cd",
+        choices=("wilcoxon-holm", "nemenyi"),
+        default="wilcoxon-holm",
+        help="the test across tasks behind the tiers and the critical-difference diagram: "
+        "Wilcoxon signed-rank on per-task ranks with Holm (default), or Nemenyi's critical "
+        "difference of mean ranks (Demšar 2006)",
+    )
+    board.add_argument(
         "--allow-mixed",
         action="store_true",
         help="rank cells of one task measured differently (another task version, settings or "
@@ -61,7 +69,9 @@ def cmd_leaderboard(args, console) -> int:
     from evalkit.publish.rendering import FORMATTERS, snapshot
 
     outputs = output_formats(args.output or [], args.format)  # a bad suffix fails first
-    board = leaderboard(args.results, level=args.level, seed=args.seed, mixed=args.allow_mixed)
+    board = leaderboard(
+        args.results, level=args.level, seed=args.seed, mixed=args.allow_mixed, cd=args.cd
+    )
     if args.snapshot is not None:
         kept = snapshot(board, args.snapshot)
         console.print(f"snapshot: {kept} (index: {args.snapshot / 'index.html'})", highlight=False)

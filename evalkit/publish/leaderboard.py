@@ -74,9 +74,12 @@ class Board:
     pairs: list[dict] = field(default_factory=list)
 
 
-def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = False) -> dict:
+def leaderboard(
+    paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = False, cd: str = "wilcoxon-holm"
+) -> dict:
     """The leaderboard of the rows under ``paths`` as one JSON-ready record. A board whose
-    cells were measured differently (``fingerprint``) is refused unless ``mixed``."""
+    cells were measured differently (``fingerprint``) is refused unless ``mixed``; ``cd``
+    names the across-task test (``CD_TESTS``)."""
     rows = folder_rows(paths)
     boards = [_ranked(board) for board in _boards(rows)]
     prints = {board.task: fingerprint(board, mixed) for board in boards}
@@ -85,7 +88,7 @@ def leaderboard(paths, *, level: float = LEVEL, seed: int = 0, mixed: bool = Fal
     backbones = sorted({cell.backbone for board in boards for cell in board.cells})
     ranked = overall(boards, backbones, seed)
     complete = [entry["backbone"] for entry in ranked if entry["mean_rank"] is not None]
-    across = across_tasks(boards, complete, level)
+    across = across_tasks(boards, complete, level, cd)
     for entry in ranked:
         if across is not None and entry["backbone"] in across["tiers"]:
             entry["tier"] = across["tiers"][entry["backbone"]]
@@ -310,38 +313,95 @@ def _places(values: np.ndarray) -> np.ndarray:
     return places
 
 
-def across_tasks(boards: list[Board], complete: list[str], level: float) -> dict | None:
-    """Which complete setups differ over the suite's tasks: for every two, the Wilcoxon
-    signed-rank test of their per-task ranks (ranks, not raw values, so tasks of different
-    metrics and units pair alike; scipy's ``wilcoxon``'s p-values, exact where it can be, all
-    pairs at once: ``signed_rank_p``), Holm-corrected
-    over the pairs; then the cliques of setups no test separates (the bars of a critical-
-    difference diagram) and a tier per setup. None with fewer than 2 tasks or 2 setups."""
+CD_TESTS = {
+    "wilcoxon-holm": "Wilcoxon signed-rank on per-task ranks, Holm over the pairs",
+    "nemenyi": "Nemenyi's test on mean ranks (Friedman's post-hoc: critical difference)",
+}
+
+
+def across_tasks(
+    boards: list[Board], complete: list[str], level: float, test: str = "wilcoxon-holm"
+) -> dict | None:
+    """Which complete setups differ over the suite's tasks: for every two, ``test`` on their
+    per-task ranks (ranks, not raw values, so tasks of different metrics and units pair
+    alike) — the Wilcoxon signed-rank test (scipy's ``wilcoxon``'s p-values, exact where it
+    can be: ``signed_rank_p``) Holm-corrected over the pairs, or Nemenyi's (``nemenyi_p``);
+    then the cliques of setups no test separates (the bars of a critical-difference diagram),
+    a tier per setup, and whether so few tasks could separate any two setups at all
+    (``separable``). None with fewer than 2 tasks or 2 setups."""
     if len(boards) < 2 or len(complete) < 2:
         return None
     table = complete_ranks(boards, complete)
     i, j = np.triu_indices(len(complete), k=1)
-    same = np.all(table[:, i] == table[:, j], axis=0)  # the same rank on every task: p = 1
-    raw = np.ones(len(i))
-    if (~same).any():
-        raw[~same] = signed_rank_p(table[:, i[~same]].T, table[:, j[~same]].T)
-    raw = [float(p) for p in raw]
-    pairs = [
-        {"a": complete[a], "b": complete[b], "p": p} for a, b, p in zip(i, j, raw, strict=True)
-    ]
-    for pair, adjusted in zip(pairs, holm(raw), strict=True):
-        pair["p_holm"] = adjusted
-        pair["significant"] = adjusted <= level
+    pairs = [{"a": complete[a], "b": complete[b]} for a, b in zip(i, j, strict=True)]
+    if test == "nemenyi":
+        raw = adjusted = nemenyi_p(table, i, j)
+    else:
+        raw = wilcoxon_p(table, i, j)
+        adjusted = holm(raw)
+    for pair, p, p_adjusted in zip(pairs, raw, adjusted, strict=True):
+        pair |= {"p": float(p), "p_holm": float(p_adjusted), "significant": p_adjusted <= level}
     means = table.mean(axis=0)
     order = [complete[i] for i in np.argsort(means, kind="stable")]
     apart = {frozenset((p["a"], p["b"])) for p in pairs if p["significant"]}
     return {
-        "test": "Wilcoxon signed-rank on per-task ranks, Holm over the pairs",
+        "test": CD_TESTS[test],
         "pairs": pairs,
         "mean_ranks": {name: float(means[i]) for i, name in enumerate(complete)},
         "cliques": cliques(order, apart),
         "tiers": tiers_of(order, apart),
+        **separable(test, len(boards), len(complete), level),
     }
+
+
+def wilcoxon_p(table: np.ndarray, i: np.ndarray, j: np.ndarray) -> list[float]:
+    same = np.all(table[:, i] == table[:, j], axis=0)  # the same rank on every task: p = 1
+    raw = np.ones(len(i))
+    if (~same).any():
+        raw[~same] = signed_rank_p(table[:, i[~same]].T, table[:, j[~same]].T)
+    return [float(p) for p in raw]
+
+
+def nemenyi_p(table: np.ndarray, i: np.ndarray, j: np.ndarray) -> list[float]:
+    """Nemenyi's p of each pair (i, j) from the mean ranks over the tasks (rows of
+    ``table``): the studentised range of k setups with infinite degrees of freedom at
+    |R̄ᵢ − R̄ⱼ| / √(k(k+1)/6N) · √2, as Demšar (2006) and scikit-posthocs compute it."""
+    from scipy import stats
+
+    tasks, k = table.shape
+    means = table.mean(axis=0)
+    q = np.abs(means[i] - means[j]) / np.sqrt(k * (k + 1) / (6.0 * tasks))
+    return [float(p) for p in stats.studentized_range.sf(q * np.sqrt(2), k, np.inf)]
+
+
+def separable(test: str, tasks: int, setups: int, level: float) -> dict:
+    """Whether ``tasks`` tasks can separate any two of ``setups`` setups at ``level``, and
+    the fewest that could: the signed-rank test's smallest p is 2/2^tasks (every task the
+    same way), which Holm's first step compares with level/pairs; Nemenyi's largest
+    possible difference of mean ranks is setups − 1, against its critical difference."""
+    pairs = setups * (setups - 1) // 2
+
+    def can(n: int) -> bool:
+        if test == "nemenyi":
+            return setups - 1 > critical_difference(setups, n, level)
+        return 2.0 ** (1 - n) <= level / pairs
+
+    needed = next(n for n in range(2, 4096) if can(n))
+    found = {"separable": can(tasks), "tasks_needed": needed}
+    if not found["separable"]:
+        found["note"] = (
+            f"{tasks} tasks cannot separate any two of {setups} setups at {level:g} with this "
+            f"test, whatever the numbers: it takes at least {needed}; read the per-task boards"
+        )
+    return found
+
+
+def critical_difference(setups: int, tasks: int, level: float) -> float:
+    """Nemenyi's critical difference of mean ranks: q_level(k, ∞)/√2 · √(k(k+1)/6N)."""
+    from scipy import stats
+
+    q = stats.studentized_range.ppf(1 - level, setups, np.inf) / np.sqrt(2)
+    return float(q * np.sqrt(setups * (setups + 1) / (6.0 * tasks)))
 
 
 def cliques(order: list[str], apart: set) -> list[list[str]]:
@@ -360,16 +420,15 @@ def cliques(order: list[str], apart: set) -> list[list[str]]:
 
 
 def tiers_of(order: list[str], apart: set) -> dict[str, int]:
-    """A tier per name, best first: the best name not yet placed leads a tier, and every
-    unplaced name not separated from it shares it (as ``tiers`` does on one task)."""
-    placed, tier = {}, 0
-    for leader in order:
-        if leader in placed:
-            continue
-        tier += 1
-        for name in order:
-            if name not in placed and (name == leader or frozenset((leader, name)) not in apart):
-                placed[name] = tier
+    """A tier per name, best first and monotone in ``order``: the best name not yet placed
+    leads a tier, and the names after it join while no test separates them from it; the
+    first that a test separates leads the next tier (so a tier never holds a name ranked
+    below one of a later tier)."""
+    placed, tier, leader = {}, 0, None
+    for name in order:
+        if leader is None or frozenset((leader, name)) in apart:
+            tier, leader = tier + 1, name
+        placed[name] = tier
     return placed
 
 

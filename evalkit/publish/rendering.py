@@ -117,7 +117,8 @@ def notes(board: dict) -> list[str]:
     lines = [
         f"pairs: paired tests on the same images, p-values {board['correction']}; "
         f"significant at {board['level']:g}; a tier holds the setups not significantly "
-        "different from its leader",
+        "different from its leader (a run down the ranks from its leader to the first setup "
+        "separated from it)",
         "over all tasks: complete setups only; rank interval and P(first) from a bootstrap "
         "over the suite's tasks (the tasks as a sample, not the images)",
         f"suite fingerprint {board.get('suite', '–')}: "
@@ -126,9 +127,12 @@ def notes(board: dict) -> list[str]:
     if (across := board.get("across_tasks")) is not None:
         groups = "; ".join(", ".join(c) for c in across["cliques"]) or "none"
         lines.append(
-            f"across tasks ({across['test']}): setups no test separates — {groups}; the overall "
-            "tier holds the setups not separated from its leader"
+            f"across tasks ({across['test']}): setups no test separates — {groups}; an overall "
+            "tier runs down the mean-rank order from its leader to the first setup separated "
+            "from it"
         )
+        if across.get("note"):
+            lines.append(f"across tasks: {across['note']}")
     if (test := board.get("friedman")) is not None:
         lines.append(
             f"Friedman over {test['tasks']} tasks and {test['setups']} setups: "
