@@ -166,6 +166,7 @@ def test_shards_run_on_two_nodes_with_their_own_data_merge_and_rank(
         argv = ["run", "--zoo", "zoo.toml", *tasks, "--data", "folder", "--quiet"]
         argv += ["--data-dir", str(node / "data"), "--out", f"s{index}", "--shard", f"{index}/2"]
         assert main(argv) == 0
+        assert list((node / "cache" / "identity" / "data").glob("*.json"))  # each node's own
     assert main(["merge", "merged", "s0", "s1"]) == 0
     assert main(["leaderboard", "merged"]) == 0
     rows = stable(cli_env / "merged")

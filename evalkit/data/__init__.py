@@ -176,6 +176,7 @@ def open_dataset(name: str, split: str, config: DataConfig, **options) -> Datase
     dataset.verify_content = config.verify
     dataset.pixels = config.pixels
     dataset.data_root = root
+    dataset.memo_dir = identity_memos(config)
     return dataset
 
 
@@ -183,6 +184,17 @@ def verifies_content(dataset) -> bool:
     """Whether ``open_dataset`` asked this dataset's identity to hash every file again, even
     those whose stamp (size, mtime, inode) is the one their memoised digest was made under."""
     return getattr(dataset, "verify_content", False)
+
+
+def identity_options(dataset) -> dict:
+    """How this dataset's identity is computed, as ``open_dataset`` asked: whether every file
+    is hashed again (``verify_content``), and which cache remembers the digests."""
+    return {"content": verifies_content(dataset), "memo_dir": getattr(dataset, "memo_dir", None)}
+
+
+def identity_memos(config: DataConfig) -> Path:
+    """Where a run's data digests are remembered: its cache's, beside its features."""
+    return Path(config.cache) / "identity"
 
 
 def pixels_setting(dataset) -> str:
@@ -195,7 +207,8 @@ def data_identity(name: str, config: DataConfig) -> str:
     from evalkit.storage.identity import tree_identity
 
     kind = data_kind(name)
-    return tree_identity(dataset_root(kind, config), content=config.verify)
+    root = dataset_root(kind, config)
+    return tree_identity(root, content=config.verify, memo_dir=identity_memos(config))
 
 
 def dataset_root(kind: DataKind, config: DataConfig) -> Path:

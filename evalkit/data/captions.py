@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.data import DataKind, verifies_content
+from evalkit.data import DataKind, identity_options
 from evalkit.data.folder import IMAGE_SUFFIXES, read_image, to_rgb
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity, spec_key
@@ -86,9 +86,7 @@ class ImageText(torch.utils.data.Dataset):
 
     def identity(self) -> str:
         extra = spec_key([self.captions, repr(self.transform)], length=16)
-        return files_identity(
-            self.scan.files, self.root, content=verifies_content(self), extra=extra
-        )
+        return files_identity(self.scan.files, self.root, **identity_options(self), extra=extra)
 
 
 def open_captions(root: Path, split: str, *, source: str = "auto", transform=None, classes=None):

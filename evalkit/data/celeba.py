@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from evalkit.data import DataKind, verifies_content
+from evalkit.data import DataKind, identity_options
 from evalkit.data.folder import read_image
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity
@@ -191,7 +191,7 @@ class FaceAttributes(torch.utils.data.Dataset):
         paths = [path for path, _ in self.samples]
         lists = [self.root / ATTRIBUTES_FILE, self.root / PARTITION_FILE]
         extra = f"{self.transform!r}"  # not the attributes: items are (image, index) either way
-        return files_identity(lists + paths, self.root, content=verifies_content(self), extra=extra)
+        return files_identity(lists + paths, self.root, **identity_options(self), extra=extra)
 
 
 def open_split(root: Path, split: str, *, source: str, transform=None, **options):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.data import DataKind, verifies_content
+from evalkit.data import DataKind, identity_options
 from evalkit.data.folder import class_index
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity
@@ -234,7 +234,7 @@ class VideoClips(torch.utils.data.Dataset):
     def identity(self) -> str:
         extra = ",".join(map(str, self.clip_labels)) + f"|{self.sampling}|{self.transform!r}"
         return files_identity(
-            [p for p, _ in self.samples], self.root, content=verifies_content(self), extra=extra
+            [p for p, _ in self.samples], self.root, **identity_options(self), extra=extra
         )
 
 

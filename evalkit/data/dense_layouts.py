@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.data import DataKind, verifies_content
+from evalkit.data import DataKind, identity_options
 from evalkit.data.folder import load_rgb
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity
@@ -133,7 +133,7 @@ class DenseDataset(torch.utils.data.Dataset):
         resized to; targets do not change features."""
         root = self.images[0].parent if self.images else Path()
         return files_identity(
-            self.images, root, content=verifies_content(self), extra=f"size={self.size}"
+            self.images, root, **identity_options(self), extra=f"size={self.size}"
         )
 
 

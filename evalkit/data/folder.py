@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from evalkit.data import DataKind, verifies_content
+from evalkit.data import DataKind, identity_options
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity, spec_key
 from evalkit.storage.writes import not_readable
@@ -106,7 +106,7 @@ class ImageFolder(torch.utils.data.Dataset):
         renamed, rewritten or relabelled, or read another way; a copy elsewhere is the same."""
         extra = ",".join(map(str, self.labels)) + f"|{self.transform!r}"
         return files_identity(
-            [p for p, _ in self.samples], self.root, content=verifies_content(self), extra=extra
+            [p for p, _ in self.samples], self.root, **identity_options(self), extra=extra
         )
 
 

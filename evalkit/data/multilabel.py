@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalkit.data import DataKind, verifies_content
+from evalkit.data import DataKind, identity_options
 from evalkit.data.folder import read_image
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity
@@ -64,7 +64,7 @@ class MultiLabelImages(torch.utils.data.Dataset):
     def identity(self) -> str:
         """The files, their targets and the transform (how they are read: a decoder, a size)."""
         extra = json.dumps(self.targets) + f"|{self.transform!r}"
-        return files_identity(self.paths, self.root, content=verifies_content(self), extra=extra)
+        return files_identity(self.paths, self.root, **identity_options(self), extra=extra)
 
 
 def open_multilabel(root: Path, split: str, *, source: str = "auto", transform=None, classes=None):

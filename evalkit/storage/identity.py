@@ -164,13 +164,16 @@ def write_json(path: Path, value):
         tmp.write_text(json.dumps(value))
 
 
-def files_identity(paths, root: Path, *, content: bool = False, extra: str = "") -> str:
+def files_identity(
+    paths, root: Path, *, content: bool = False, extra: str = "", memo_dir: Path | None = None
+) -> str:
     """Hash of each file's path relative to ``root`` (bytes), size and content digest, in the
     order given, plus ``extra`` (labels, sizes, ...). Digests come from the folders' memos
-    when a file's stamp is unchanged; ``content`` hashes every file again."""
+    (under ``memo_dir``, default ``<cache>/identity``) when a file's stamp is unchanged;
+    ``content`` hashes every file again."""
     digest = hashlib.sha256(f"identity {IDENTITY_VERSION}|{extra}".encode())
     root_bytes = os.fsencode(root)
-    memos = DigestMemos(recheck=content)
+    memos = DigestMemos(recheck=content, memo_dir=memo_dir)
     for path in map(os.fsencode, paths):
         digest.update(path[len(root_bytes) :] + b"\0")
         digest.update(memos.entry(path))
@@ -268,7 +271,7 @@ def _link_loop(path) -> EvalkitError:
     )
 
 
-def tree_identity(root: Path, *, content: bool = False) -> str:
+def tree_identity(root: Path, *, content: bool = False, memo_dir: Path | None = None) -> str:
     """Identity of every file under ``root``, following symbolic links to folders (each real
     folder walked once) and counting hidden files (readers read them: an image named
     ``.extra.bmp`` is an image); hidden folders are skipped, as readers skip them. A missing
@@ -285,4 +288,4 @@ def tree_identity(root: Path, *, content: bool = False) -> str:
         seen.add((real.st_dev, real.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith(b"."))
         files += [os.path.join(folder, n) for n in sorted(names)]
-    return files_identity(files, root, content=content)
+    return files_identity(files, root, content=content, memo_dir=memo_dir)
