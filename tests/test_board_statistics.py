@@ -577,3 +577,63 @@ def test_nemenyi_separates_the_setup_last_on_every_task(tmp_path):
     assert across["test"].startswith("Nemenyi")
     tiers = {e["backbone"]: e["tier"] for e in board["overall"]}
     assert tiers["b3"] > max(tiers[b] for b in ("b0", "b1", "b2"))
+
+
+def _simulated_board(rng, setups: int, images: int, shifts, resamples: int = 200):
+    """One task's board of ``setups`` with per-image right or wrong (accuracy 0.7 + shift),
+    its images resampled as the leaderboard does: (rank draws, observed ranks)."""
+    from evalkit.publish.leaderboard import Board, rank_draws
+
+    correct = rng.random((setups, images)) < 0.7 + np.asarray(shifts)[:, None]
+    draws = rng.integers(0, images, size=(resamples, images))
+    names = [f"s{i}" for i in range(setups)]
+    resampled = {name: correct[i][draws].mean(axis=1) for i, name in enumerate(names)}
+    observed = stats.rankdata(-correct.mean(axis=1))
+    board = Board("t", "top1", True, resampled=resampled)
+    return rank_draws(board, names, observed), observed
+
+
+def _order_uncertainty(tasks: int, setups: int, images: int, shifts, boards: int = 100):
+    """Per simulated suite: the leader's P(first), whether it is a clear leader (rank
+    interval [1, 1] or P(first) ≥ 0.95), and the share of setups whose interval covers its
+    true rank."""
+    from evalkit.publish.leaderboard import _places, rank_uncertainty
+
+    rng = np.random.default_rng(0)
+    truth = _places(-np.asarray(shifts, dtype=float))
+    found = []
+    for number in range(boards):
+        suite = [_simulated_board(rng, setups, images, shifts) for _ in range(tasks)]
+        spread = rank_uncertainty([draws for draws, _ in suite], number)
+        leader = int(np.argmin(np.mean([observed for _, observed in suite], axis=0)))
+        first = spread[leader]["p_first"]
+        clear = spread[leader]["rank_interval"] == [1.0, 1.0] or first >= 0.95
+        covered = np.mean(
+            [
+                low <= truth[i] <= high
+                for i, (low, high) in enumerate(s["rank_interval"] for s in spread.values())
+            ]
+        )
+        found.append((first, clear, covered))
+    return np.array(found, dtype=float)
+
+
+@pytest.mark.parametrize("tasks", [2, 6])
+def test_on_null_boards_the_order_claims_no_leader(tasks):
+    """Five exchangeable setups (the same accuracy, 200 images per task): with the images'
+    own noise resampled beside the tasks', a clear leader appears on at most 5% of 100
+    boards, and the observed leader's P(first) averages at most 0.5 (truth 1/5; the winner
+    of a noisy board keeps an edge in its own bootstrap). Resampling the tasks alone, as
+    before, gave a clear leader on 15% of 2-task boards and P(first) 0.69 on average."""
+    found = _order_uncertainty(tasks, 5, 200, np.zeros(5))
+    assert found[:, 1].mean() <= 0.05
+    assert found[:, 0].mean() <= 0.5
+
+
+def test_rank_intervals_cover_a_known_order():
+    """Four setups 3 points apart in accuracy, six tasks of 400 images: each 95% rank
+    interval holds the setup's true rank on at least 95% of 60 suites, and the best setup is
+    still found to lead clearly on a fair share of them (the intervals are not vacuous)."""
+    found = _order_uncertainty(6, 4, 400, np.array([0.0, 0.03, 0.06, 0.09]), boards=60)
+    assert found[:, 2].mean() >= 0.95
+    assert found[:, 1].mean() >= 0.2

@@ -72,6 +72,8 @@ class Board:
     higher_is_better: bool
     cells: list[Cell] = field(default_factory=list)
     pairs: list[dict] = field(default_factory=list)
+    # backbone → its metric on each shared resample of the images (None: no per-image outputs)
+    resampled: dict[str, np.ndarray] | None = None
 
 
 def leaderboard(
@@ -242,7 +244,8 @@ def overall(boards: list[Board], backbones: list[str], seed: int = 0) -> list[di
     }
     complete = [name for name in backbones if not missing[name]]
     table = complete_ranks(boards, complete)
-    spread = rank_uncertainty(table, seed) if len(complete) > 1 else {}
+    draws = [rank_draws(board, complete, table[b]) for b, board in enumerate(boards)]
+    spread = rank_uncertainty(draws, seed) if len(complete) > 1 else {}
     records = [
         {
             "backbone": name,
@@ -277,15 +280,35 @@ def complete_ranks(boards: list[Board], complete: list[str]) -> np.ndarray:
 TASK_RESAMPLES = 2000
 
 
-def rank_uncertainty(table: np.ndarray, seed: int) -> dict[int, dict]:
-    """The second level of uncertainty: the suite's tasks as a sample. A bootstrap over the
-    boards (rows of ``table``, drawn with replacement) recomputes every setup's mean rank and
-    its place among the setups; per setup its place's 95% interval [low, high] and P(first),
-    the share of resamples where it is first (a tie for first shared). Keyed by column."""
+def rank_draws(board: Board, complete: list[str], observed: np.ndarray) -> np.ndarray:
+    """(image resamples, setups) ranks of the complete setups on ``board``, one row per
+    shared resample of its images (``Board.resampled``), 1 = best, ties sharing their mean
+    place; a board without per-image resamples gives its observed ranks as its one row."""
+    from scipy.stats import rankdata
+
+    if not board.resampled or any(name not in board.resampled for name in complete):
+        return observed[None, :]
+    values = np.stack([board.resampled[name] for name in complete], axis=1)
+    return rankdata(-values if board.higher_is_better else values, axis=1)
+
+
+def rank_uncertainty(draws: list[np.ndarray], seed: int) -> dict[int, dict]:
+    """The order's uncertainty at both levels: the suite's tasks as a sample and each task's
+    images as a sample. A resample draws the boards with replacement and, for each drawn
+    board, one resample of its images (``rank_draws``: the setups' ranks on it), then
+    recomputes every setup's mean rank and its place; per setup its place's 95% interval
+    [low, high] and P(first), the share of resamples where it is first (a tie for first
+    shared). Resampling the tasks alone took each task's observed order as certain, which
+    made a leader out of noise. Keyed by column."""
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(table), size=(TASK_RESAMPLES, len(table)))
-    means = table[draws].mean(axis=1)  # (resamples, setups)
-    places = np.apply_along_axis(_places, 1, means)
+    tasks = len(draws)
+    picked = rng.integers(0, tasks, size=(TASK_RESAMPLES, tasks))
+    sums = np.zeros((TASK_RESAMPLES, draws[0].shape[1]))
+    for slot in range(tasks):
+        for board, ranks in enumerate(draws):
+            rows = picked[:, slot] == board
+            sums[rows] += ranks[rng.integers(0, len(ranks), size=int(rows.sum()))]
+    places = np.apply_along_axis(_places, 1, sums / tasks)
     first = (places == places.min(axis=1, keepdims=True)).astype(float)
     first /= first.sum(axis=1, keepdims=True)
     low, high = np.percentile(places, [2.5, 97.5], axis=0)
@@ -294,7 +317,7 @@ def rank_uncertainty(table: np.ndarray, seed: int) -> dict[int, dict]:
             "rank_interval": [float(low[index]), float(high[index])],
             "p_first": round(float(first[:, index].mean()), 4),
         }
-        for index in range(table.shape[1])
+        for index in range(draws[0].shape[1])
     }
 
 
@@ -453,6 +476,7 @@ def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
     """Every pair of the board's backbones: the paired test of A − B on their shared images,
     p-values Holm-adjusted over the tested pairs, and the verdict at ``level``."""
     outputs = {id(cell): per_image(cell) for cell in board.cells}  # each file read once
+    board.resampled = image_resamples(board, outputs, seed)
     at_once = board_tests(board, outputs, seed)
     results = []
     for a, b in itertools.combinations(board.cells, 2):
@@ -562,7 +586,7 @@ class SharedResamples:
         observed = self.observed[a] - self.observed[b]
         low, high = np.percentile(differences, [2.5, 97.5])
         low90, high90 = np.percentile(differences, [5, 95])
-        p, how = bootstrap_p(observed, differences)
+        p, how = bootstrap_p(observed, differences, self.images)
         seeds = self.seeds[a] + self.seeds[b]
         clusters = f", {self.seeds[a]} and {self.seeds[b]} seeds per image" if seeds > 2 else ""
         test = (
@@ -596,7 +620,13 @@ def board_tests(board: Board, outputs: dict, seed: int):
 def aligned_parts(board: Board, outputs: dict):
     """(the task's test, each cell's per-seed parts in the first cell's image order) when
     every cell scored the same images with numbers and the task declares a test; else None."""
-    if len(board.cells) < 3 or any(isinstance(o, str) for o in outputs.values()):
+    if len(board.cells) < 3:
+        return None
+    return _aligned(board, outputs)
+
+
+def _aligned(board: Board, outputs: dict):
+    if any(isinstance(o, str) for o in outputs.values()):
         return None
     first_ids, first_frames = outputs[id(board.cells[0])]
     test = declared_test(board_task(board), board.metric, set(first_frames[0].columns))
@@ -626,6 +656,23 @@ def shared_resamples(aligned: tuple, seed: int) -> SharedResamples | None:
     observed, resampled = _resampled_cells(cells, test, images, seed)
     seeds = {key: len(parts) for key, parts in cells.items()}
     return SharedResamples(observed, resampled, images, seeds)
+
+
+def image_resamples(board: Board, outputs: dict, seed: int) -> dict[str, np.ndarray] | None:
+    """Each cell's metric on the same resamples of the board's images (the shared draws of
+    ``_resampled_cells``; an accuracy as the mean of its right-or-wrong), for the overall
+    order's uncertainty; None when the cells did not score the same images with a mean or a
+    metric of sums (the overall order then resamples the tasks alone for this board)."""
+    aligned = _aligned(board, outputs)
+    if aligned is None:
+        return None
+    test, cells = aligned
+    if test.statistic is not mean_of and test.sums is None and not test.binary:
+        return None
+    images = len(next(iter(cells.values()))[0])
+    by_id = {id(cell): cell.backbone for cell in board.cells}
+    _, resampled = _resampled_cells(cells, test, images, seed)
+    return {by_id[key]: values for key, values in resampled.items()}
 
 
 def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, dict]:

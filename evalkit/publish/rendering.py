@@ -119,8 +119,8 @@ def notes(board: dict) -> list[str]:
         f"significant at {board['level']:g}; a tier holds the setups not significantly "
         "different from its leader (a run down the ranks from its leader to the first setup "
         "separated from it)",
-        "over all tasks: complete setups only; rank interval and P(first) from a bootstrap "
-        "over the suite's tasks (the tasks as a sample, not the images)",
+        "over all tasks: complete setups only; rank interval and P(first) from a two-level "
+        "bootstrap: the suite's tasks and, within each, its images",
         f"suite fingerprint {board.get('suite', '–')}: "
         + ", ".join(f"{t['task']} {t.get('fingerprint', '–')}" for t in board["tasks"]),
     ]
