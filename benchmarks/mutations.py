@@ -34,6 +34,8 @@ class Fault:
 
 
 METRICS = ("tests/test_metrics.py", "tests/test_dense.py")
+GATE, IDENTITY = "tests/test_gate_families.py", "tests/test_identity.py"
+SHARDS, BOARD = "tests/test_shards.py", "tests/test_board_statistics.py"
 CALIBRATION = ("tests/test_metrics.py", "tests/test_calibration.py")
 FAULTS = (
     Fault(
@@ -270,6 +272,127 @@ FAULTS = (
         "return normalise(images, pre.mean, pre.std)",
         "return images.float() / 255",
         ("tests/test_gate.py",),
+    ),
+    # The gate, the study across machines and the board's edges (each with the test that
+    # kills it): a fault here that survives names the test still missing.
+    Fault(
+        "compare averages every seed",
+        "evalkit/core/results.py",
+        "kept[key] = shared or ran_base | ran_new",
+        "kept[key] = ran_base | ran_new",
+        (f"{GATE}::test_seed_sets_that_differ_are_compared_on_the_seeds_both_ran",),
+    ),
+    Fault(
+        "labels name a default setting",
+        "evalkit/core/results.py",
+        "defaults is None or _text(own.get(k)) != defaults.get(k)",
+        "defaults is None or True",
+        (f"{IDENTITY}::test_a_setups_default_run_has_one_label_whatever_its_siblings",),
+    ),
+    Fault(
+        "paired gate without outputs runs anyway",
+        "evalkit/cli/results.py",
+        'if not any(folder.rglob("predictions/*.parquet")):',
+        "if False:",
+        (f"{GATE}::test_paired_without_per_image_outputs_is_one_line",),
+    ),
+    Fault(
+        "errors take no setup label",
+        "evalkit/cli/results.py",
+        "outputs = [o for o in outputs if args.backbone in (o[1], o[2])]",
+        "outputs = [o for o in outputs if args.backbone in (o[1],)]",
+        (f"{IDENTITY}::test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label",),
+    ),
+    Fault(
+        "closing table names the bare backbone",
+        "evalkit/cli/run.py",
+        "summary_cells(row, cell_setup(job, spec), skipped=job.skipped)",
+        "summary_cells(row, job.backbone, skipped=job.skipped)",
+        (f"{IDENTITY}::test_the_closing_table_and_the_failed_cells_name_each_setup",),
+    ),
+    Fault(
+        "card picks by backbone name only",
+        "evalkit/publish/card.py",
+        'rows = [r for r in rows if backbone in (r["backbone"], labels[setup_key(r)])]',
+        'rows = [r for r in rows if backbone == r["backbone"]]',
+        (f"{IDENTITY}::test_the_card_names_each_setup",),
+    ),
+    Fault(
+        "piped output takes COLUMNS",
+        "evalkit/cli/__init__.py",
+        "return None if sys.stdout.isatty() else LOG_WIDTH",
+        'return None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", LOG_WIDTH))',
+        (f"{GATE}::test_piped_output_keeps_labels_whole_whatever_columns_says",),
+    ),
+    Fault(
+        "few-shot draws overlap across seeds",
+        "tasks/fewshot.py",
+        'return [derived_seed(seed, "shots", index) for index in range(draws)]',
+        "return [seed + index for index in range(draws)]",
+        ("tests/test_tasks.py::test_fewshot_jobs_of_two_seeds_share_no_shot_draw",),
+    ),
+    Fault(
+        "shares dealt to the first",
+        "evalkit/core/runner.py",
+        "smallest = min(range(count), key=lambda i: (len(shares[i]), i))",
+        "smallest = 0",
+        (f"{SHARDS}::test_each_backbone_setups_features_are_extracted_on_one_share",),
+    ),
+    Fault(
+        "slurm position ignores the step",
+        "evalkit/core/runner.py",
+        "position, off_step = divmod(task - first, step)",
+        "position, off_step = task - first, 0",
+        (f"{SHARDS}::test_a_stepped_slurm_array_is_indexed_by_position",),
+    ),
+    Fault(
+        "merge copies before reading",
+        "evalkit/core/merge.py",
+        "target = out / _readable(source).relative_to(folder)",
+        "target = out / source.relative_to(folder)",
+        (f"{SHARDS}::test_merge_reads_every_per_image_file_before_writing",),
+    ),
+    Fault(
+        "merge sees an unmerged share as merged",
+        "evalkit/core/merge.py",
+        'if share not in study["merged"]:',
+        "if False:",
+        (f"{SHARDS}::test_a_lost_share_is_listed_and_fails_the_merge",),
+    ),
+    Fault(
+        "failed cells never completed",
+        "evalkit/publish/leaderboard.py",
+        'return [r for r in latest.values() if done.get(_failed_cell(r), -1.0) < _epoch(r.get("time"))]',
+        "return list(latest.values())",
+        ("tests/test_zoo.py::test_a_failed_cell_is_recorded_and_the_zoo_goes_on",),
+    ),
+    Fault(
+        "tiers led by the first setup only",
+        "evalkit/publish/leaderboard.py",
+        "if leader is None or frozenset((leader, name)) in apart:",
+        "if leader is None or frozenset((order[0], name)) in apart:",
+        (f"{BOARD}::test_tiers_are_monotone_in_rank",),
+    ),
+    Fault(
+        "separability ignores the number of pairs",
+        "evalkit/publish/leaderboard.py",
+        "return 2.0 ** (1 - n) <= level / pairs",
+        "return 2.0 ** (1 - n) <= level",
+        (f"{BOARD}::test_few_tasks_say_they_cannot_separate_any_two_setups",),
+    ),
+    Fault(
+        "nemenyi without the square root of two",
+        "evalkit/publish/leaderboard.py",
+        "stats.studentized_range.sf(q * np.sqrt(2), k, np.inf)",
+        "stats.studentized_range.sf(q, k, np.inf)",
+        (f"{BOARD}::test_nemenyi_p_values_are_scikit_posthocs",),
+    ),
+    Fault(
+        "overall order resamples one image draw",
+        "evalkit/publish/leaderboard.py",
+        "sums[rows] += ranks[rng.integers(0, len(ranks), size=int(rows.sum()))]",
+        "sums[rows] += ranks[0]",
+        (f"{BOARD}::test_on_null_boards_the_order_claims_no_leader",),
     ),
 )
 
