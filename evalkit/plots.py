@@ -20,11 +20,13 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: Path, dpi: int = 100) -> Path:
-    """Lay ``fig`` out, write it as ``path`` (folders made) and release it."""
-    fig.tight_layout()
+def save_figure(fig, path: Path, dpi: int = 100, tight: bool = False) -> Path:
+    """Lay ``fig`` out, write it as ``path`` (folders made) and release it; ``tight`` grows
+    the picture to hold every artist (labels drawn beyond the axes)."""
+    if not tight:  # a tight box is measured on the artists themselves
+        fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}))
     pyplot().close(fig)
     return Path(path)
 
@@ -168,17 +170,29 @@ def parity_plot(series: dict[str, dict[float, float]], target: str, path: Path) 
 
 def critical_difference_plot(mean_ranks: dict[str, float], cliques: list[list[str]], path: Path):
     """The leaderboard's critical-difference diagram: setups on an axis of mean rank over the
-    tasks (1 on the left), a bar under each group no test separates."""
+    tasks (1 on the left), the better half labelled on the left and the worse half on the
+    right, a bar on a line of its own under each group no test separates; saved with every
+    label inside the picture."""
     plt = pyplot()
     order = sorted(mean_ranks, key=mean_ranks.get)
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.3 * len(order)))
+    middle = (len(order) + 1) // 2
+    low, high = 1.0, max(max(mean_ranks.values()), 2.0)
+    fig, ax = plt.subplots(figsize=(7, 1.4 + 0.3 * (middle + len(cliques))))
     for i, name in enumerate(order):
-        ax.plot([mean_ranks[name]] * 2, [0, -(i + 1)], color="#224466", lw=1)
-        ax.text(mean_ranks[name] + 0.03, -(i + 1), f"{name} ({mean_ranks[name]:.2f})", va="center")
+        row = -(len(cliques) * 0.25 + 0.6 + 0.4 * (i if i < middle else len(order) - 1 - i))
+        end, align = (low - 0.1, "right") if i < middle else (high + 0.1, "left")
+        ax.plot([mean_ranks[name]] * 2 + [end], [0, row, row], color="#224466", lw=1)
+        label = f"{name} ({mean_ranks[name]:.2f})"
+        ax.text(end, row, f" {label} " if align == "left" else f"{label} ", va="center", ha=align)
     for k, clique in enumerate(cliques):
         values = [mean_ranks[name] for name in clique]
-        ax.plot([min(values), max(values)], [-0.3 - 0.15 * k] * 2, color="#cc5522", lw=4)
-    ax.set_xlim(1, max(max(mean_ranks.values()), 2) + 1)
-    ax.set_xlabel("mean rank over the tasks (1 is best); bars: not separated")
+        ax.plot([min(values), max(values)], [-0.25 - 0.25 * k] * 2, color="#cc5522", lw=4)
+    ax.set_xlim(low - 0.1, high + 0.1)
+    ax.set_xlabel("mean rank over the tasks (1 is best); each bar: setups no test separates")
     ax.set_yticks([])
-    return save_figure(fig, path)
+    ax.set_ylim(top=0)
+    ax.xaxis.set_ticks_position("top")  # the rank axis on top, setups hanging from it
+    ax.xaxis.set_label_position("top")
+    for side in ("left", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    return save_figure(fig, path, tight=True)

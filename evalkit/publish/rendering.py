@@ -252,12 +252,22 @@ def _table_html(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
 
 
+FONT = 'font-family="sans-serif" font-size="13"'  # the figures' text, sized below by it
+CHAR = 7.6  # the widest average advance of a 13 px sans-serif character, in px
+
+
+def text_width(text: str) -> float:
+    """How wide ``text`` is drawn at ``FONT`` (an upper estimate: a label is never cut)."""
+    return CHAR * len(text) + 8
+
+
 def ranks_figure(board: dict) -> str:
     """Each backbone's rank on every task (small dots) and its mean rank (a large one), rank 1
-    on the left."""
+    on the left; the names' column as wide as the longest name."""
     names = [e["backbone"] for e in board["overall"]]
     most = max((len(t["cells"]) for t in board["tasks"]), default=1)
-    width, left, row_height = 640, 220, 28
+    left = max(220, max((text_width(n) for n in names), default=0) + 16)
+    width, row_height = left + 420, 28
     height = row_height * len(names) + 60
 
     def x(rank: float) -> float:
@@ -289,49 +299,68 @@ def ranks_figure(board: dict) -> str:
         f'<text x="144" y="{height - 6}">mean rank (complete setups)</text>'
     )
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        'aria-label="ranks per task (small) and mean rank (large), 1 is best">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" {FONT} '
+        'role="img" aria-label="ranks per task (small) and mean rank (large), 1 is best">'
         f"{''.join(marks)}{ticks}</svg>"
     )
 
 
+CD_MEANING = (
+    "Each setup hangs from its mean rank over the tasks (1 is best). A bar joins setups that "
+    "no test across the tasks ({test}) separates at the board's level; each bar is its own "
+    "group, drawn on its own line, and setups not joined by any bar were found to differ."
+)
+
+
 def cd_figure(across: dict | None) -> str:
     """The critical-difference diagram: the complete setups on an axis of mean rank (1 on the
-    left), a bar under each clique no test over the tasks separates; empty without one."""
+    left), the better half labelled to the left of the axis and the worse half to the right
+    (so no label runs off the figure), a bar on a line of its own under each clique no test
+    over the tasks separates, and a sentence saying what a bar means; empty without one."""
     if not across:
         return ""
     ranks = across["mean_ranks"]
     low, high = 1.0, max(max(ranks.values()), 2.0)
-    width, left, right = 640, 40, 40
     order = sorted(ranks, key=ranks.get)
-    height = 60 + 18 * len(order) + 12 * len(across["cliques"])
+    labels = {name: f"{name} ({ranks[name]:.2f})" for name in order}
+    margin = max(text_width(label) for label in labels.values()) + 24
+    width, axis = 2 * margin + 280, 280
+    top = 44 + 10 * len(across["cliques"])
+    middle = (len(order) + 1) // 2  # the better half labelled left, the worse right
+    height = top + 18 * middle + 10
 
     def x(rank: float) -> float:
-        return left + (rank - low) / (high - low) * (width - left - right)
+        return margin + (rank - low) / (high - low) * axis
 
     marks = [f'<line x1="{x(low):.1f}" y1="30" x2="{x(high):.1f}" y2="30" stroke="#222"/>']
     for tick in range(1, int(high) + 1):
         marks.append(f'<text x="{x(tick):.1f}" y="22" text-anchor="middle">{tick}</text>')
     for i, name in enumerate(order):
-        y = 50 + 18 * i
+        y = top + 18 * (i if i < middle else len(order) - 1 - i)
+        end, anchor = (margin - 6, "end") if i < middle else (margin + axis + 6, "start")
+        xr = x(ranks[name])
         marks.append(
-            f'<line x1="{x(ranks[name]):.1f}" y1="30" x2="{x(ranks[name]):.1f}" y2="{y}" stroke="#246"/>'
+            f'<polyline points="{xr:.1f},30 {xr:.1f},{y} {end:.1f},{y}" fill="none" stroke="#246"/>'
         )
         marks.append(
-            f'<text x="{x(ranks[name]) + 4:.1f}" y="{y + 4}">{html.escape(name)} ({ranks[name]:.2f})</text>'
+            f'<text x="{end + (-4 if anchor == "end" else 4):.1f}" y="{y + 4}" '
+            f'text-anchor="{anchor}">{html.escape(labels[name])}</text>'
         )
     for k, clique in enumerate(across["cliques"]):
-        y = 38 + 6 * k
+        y = 40 + 10 * k
         xs = [x(ranks[name]) for name in clique]
         marks.append(
-            f'<line x1="{min(xs) - 3:.1f}" y1="{y}" x2="{max(xs) + 3:.1f}" y2="{y}" stroke="#c52" stroke-width="3"/>'
+            f'<line x1="{min(xs):.1f}" y1="{y}" x2="{max(xs):.1f}" y2="{y}" stroke="#c52" '
+            'stroke-width="4" stroke-linecap="round"/>'
         )
+    meaning = CD_MEANING.format(test=across["test"])
     return (
         "<h2>Across tasks</h2>"
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        'aria-label="critical-difference diagram: mean rank over the tasks, bars join setups no '
-        'test separates">'
-        f"{''.join(marks)}</svg>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" {FONT} '
+        'role="img" aria-label="critical-difference diagram: mean rank over the tasks, bars join '
+        f'setups no test separates">{"".join(marks)}</svg>'
+        f'<p class="note">{html.escape(meaning)}</p>'
+        + (f'<p class="note">{html.escape(across["note"])}</p>' if across.get("note") else "")
     )
 
 
