@@ -394,6 +394,94 @@ FAULTS = (
         "sums[rows] += ranks[0]",
         (f"{BOARD}::test_on_null_boards_the_order_claims_no_leader",),
     ),
+    # An outside review's list: behaviours each of which stayed green when changed alone.
+    Fault(
+        "merge writes rows before checking per-image outputs",
+        "evalkit/core/merge.py",
+        # lazily: the per-image files are checked only when the loop after the rows' writes starts
+        "outputs = _outputs_to_copy(out, sources)",
+        "outputs = (pair for _ in [0] for pair in _outputs_to_copy(out, sources))",
+        (SHARDS,),
+    ),
+    Fault(
+        "merge's measurement check ignores the data identity",
+        "evalkit/core/merge.py",
+        'for what in ("task_version", "data_id"):',
+        'for what in ("task_version",):',
+        (SHARDS,),
+    ),
+    Fault(
+        "bootstrap p's normal-tail switch one resample late",
+        "evalkit/significance.py",
+        "if far_side >= FAR_ENOUGH:",
+        "if far_side > FAR_ENOUGH:",
+        (BOARD,),
+    ),
+    Fault(
+        "paired compare corrects each metric alone",
+        "evalkit/publish/leaderboard.py",
+        "adjusted = dict(zip(tested, holm([tests[i].p for i in tested]), strict=True))",
+        "adjusted = {i: holm([tests[i].p])[0] for i in tested}",
+        (GATE,),
+    ),
+    Fault(
+        "a metric of sums averages seeds before the metric",
+        "evalkit/significance.py",
+        "return np.mean([of_sums(counts @ rows, images) for rows, of_sums in prepared], axis=0)",
+        "return prepared[0][1](counts @ np.mean([rows for rows, _ in prepared], axis=0), images)",
+        (BOARD,),
+    ),
+    Fault(
+        "the board's fingerprint ignores the data files",
+        "evalkit/publish/leaderboard.py",
+        'MEASURED = ("task_version", "config", "data_files", "metric")',
+        'MEASURED = ("task_version", "config", "metric")',
+        (BOARD,),
+    ),
+    Fault(
+        "holm across tasks drops the tied pairs",
+        "evalkit/publish/leaderboard.py",
+        "        adjusted = holm(raw)\n",
+        "        tested = [k for k, p in enumerate(raw) if p < 1]\n"
+        "        kept = dict(zip(tested, holm([raw[k] for k in tested]), strict=True))\n"
+        "        adjusted = [kept.get(k, 1.0) for k in range(len(raw))]\n",
+        (BOARD,),
+    ),
+    Fault(
+        "rto bisection's lower bound without gamma",
+        "evalkit/heads/debias.py",
+        "else (-1.0 - gamma, 0.0)",
+        "else (-1.0, 0.0)",
+        ("tests/test_fairness.py",),
+    ),
+    Fault(
+        "knn near-tie bound halved",
+        "evalkit/heads/knn.py",
+        "return gap > 2 * self.margin",
+        "return gap > self.margin",
+        ("tests/test_knn.py",),
+    ),
+    Fault(
+        "free cpus counts this process's own threads",
+        "evalkit/device.py",
+        "available_cpus() - max(0, running - own)",
+        "available_cpus() - max(0, running)",
+        ("tests/test_knn.py", "tests/test_feeding.py"),
+    ),
+    Fault(
+        "eee export's lower_is_better inverted",
+        "evalkit/publish/export.py",
+        '"lower_is_better": not row.get("higher_is_better", True),',
+        '"lower_is_better": bool(row.get("higher_is_better", True)),',
+        ("tests/test_export.py",),
+    ),
+    Fault(
+        "the check before work reads the last task's splits only",
+        "evalkit/core/runner.py",
+        "lines = find_data(merged_reads(tasks), spec.data_config(), opened)",
+        "lines = find_data(merged_reads(tasks[-1:]), spec.data_config(), opened)",
+        (IDENTITY,),
+    ),
 )
 
 
