@@ -158,18 +158,30 @@ def test_merge_refuses_conflicts_and_lists_missing_cells(cli_env, capsys):
     assert out.count("(not run)") == 2
 
 
-def test_the_cluster_pages_slurm_script_and_kubernetes_job_are_ready(cli_env, capsys):
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "cluster.md"
+
+
+def cluster_page_blocks() -> tuple[str, dict, str]:
+    """The Slurm script, the Kubernetes Job and the image build command of docs/cluster.md."""
     import re
 
     import yaml
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    page = PAGE.read_text()
     script = re.search(r"```bash\n(#!/bin/bash.*?)```", page, re.S)[1]
+    job = yaml.safe_load(re.search(r"```yaml\n(.*?)```", page, re.S)[1])
+    build = re.search(r"```bash\n(docker build .*?)```", page, re.S)[1]
+    return script, job, build
+
+
+def test_the_cluster_pages_slurm_script_and_kubernetes_job_are_ready(cli_env, capsys):
+    import re
+
+    script, job, _ = cluster_page_blocks()
     array = re.search(r"#SBATCH --array=(\d+)-(\d+)", script)
     first, last = int(array[1]), int(array[2])
-    command = " ".join(script.split("\\\n")).split("evalkit ", 1)[1].split()
-    assert command[:3] == ["run", "--zoo", "zoo.toml"] and "--out" in command
-    job = yaml.safe_load(re.search(r"```yaml\n(.*?)```", page, re.S)[1])
+    command = " ".join(script.split("\\\n")).split("evalkit run", 1)[1].split()
+    assert command[:2] == ["--zoo", "zoo.toml"] and "--out" in command
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
     (container,) = spec["template"]["spec"]["containers"]
@@ -182,6 +194,56 @@ def test_the_cluster_pages_slurm_script_and_kubernetes_job_are_ready(cli_env, ca
     assert shard_asked(None, slurm) == (last - first, last - first + 1)
     pod = {"JOB_COMPLETION_INDEX": str(spec["completions"] - 1), **env}
     assert shard_asked(None, pod) == (spec["completions"] - 1, spec["completions"])
+
+
+def test_the_slurm_script_activates_its_environment_and_names_a_missing_data_root(tmp_path):
+    """The page's script under bash as an array task: it activates the environment it names,
+    stops in one line naming EVALKIT_DATA when that is unset, and otherwise runs evalkit
+    with the data root and its own shard folder (a stand-in evalkit records its arguments)."""
+    script, _, _ = cluster_page_blocks()
+    (tmp_path / "script.sh").write_text(script)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "evalkit").write_text('#!/bin/bash\necho "$@" > "$RECORD"\n')
+    (venv / "bin" / "evalkit").chmod(0o755)
+    (venv / "bin" / "activate").write_text(f'export PATH="{venv / "bin"}:$PATH"\n')
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "EVALKIT_VENV": str(venv)}
+    env |= {"SLURM_ARRAY_TASK_ID": "3", "RECORD": str(tmp_path / "args")}
+    bash = ["bash", str(tmp_path / "script.sh")]
+    unset = subprocess.run(bash, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert unset.returncode != 0 and "EVALKIT_DATA" in unset.stderr
+    assert len(unset.stderr.strip().splitlines()) == 1
+    done = subprocess.run(
+        bash, env={**env, "EVALKIT_DATA": "/data"}, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    argv = (tmp_path / "args").read_text().split()
+    assert argv[argv.index("--data-dir") + 1] == "/data"
+    assert argv[argv.index("--out") + 1] == "results/zoo/shard-3"
+
+
+def test_the_kubernetes_job_mounts_every_path_it_names_and_its_image_has_a_recipe():
+    """Every path the Job's command and environment read or write lies on a volume it mounts,
+    each mount has its volume, and the image it runs is the one the page's build command tags
+    from deploy/Dockerfile, whose every COPY source is in the repository."""
+    _, job, build = cluster_page_blocks()
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert set(mounts.values()) <= {v["name"] for v in pod["volumes"]}
+    paths = [a for a in container["command"] if a.startswith("/")]
+    paths += [e["value"] for e in container["env"] if str(e["value"]).startswith("/")]
+    assert paths and all(any(p.startswith(m) for m in mounts) for p in paths), paths
+    read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+    out = container["command"][container["command"].index("--out") + 1]
+    assert not any(out.startswith(m) for m in read_only)  # results go to a writable volume
+    words = build.split()
+    assert words[words.index("-t") + 1] == container["image"]
+    root = PAGE.parents[1]
+    recipe = (root / words[words.index("-f") + 1]).read_text().splitlines()
+    copies = [line.split()[1:-1] for line in recipe if line.startswith("COPY")]
+    assert all((root / source).exists() for sources in copies for source in sources)
+    assert any(line.startswith("RUN pip install") for line in recipe)
 
 
 @pytest.mark.parametrize(
@@ -299,3 +361,13 @@ def test_merge_reads_every_per_image_file_before_writing(cli_env, capsys):
             assert not (cli_env / "fresh").exists() or not list((cli_env / "fresh").rglob("*.*"))
         else:
             assert sorted(p.name for p in (cli_env / "holding").rglob("*")) == before
+
+
+def test_an_empty_data_root_is_refused_naming_the_variable(capsys):
+    """``--data-dir "$EVALKIT_DATA"`` with the variable unset: one line, not a search for the
+    data in the current folder."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", "--task", "imagenet-knn", "--backbone", "fake", "--data-dir", ""])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "$EVALKIT_DATA" in err

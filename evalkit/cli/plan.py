@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.core.run_options import data_root
 from evalkit.data import DECODERS, DataConfig
 
 
@@ -23,7 +24,7 @@ def add_check_data(sub) -> None:
         help="the run's task settings, e.g. dataset=folder:PATH or dataset=hf:ORG/NAME",
     )
     check.add_argument("--data", default="auto", help="auto | folder | hf | embedded")
-    check.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    check.add_argument("--data-dir", type=data_root, help="dataset root (default: $EVALKIT_DATA)")
     check.add_argument("--cache-dir", type=Path, help="where embedded stand-ins are written")
     check.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -37,7 +38,7 @@ def add_plan(sub) -> None:
     plan.add_argument("--backbone", required=True)
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     plan.add_argument("--data", default="auto")
-    plan.add_argument("--data-dir", type=Path)
+    plan.add_argument("--data-dir", type=data_root)
     plan.add_argument("--cache-dir", type=Path)
     plan.add_argument("--device", default=None)
     plan.add_argument("--dtype", choices=("fp32", "bf16"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.core.run_options import data_root
 from evalkit.errors import EvalkitError
 
 
@@ -14,7 +15,7 @@ def add_pretrain_command(sub) -> None:
     pre.add_argument(
         "--data", default="auto", help="embedded: the JFT stand-in; else jft/ or imagenet/"
     )
-    pre.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    pre.add_argument("--data-dir", type=data_root, help="dataset root (default: $EVALKIT_DATA)")
     pre.add_argument("--cache-dir", type=Path, help="where embedded stand-ins are written")
     pre.add_argument("--out", type=Path, default=Path("checkpoints/pretrain"))
     pre.add_argument("--image", type=int, default=32, help="training resolution (default 32)")

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from evalkit.cli.run import log_run_args
-from evalkit.core.run_options import add_log_argument
+from evalkit.core.run_options import add_log_argument, data_root
 from evalkit.errors import EvalkitError
 
 
@@ -25,7 +25,7 @@ def add_reproduce_command(sub) -> None:
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
     add_log_argument(rep)
     paper = rep.add_argument_group("scale paper")
-    paper.add_argument("--data-dir", type=Path, help="the real data sets")
+    paper.add_argument("--data-dir", type=data_root, help="the real data sets")
     paper.add_argument(
         "--weights",
         action="append",
@@ -232,7 +232,7 @@ def add_sweep_command(sub) -> None:
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sweep.add_argument("--weights", help="a checkpoint every job's backbone loads")
     sweep.add_argument("--data", default="auto", help="passed to every job's evalkit run")
-    sweep.add_argument("--data-dir", type=Path)
+    sweep.add_argument("--data-dir", type=data_root)
     sweep.add_argument("--out", type=Path, default=Path("results/sweep"))
     sweep.add_argument("--executor", choices=("local", "slurm", "submitit-local"), default="local")
     sweep.add_argument(

@@ -79,7 +79,7 @@ def add_data_arguments(run) -> None:
     run.add_argument(
         "--data", default="auto", help="auto | folder | hf | embedded (built-in stand-in data)"
     )
-    run.add_argument("--data-dir", type=Path, help="dataset root (default: $EVALKIT_DATA)")
+    run.add_argument("--data-dir", type=data_root, help="dataset root (default: $EVALKIT_DATA)")
     run.add_argument(
         "--verify-data",
         action="store_true",
@@ -227,3 +227,15 @@ def run_spec(args):
     given["progress"] = not args.quiet
     given["zoo"] = False  # a zoo file's specs are made by zoo_specs
     return RunSpec(**given)
+
+
+def data_root(text: str) -> Path:
+    """``--data-dir``'s value: a folder; an empty one is refused, since it most often is an
+    unset variable (``--data-dir "$EVALKIT_DATA"``) and would read the data from the current
+    folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "empty (an unset variable, such as $EVALKIT_DATA?): pass the folder that holds the "
+            "data sets, e.g. --data-dir /data, or export EVALKIT_DATA=/data"
+        )
+    return Path(text)
