@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import stats
 
 from evalkit.publish.leaderboard import leaderboard
@@ -707,3 +709,30 @@ def test_no_label_of_the_boards_figures_is_cut_in_a_browser(tmp_path):
     found = re.search(r'<pre id="cut">(.*?)</pre>', done.stdout)
     assert found, done.stderr[-2000:]
     assert json.loads(found[1]) == []
+
+
+folder_names = st.lists(st.sampled_from(["a", "b", "n01", "val", "x y"]), min_size=0, max_size=3)
+
+
+@given(
+    prefix=folder_names,
+    files=st.lists(
+        st.tuples(folder_names.map(tuple), st.sampled_from(["1.png", "2.JPEG", "c.png"])),
+        min_size=2,
+        max_size=8,
+        unique=True,
+    ),
+    absolute=st.booleans(),
+)
+def test_relative_ids_are_relpath_from_the_common_folder(prefix, files, absolute):
+    """Image ids cut by slicing equal os.path.relpath from os.path.commonpath, on absolute
+    and relative ids alike (relative ids with no folder in common are kept)."""
+    import os
+
+    from evalkit.publish.leaderboard import relative_ids
+
+    root = ("/" if absolute else "") + "/".join(prefix)
+    ids = [os.path.join(root, *folders, name) for folders, name in files]
+    common = os.path.commonpath(ids)
+    expected = [os.path.relpath(i, common) for i in ids] if common else ids
+    assert relative_ids(ids) == expected
