@@ -88,3 +88,14 @@ def tiny_clip_registered(monkeypatch):
         }
     }
     monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "Tiny-Test", tags)
+
+
+@pytest.fixture()
+def dims_zoo(cli_env):
+    """``evalkit run``'s arguments for a zoo of two setups of one backbone (``fake`` with
+    dim 64 and with dim 128) on kNN over the stand-in, its zoo file written in ``cli_env``."""
+    (cli_env / "zoo.toml").write_text(
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
+        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
+    )
+    return ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]

@@ -113,12 +113,8 @@ def test_paired_gate_on_every_family_passes_itself_and_fails_a_dropped_family(
     assert code == 1 and "missing" in out
 
 
-def test_piped_output_keeps_labels_whole_whatever_columns_says(cli_env, capsys, monkeypatch):
-    (cli_env / "zoo.toml").write_text(
-        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
-        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
-    )
-    argv = ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]
+def test_piped_output_keeps_labels_whole_whatever_columns_says(dims_zoo, capsys, monkeypatch):
+    argv = dims_zoo
     assert main([*argv, "--quiet", "--out", "R"]) == 0
     monkeypatch.setenv("COLUMNS", "80")  # as a CI runner sets it
     code, out = compared(capsys, "R", "R")

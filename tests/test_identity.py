@@ -190,14 +190,10 @@ def test_zoo_lines_name_the_setup(cli_env, capsys):
     assert "× fake [dim=16] (random init) (seed 0)" in lines[1]
 
 
-def test_the_closing_table_and_the_failed_cells_name_each_setup(cli_env, capsys, monkeypatch):
+def test_the_closing_table_and_the_failed_cells_name_each_setup(dims_zoo, capsys, monkeypatch):
     from evalkit.tasks.knn import KNN
 
-    (cli_env / "zoo.toml").write_text(
-        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
-        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
-    )
-    argv = ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]
+    argv = dims_zoo
     assert main([*argv, "--quiet"]) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("│ imagenet-knn")]
@@ -357,12 +353,8 @@ def test_a_setups_default_run_has_one_label_whatever_its_siblings(tmp_path, caps
     assert plain.count("20.00") == 2 and len(lines) == 2
 
 
-def test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label(cli_env, capsys):
-    (cli_env / "zoo.toml").write_text(
-        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 64 }\n\n'
-        '[[backbone]]\nname = "fake"\nmodel_args = { dim = 128 }\n'
-    )
-    argv = ["run", "--zoo", "zoo.toml", "--task", "imagenet-knn", "--data", "embedded"]
+def test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label(dims_zoo, capsys):
+    argv = dims_zoo
     assert main([*argv, "--quiet", "--save-predictions", "--out", "R"]) == 0
     capsys.readouterr()
     assert main(["errors", "R", "--task", "imagenet-knn", "--top", "1"]) == 0
