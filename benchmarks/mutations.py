@@ -408,35 +408,38 @@ FAULTS = (
         "evalkit/core/merge.py",
         'for what in ("task_version", "data_id"):',
         'for what in ("task_version",):',
-        (SHARDS,),
+        (f"{SHARDS}::test_merge_refuses_one_cell_measured_on_other_data_files",),
     ),
     Fault(
         "bootstrap p's normal-tail switch one resample late",
         "evalkit/significance.py",
         "if far_side >= FAR_ENOUGH:",
         "if far_side > FAR_ENOUGH:",
-        (BOARD,),
+        (f"{BOARD}::test_the_count_is_read_from_exactly_far_enough_far_side_resamples",),
     ),
     Fault(
         "paired compare corrects each metric alone",
         "evalkit/publish/leaderboard.py",
         "adjusted = dict(zip(tested, holm([tests[i].p for i in tested]), strict=True))",
         "adjusted = {i: holm([tests[i].p])[0] for i in tested}",
-        (GATE,),
+        (f"{BOARD}::test_paired_compare_corrects_every_tested_metric_as_one_family",),
     ),
     Fault(
         "a metric of sums averages seeds before the metric",
         "evalkit/significance.py",
         "return np.mean([of_sums(counts @ rows, images) for rows, of_sums in prepared], axis=0)",
         "return prepared[0][1](counts @ np.mean([rows for rows, _ in prepared], axis=0), images)",
-        (BOARD,),
+        (
+            f"{BOARD}::test_a_metric_of_sums_over_seeds_is_the_seeds_mean_of_the_metric_on_each_"
+            "resample",
+        ),
     ),
     Fault(
         "the board's fingerprint ignores the data files",
         "evalkit/publish/leaderboard.py",
         'MEASURED = ("task_version", "config", "data_files", "metric")',
         'MEASURED = ("task_version", "config", "metric")',
-        (BOARD,),
+        (f"{BOARD}::test_a_board_of_cells_read_from_other_data_files_is_refused",),
     ),
     Fault(
         "holm across tasks drops the tied pairs",
@@ -445,7 +448,7 @@ FAULTS = (
         "        tested = [k for k, p in enumerate(raw) if p < 1]\n"
         "        kept = dict(zip(tested, holm([raw[k] for k in tested]), strict=True))\n"
         "        adjusted = [kept.get(k, 1.0) for k in range(len(raw))]\n",
-        (BOARD,),
+        (f"{BOARD}::test_pairs_tied_on_every_task_count_in_holms_family",),
     ),
     Fault(
         "rto bisection's lower bound without gamma",
@@ -473,14 +476,14 @@ FAULTS = (
         "evalkit/publish/export.py",
         '"lower_is_better": not row.get("higher_is_better", True),',
         '"lower_is_better": bool(row.get("higher_is_better", True)),',
-        ("tests/test_export.py",),
+        ("tests/test_export.py::test_each_metrics_direction_is_exported_as_lower_is_better",),
     ),
     Fault(
         "the check before work reads the last task's splits only",
         "evalkit/core/runner.py",
         "lines = find_data(merged_reads(tasks), spec.data_config(), opened)",
         "lines = find_data(merged_reads(tasks[-1:]), spec.data_config(), opened)",
-        (IDENTITY,),
+        (f"{IDENTITY}::test_the_check_before_work_reads_what_an_earlier_task_reads",),
     ),
 )
 

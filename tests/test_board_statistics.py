@@ -736,3 +736,92 @@ def test_relative_ids_are_relpath_from_the_common_folder(prefix, files, absolute
     common = os.path.commonpath(ids)
     expected = [os.path.relpath(i, common) for i in ids] if common else ids
     assert relative_ids(ids) == expected
+
+
+def test_the_count_is_read_from_exactly_far_enough_far_side_resamples():
+    """The far side's count is read from ``FAR_ENOUGH`` resamples on (the switch sits at
+    exactly that many), the spread's t tail one resample below it."""
+    from evalkit.significance import FAR_ENOUGH
+
+    differences = np.r_[-np.ones(FAR_ENOUGH), np.ones(2000 - FAR_ENOUGH)]
+    assert bootstrap_p(1.0, differences, 30)[1] == "far-side count, on t"
+    assert bootstrap_p(1.0, differences[1:], 30)[1].startswith("t tail")
+
+
+def test_a_metric_of_sums_over_seeds_is_the_seeds_mean_of_the_metric_on_each_resample():
+    """With seeds, each shared resample's metric of sums is every seed's metric on that
+    resample, then their mean (as the observed value is): not the metric of the seeds'
+    averaged sums, which differs for a ratio such as mIoU."""
+    from evalkit.significance import resample_counts, resampled_metric
+
+    images = 40
+    cases = [sums_cases(seed, images)["miou"] for seed in (1, 2)]
+    draws = np.random.default_rng(3).integers(0, images, (8, images))
+    draws = np.vstack([np.arange(images), draws])  # the first: every image once
+    fast = resampled_metric(
+        [sums(parts) for parts, _, sums in cases], resample_counts(draws, images)
+    )
+    slow = [np.mean([statistic(parts[d]) for parts, statistic, _ in cases]) for d in draws]
+    assert np.allclose(fast, slow, rtol=1e-12, atol=1e-12)
+
+
+def test_a_board_of_cells_read_from_other_data_files_is_refused(tmp_path):
+    """Cells of one task whose data files differ (another ``data_files`` identity) are not
+    ranked together; each data's board has its own fingerprint."""
+    from evalkit.errors import EvalkitError
+
+    images = [f"{i}.png" for i in range(30)]
+    for b in range(2):
+        write_cell(tmp_path, "depth", f"b{b}", {"image": images, "mse": np.arange(30.0) + b})
+    rows = tmp_path / "depth.jsonl"
+    lines = [json.loads(x) for x in rows.read_text().splitlines()]
+    prints = []
+    for files in (["aaaa", "aaaa"], ["aaaa", "bbbb"], ["bbbb", "bbbb"]):
+        for line, identity in zip(lines, files, strict=True):
+            line["data_files"] = {"synthetic": identity}
+        rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        if files[0] != files[1]:
+            with pytest.raises(EvalkitError, match="measured with different data_files"):
+                leaderboard([tmp_path])
+        else:
+            prints.append(leaderboard([tmp_path])["tasks"][0]["fingerprint"])
+    assert prints[0] != prints[1]
+
+
+def test_pairs_tied_on_every_task_count_in_holms_family(tmp_path):
+    """Three setups tied on every one of seven tasks, a fourth last on each: the tied pairs'
+    p is 1 and they stay in Holm's family of six, so the fourth's three pairs (p = 2/2^7
+    each) are adjusted ×6, not ×3, and none is significant at 0.05."""
+    from evalkit.significance import holm
+
+    images = [f"{i}.png" for i in range(30)]
+    for t in range(7):
+        for b in range(4):
+            values = np.arange(30.0) + (5.0 if b == 3 else 0.0)
+            write_cell(tmp_path, f"task{t}", f"b{b}", {"image": images, "mse": values})
+    pairs = leaderboard([tmp_path])["across_tasks"]["pairs"]
+    raw = [p["p"] for p in pairs]
+    assert sorted(raw) == pytest.approx([1 / 64] * 3 + [1.0] * 3)
+    assert [p["p_holm"] for p in pairs] == pytest.approx(holm(raw))
+    assert not any(p["significant"] for p in pairs)
+
+
+def test_paired_compare_corrects_every_tested_metric_as_one_family(tmp_path):
+    """Two tasks, each with six images NEW gets wrong and BASE right (McNemar's p = 2/2^6):
+    Holm over the two tested metrics doubles each p past 0.05, so neither fails the gate;
+    each metric corrected alone would fail both."""
+    from evalkit.core.results import compare
+    from evalkit.publish.leaderboard import folder_rows, paired_compare
+
+    images = [f"{i}.png" for i in range(30)]
+    right = np.ones(30)
+    for task in ("imagenet-linear", "imagenet-knn"):  # top-1 of right or wrong: McNemar
+        write_cell(tmp_path / "base", task, "b", {"image": images, "top1": right})
+        flipped = np.r_[np.zeros(6), np.ones(24)]
+        write_cell(tmp_path / "new", task, "b", {"image": images, "top1": flipped})
+    base, new = folder_rows([tmp_path / "base"]), folder_rows([tmp_path / "new"])
+    judged = paired_compare(compare(base, new, tolerance=0.0), base, new, level=0.05)
+    assert [r["p"] for r in judged] == pytest.approx([1 / 32, 1 / 32])
+    assert [r["p_holm"] for r in judged] == pytest.approx([1 / 16, 1 / 16])
+    assert [r["status"] for r in judged] == ["ok", "ok"]
+    assert [r["tolerance_status"] for r in judged] == ["regression", "regression"]

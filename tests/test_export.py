@@ -63,3 +63,21 @@ def test_the_mteb_layout_names_model_revision_and_task(results, tmp_path):
     (entry,) = record["scores"]["val"]
     assert entry["main_score"] == entry["top1/k=20"] and entry["n"] == 384
     assert record["evalkit"]["dataset"] == "imagenet (stand-in)"
+
+
+def test_each_metrics_direction_is_exported_as_lower_is_better(results, tmp_path):
+    """``lower_is_better`` is the row's direction inverted: a higher-is-better accuracy is
+    false, the same row marked lower-is-better (an error, a loss) is true."""
+    folder = tmp_path / "R"
+    folder.mkdir()
+    rows = [json.loads(x) for x in (results / "imagenet-knn.jsonl").read_text().splitlines()]
+    flipped = [r | {"metric": f"{r['metric']}-error", "higher_is_better": False} for r in rows]
+    lines = [json.dumps(r) + "\n" for r in rows + flipped]
+    (folder / "imagenet-knn.jsonl").write_text("".join(lines))
+    assert main(["export", str(folder), "--format", "eee", "--out", str(tmp_path / "eee")]) == 0
+    directions = {
+        result["metric_config"]["metric_name"]: result["metric_config"]["lower_is_better"]
+        for file in (tmp_path / "eee").rglob("*.json")
+        for result in json.loads(file.read_text())["evaluation_results"]
+    }
+    assert directions["top1/k=20"] is False and directions["top1/k=20-error"] is True

@@ -170,6 +170,32 @@ def test_the_check_before_work_covers_every_task_whatever_their_order(tmp_path, 
         list(run(too_many))
 
 
+def test_the_check_before_work_reads_what_an_earlier_task_reads(tmp_path, monkeypatch):
+    """A suite whose last task (zero-shot: val only) reads less than an earlier one (kNN:
+    train and val) still has the earlier task's missing train split found before any
+    backbone is built: the check reads every task's splits, not the last one's."""
+    from PIL import Image
+
+    import evalkit.core.runner as runner
+
+    folder = tmp_path / "data" / "imagenet" / "val" / "a"
+    folder.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(folder / "0.png")
+
+    def built(*_):
+        raise AssertionError("a backbone was built before the data was checked")
+
+    monkeypatch.setattr(runner, "load_backbone", built)
+    spec = RunSpec(
+        tasks=("imagenet-knn", "zeroshot-imagenet"),
+        backbones=("fake",),
+        data_dir=tmp_path / "data",
+        out=tmp_path / "R",
+    )
+    with pytest.raises(EvalkitError, match="imagenet/train"):
+        list(run(spec))
+
+
 def test_a_leaderboard_finds_per_image_outputs_however_deep(cli_env):
     zoo = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--backbone", "vit22b/test"]
     zoo += ["--random-init", "--data", "embedded", "--out", "all/day1/zoo", "--quiet"]

@@ -371,3 +371,20 @@ def test_an_empty_data_root_is_refused_naming_the_variable(capsys):
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "$EVALKIT_DATA" in err
+
+
+def test_merge_refuses_one_cell_measured_on_other_data_files(cli_env, capsys):
+    """Two rows of one setup, task, settings, dataset and seed whose data files differ (another
+    ``data_id``: the same folder name, other images) cannot share a table: the merge is
+    refused, naming ``data_id``, and writes no row."""
+    one = ["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded"]
+    assert main([*one, "--out", "a", "--quiet"]) == 0
+    shutil.copytree(cli_env / "a", cli_env / "b")
+    rows = cli_env / "b" / "imagenet-knn.jsonl"
+    changed = [json.loads(x) for x in rows.read_text().splitlines()]
+    changed[0] |= {"run_key": "another", "data_id": {**changed[0]["data_id"], "val": "other"}}
+    rows.write_text("".join(json.dumps(r) + "\n" for r in changed))
+    capsys.readouterr()
+    assert main(["merge", "m", "a", "b"]) == 2
+    assert "measured with another data_id" in " ".join(capsys.readouterr().err.split())
+    assert not (cli_env / "m").exists() or not list((cli_env / "m").glob("*.jsonl"))
