@@ -425,6 +425,21 @@ def test_rto_needs_no_labels_and_leaves_scores_inside_the_band_alone():
     assert list(rule.positive_probability(scores, groups)) == [1.0, 0.0, 1.0, 0.0]
 
 
+def test_rto_reaches_a_rate_only_a_threshold_below_minus_one_gives():
+    """A subgroup whose every score is 0 (rescaled −1) is selected only by a threshold below
+    −1: h = clip((−1 − t)/γ), so its rate r needs t = −1 − r·γ. The bisection's lower end is
+    −1 − γ (everyone selected), so the subgroup still meets the band's edge."""
+    from evalkit.heads.debias import fit_rto
+
+    scores = np.r_[np.zeros(50), np.ones(50)]
+    groups = np.r_[np.zeros(50, int), np.ones(50, int)]
+    gamma = 0.2
+    rule = fit_rto(scores, groups, 0.1, gamma)  # the band: 0.5 ± 0.05
+    assert rule.rates[0] == pytest.approx(0.45, abs=1e-6)
+    assert rule.thresholds[0] == pytest.approx(-1.0 - 0.45 * gamma, abs=1e-6)
+    assert rule.rates[1] == pytest.approx(0.55, abs=1e-6)
+
+
 def test_the_fairness_task_debiases_with_rto_by_default(ctx, tmp_path):
     from evalkit import load_backbone
     from evalkit.core.runner import resolve_task

@@ -202,6 +202,20 @@ def test_slurms_cpu_count_caps_the_affinity_never_raises_it(monkeypatch):
         assert device.available_cpus() == expected, slurm
 
 
+def test_free_cpus_leaves_out_only_other_processes_running_threads(monkeypatch, tmp_path):
+    """The kernel's count of runnable threads includes this process's own: with 5 running,
+    3 of them ours (a fourth of ours asleep), 2 cores are busy elsewhere and 6 of 8 are free."""
+    (tmp_path / "loadavg").write_text("1.00 1.00 1.00 5/300 4242\n")
+    for task in "1234":
+        (tmp_path / "task" / task).mkdir(parents=True)
+    proc = {"/proc/loadavg": tmp_path / "loadavg", "/proc/self/task": tmp_path / "task"}
+    monkeypatch.setattr(device, "Path", lambda path: proc[path])
+    monkeypatch.setattr(device, "_task_state", lambda task: "S" if task.name == "4" else "R")
+    monkeypatch.setattr(device, "available_cpus", lambda: 8)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert device.free_cpus() == 6
+
+
 def test_decoded_ahead_keeps_order_and_raises_the_producers_error_as_raised():
     import threading
 

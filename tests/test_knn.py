@@ -219,3 +219,15 @@ def test_only_near_ties_are_ranked_among_more_candidates_than_k(search, monkeypa
     tied = torch.cat([train, train[:1]])  # the first query's neighbour, twice
     sims, found = nearest([(tied, torch.cat([labels, labels[:1]]))], queries, k=1, search=search)
     assert widths.count(1) == 1 and len(widths) >= 2  # 49 proven at once, 1 near tie wider
+
+
+def test_a_rough_gap_under_twice_the_error_bound_proves_nothing():
+    """Each rough similarity may be off by the product's error bound (the margin), so the k-th
+    and the (k+1)-th may swap exactly when their rough gap is at most twice it: a gap of 1.5
+    margins leaves the query to the exact ranking, one of 2.5 margins proves its k rows."""
+    from evalkit.heads.knn import Proof, slack
+
+    margin = slack(torch.float32, 64)
+    proof = Proof(k=1, widths=(2, 2), margin=margin)
+    rough = torch.tensor([[0.5 + 1.5 * margin, 0.5], [0.5 + 2.5 * margin, 0.5]])
+    assert proof.proven(rough.double()).tolist() == [False, True]
