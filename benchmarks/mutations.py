@@ -401,7 +401,7 @@ FAULTS = (
         # lazily: the per-image files are checked only when the loop after the rows' writes starts
         "outputs = _outputs_to_copy(out, sources)",
         "outputs = (pair for _ in [0] for pair in _outputs_to_copy(out, sources))",
-        (SHARDS,),
+        (f"{SHARDS}::test_merge_reads_every_per_image_file_before_writing",),
     ),
     Fault(
         "merge's measurement check ignores the data identity",
