@@ -66,6 +66,13 @@ def add_compare(sub) -> None:
         "--level", type=float, default=0.05, help="--paired: the significance level (Holm)"
     )
     compare.add_argument(
+        "--detect",
+        type=float,
+        metavar="D",
+        help="--paired: exit 1 when some tested metric's minimum detectable effect (80%% "
+        "power at its Holm level) exceeds D points: a gate too blind to see a D-point drop",
+    )
+    compare.add_argument(
         "--equivalent",
         type=float,
         metavar="MARGIN",
@@ -357,6 +364,8 @@ def cmd_compare(args, console) -> int:
     records = compare(base, new, tolerance=tolerance, one_sided=args.one_sided)
     if not args.allow_new and not args.update_baselines:
         refuse_empty_gate(records, args)
+    if args.detect is not None and not args.paired:
+        raise EvalkitError("--detect sizes the paired tests' sight: add --paired")
     if args.paired or args.equivalent is not None:
         records = judged_paired(records, args)
     if args.equivalent is not None:
@@ -411,6 +420,8 @@ def cmd_compare(args, console) -> int:
         )
         return 1 if bad and args.fail_on_regression else 0
     console.print(verdict(records, args.one_sided), highlight=False)
+    if args.paired:
+        bad += blind_spot(records, args.detect, console)
     old = unrecorded(base)
     if old and unrecorded(new) < len(new) and any(r["status"] == "missing" for r in records):
         console.print(
@@ -457,16 +468,57 @@ def judged_paired(records: list[dict], args) -> list[dict]:
 
 
 def paired_cell(record: dict) -> str:
-    """What the paired test found (and, for accuracies, the images that flipped), and the
-    tolerance's own verdict beside it."""
+    """What the paired test found (and, for accuracies, the images that flipped), what it
+    could have found (its MDE), and the tolerance's own verdict beside it."""
+    from evalkit.power import sight
+
     tolerance = f" (tolerance: {record.get('tolerance_status', record['status'])})"
     flips = record.get("flips")
     moved = (
         flips and f"; {flips['right_to_wrong']} right→wrong, {flips['wrong_to_right']} wrong→right"
     )
     if "p_holm" in record:
-        return f"p = {record['p_holm']:.3g}, Holm{moved if flips else ''}{tolerance}"
+        seen = sight(record["mde"], record["level_holm"])
+        return f"p = {record['p_holm']:.3g}, Holm{moved if flips else ''}; {seen}{tolerance}"
     return escape(record.get("paired", "–")) + tolerance
+
+
+def blind_spot(records: list[dict], detect: float | None, console) -> list[dict]:
+    """Print the smallest regression each tested metric could catch (``mde``: 80% power at
+    its Holm level) — a green gate says nothing of a drop below it — and return the metrics
+    whose MDE exceeds ``detect`` points (or cannot be sized): a gate too blind to pass."""
+    from evalkit.power import points
+
+    tested = [r for r in records if "mde" in r]
+    if not tested:
+        return []
+    sized = sorted((r for r in tested if r["mde"] is not None), key=lambda r: r["mde"])
+    if sized:
+        sharp, blunt = sized[0], sized[-1]
+        console.print(
+            f"blind spot: of {len(tested)} tested metric(s), the smallest regression caught 80% "
+            f"of the time is {points(sharp['mde'])} points ({_named(sharp)}), the largest "
+            f"{points(blunt['mde'])} ({_named(blunt)}); an accuracy's at the larger of the "
+            "observed churn and that of unrelated mistakes",
+            highlight=False,
+            markup=False,  # labels hold brackets: "fake [dim=16]"
+            soft_wrap=True,
+        )
+    blind = [r for r in tested if detect is not None and (r["mde"] is None or r["mde"] > detect)]
+    for record in blind:
+        found = "unknown" if record["mde"] is None else points(record["mde"])
+        console.print(
+            f"cannot see a {detect:g}-point drop on {record['test'].images} images: its MDE is "
+            f"{found} ({_named(record)})",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    return blind
+
+
+def _named(record: dict) -> str:
+    return f"{record['task']} {record['metric']}, {record['backbone']}"
 
 
 def with_equivalence(record: dict, margin: float) -> dict:
@@ -483,8 +535,19 @@ def with_equivalence(record: dict, margin: float) -> dict:
     else:
         low, high = test.interval90
         found = equivalence(test, margin, record["higher_is_better"])
-        found += f" (90% interval of new − base: [{low:+.3g}, {high:+.3g}])"
+        found += f" (90% interval of new − base: [{low:+.3g}, {high:+.3g}]); {shown_at(test)}"
     return record | {"equivalence": found}
+
+
+def shown_at(test) -> str:
+    """The smallest margin this equivalence test shows 80% of the time when nothing truly
+    changed: the equivalence verdict's own minimum detectable effect."""
+    from evalkit.power import equivalence_margin, points
+
+    margin = equivalence_margin(test)
+    if margin is None:
+        return "smallest margin it can show unknown (no spread between the two sides)"
+    return f"shows ±{points(margin)} 80% of the time when nothing changed"
 
 
 def verdict(records: list[dict], one_sided: bool) -> str:

@@ -36,6 +36,7 @@ from evalkit.core.results import (
 )
 from evalkit.core.task import default_paired_test
 from evalkit.errors import EvalkitError
+from evalkit.power import difference_text, mde, sight
 from evalkit.significance import (
     CHUNK,
     LEVEL,
@@ -488,7 +489,18 @@ def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
     tested = [r for r in results if isinstance(r["test"], Paired)]
     for record, adjusted in zip(tested, holm([r["test"].p for r in tested]), strict=True):
         record["p_holm"] = adjusted
+    _holm_levels(tested, level)
     return [_pair_record(r, board, level) for r in results]
+
+
+def _holm_levels(tested: list[dict], level: float) -> None:
+    """Each tested pair's Holm level (``power.holm_level``), for its MDE: the step it is
+    judged at depends on how many other pairs the rule rejects."""
+    from evalkit.power import holm_level
+
+    rejected = [r["p_holm"] <= level and r["test"].difference != 0 for r in tested]
+    for record, own in zip(tested, rejected, strict=True):
+        record["level_holm"] = holm_level(level, len(tested), sum(rejected) - own)
 
 
 def _pair_record(result: dict, board: Board, level: float) -> dict:
@@ -502,9 +514,13 @@ def _pair_record(result: dict, board: Board, level: float) -> dict:
     verdict = (
         f"{winner} > {loser} (p = {result['p_holm']:.3g})"
         if significant
-        else f"no significant difference (p = {result['p_holm']:.3g})"
+        else f"no significant difference (p = {result['p_holm']:.3g}): {difference_text(test)}"
     )
+    detectable = mde(test, result["level_holm"])
     return record | {
+        "verdict": f"{verdict}; {sight(detectable, result['level_holm'])}",
+        "mde": detectable,
+        "level_holm": result["level_holm"],
         "difference": test.difference,
         "interval": test.interval,
         "p": test.p,
@@ -512,7 +528,6 @@ def _pair_record(result: dict, board: Board, level: float) -> dict:
         "test": test.test,
         "images": test.images,
         "significant": significant,
-        "verdict": verdict,
         **(
             {"flips": {"only_a_right": test.flips[0], "only_b_right": test.flips[1]}}
             if test.flips
@@ -924,10 +939,30 @@ def paired_compare(records: list[dict], base: list[dict], new: list[dict], **opt
         tests[index] = _paired(board, tuple(per_image(cell) for cell in cells), seed)
     tested = [i for i, t in tests.items() if isinstance(t, Paired)]
     adjusted = dict(zip(tested, holm([tests[i].p for i in tested]), strict=True))
-    return [
+    judged = [
         _judged(record, tests.get(i), adjusted.get(i), level, options.get("one_sided", False))
         for i, record in enumerate(records)
     ]
+    return _with_sight(judged, level)
+
+
+def _with_sight(records: list[dict], level: float) -> list[dict]:
+    """Each tested record with its MDE at its Holm level (``mde``, points): what this gate
+    could catch. An accuracy's is taken at the larger of the observed churn and that of
+    unrelated mistakes (``power.unrelated_mde``): NEW usually equals BASE, so its churn (none)
+    says nothing of a regression's; ``mde_at_churn`` keeps the observed one's."""
+    from evalkit.power import holm_level, unrelated_mde
+
+    tested = [r for r in records if isinstance(r.get("test"), Paired)]
+    rejected = [r["p_holm"] <= level and r["test"].difference != 0 for r in tested]
+    for record, own in zip(tested, rejected, strict=True):
+        at = holm_level(level, len(tested), sum(rejected) - own)
+        test = record["test"]
+        found = mde(test, at)
+        if test.flips is not None:
+            found = max(found, unrelated_mde(record["base"], record["new"], test.images, at))
+        record |= {"level_holm": at, "mde": found, "mde_at_churn": mde(test, at)}
+    return records
 
 
 def _judged(record: dict, test, p_holm: float | None, level: float, one_sided: bool) -> dict:
