@@ -364,7 +364,7 @@ def test_docstrings_and_docs_cite_only_files_in_the_repository():
 
 # --- the house: what a newcomer sees --------------------------------------------------------
 
-HOUSE_ROOT_MODULES = 14  # the ground and services every floor uses (docs/architecture.md)
+HOUSE_ROOT_MODULES = 15  # the ground and services every floor uses (docs/architecture.md)
 HOUSE_LONG_MODULE = 600  # formatted lines: above it a module is flagged (a warning) for a look
 HOUSE_FORMATTER_ESCAPES = 20  # formatter escapes (skip, off) in the repository: data tables
 HOUSE_README_LINES = 250

@@ -3,7 +3,7 @@ evaluation logic lives here.
 
 Modules (one per command, each holding its parser and its handler): ``run``, ``listing`` (ls,
 backbones), ``results`` (table, compare, errors, merge, export), ``leaderboard``,
-``convert``, ``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce``
+``power``, ``convert``, ``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce``
 (reproduce, sweep) and ``prepare``."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from evalkit.cli import (
     leaderboard,
     listing,
     plan,
+    power,
     prepare,
     pretrain,
     reproduce,
@@ -37,6 +38,7 @@ COMMANDS = {
     "table": (results.add_table, results.cmd_table),
     "compare": (results.add_compare, results.cmd_compare),
     "leaderboard": (leaderboard.add_leaderboard, leaderboard.cmd_leaderboard),
+    "power": (power.add_power, power.cmd_power),
     "merge": (results.add_merge, results.cmd_merge),
     "export": (results.add_export, results.cmd_export),
     "card": (card.add_card, card.cmd_card),
