@@ -2,7 +2,8 @@
 with its interval and rank, an aggregate rank over the tasks, and for every pair of backbones
 on every task a paired test on the same images (``evalkit.significance``),
 Holm-corrected over the task's pairs, so that an order the test set's noise could have made is
-said to be one.
+said to be one; each pair also states the smallest difference its test could have seen (its
+MDE at its Holm level, ``evalkit.power``), so "no significant difference" never reads "the same".
 
 Ranks are per task on its headline metric (the first a task reports: top-1, mIoU, MSE, ...),
 lower-is-better metrics inverted, tied values sharing the mean of their places. The aggregate
