@@ -122,3 +122,12 @@ def test_piped_output_keeps_labels_whole_whatever_columns_says(dims_zoo, capsys,
     rows = [line for line in out.splitlines() if line.startswith("│ imagenet-knn")]
     assert len(rows) == 4 and all("(random init)" in line for line in rows)
     assert "fake [dim=128] (random init)" in out and "imagenet (stand-in)" in out
+
+
+def test_metrics_only_new_has_do_not_fail_the_equivalence_gate(cli_env, capsys):
+    assert run("--task", "imagenet-knn", "--save-predictions", "--out", "base") == 0
+    assert run("--task", "imagenet-knn", "--save-predictions", "--out", "new") == 0
+    assert run("--task", "imagenet-1shot", "--save-predictions", "--out", "new") == 0
+    code, out = compared(capsys, "base", "new", "--equivalent", "50")
+    assert code == 0, out
+    assert "every metric equivalent" in out or "0 metric(s) not shown" in out

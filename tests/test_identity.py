@@ -372,6 +372,10 @@ def test_a_setups_default_run_has_one_label_whatever_its_siblings(tmp_path, caps
     assert labels == [PLAIN, PLAIN, "fake [pool=mean] (random init)"]
     alone = spec_labels(rows[:2])  # without the sibling: the same labels
     assert sorted(alone.values()) == [PLAIN, PLAIN]
+    old = {**rows[0], "config": {**rows[0]["config"], "old_setting": True}}  # since removed
+    old["config_hash"] = "an-older-one"
+    labels = list(spec_labels([old, rows[0]]).values())
+    assert len(set(labels)) == 2 and not any("old_setting" in label for label in labels)
     (tmp_path / "imagenet-knn.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["table", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| fake")]

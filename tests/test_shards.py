@@ -290,6 +290,25 @@ def test_a_stepped_slurm_array_is_indexed_by_position(environ, shard):
             "JOB_COMPLETION_INDEX/EVALKIT_SHARDS gives 3/2",
         ),
         ({"EVALKIT_SHARDS": "4"}, "EVALKIT_SHARDS=4 is set but not JOB_COMPLETION_INDEX"),
+        (  # sbatch --array=5: one index of a larger array submitted again
+            {
+                "SLURM_ARRAY_TASK_ID": "5",
+                "SLURM_ARRAY_TASK_MIN": "5",
+                "SLURM_ARRAY_TASK_MAX": "5",
+                "SLURM_ARRAY_TASK_COUNT": "1",
+            },
+            "pass --shard 5/N",
+        ),
+        (  # --array=1,5,7 with a step of 1: its first id has no position either
+            {
+                "SLURM_ARRAY_TASK_ID": "1",
+                "SLURM_ARRAY_TASK_MIN": "1",
+                "SLURM_ARRAY_TASK_MAX": "7",
+                "SLURM_ARRAY_TASK_STEP": "1",
+                "SLURM_ARRAY_TASK_COUNT": "3",
+            },
+            "position cannot be told",
+        ),
     ],
 )
 def test_a_bad_share_from_the_environment_names_its_variable(environ, says):
@@ -388,3 +407,45 @@ def test_merge_refuses_one_cell_measured_on_other_data_files(cli_env, capsys):
     assert main(["merge", "m", "a", "b"]) == 2
     assert "measured with another data_id" in " ".join(capsys.readouterr().err.split())
     assert not (cli_env / "m").exists() or not list((cli_env / "m").glob("*.jsonl"))
+
+
+def test_a_share_runs_tasks_given_with_settings_or_by_an_alias(cli_env):
+    """Cells name their task as given: a bracketed task and an alias run in their share (they
+    were taken for another share's, and nothing ran)."""
+    argv = ["run", "--backbone", "fake", "--data", "embedded", "--quiet", "--shard", "0/1"]
+    tasks = ["--task", "imagenet-knn[ks=10]", "--task", "imagenet-1shot[l2=10]"]
+    assert main([*argv, *tasks, "--out", "s"]) == 0
+    rows = [json.loads(x) for x in (cli_env / "s" / "imagenet-knn.jsonl").read_text().splitlines()]
+    assert {r["metric"] for r in rows} == {"top1/k=10", "top5/k=10"}
+    assert (cli_env / "s" / "imagenet-1shot.jsonl").exists()
+
+
+def test_a_lost_share_of_another_study_with_other_settings_is_listed(cli_env, capsys):
+    """Two studies of one zoo, the second with --set ks=10, merged into one folder: the
+    second's lost share is missing though the first delivered cells of the same names (a
+    cell is its rows' request key: settings, weights and data included)."""
+    assert zoo(cli_env, "a0", "--shard", "0/2") == 0
+    assert zoo(cli_env, "a1", "--shard", "1/2") == 0
+    assert zoo(cli_env, "b0", "--shard", "0/2", "--set", "ks=10") == 2  # 1-shot has no ks
+    (cli_env / "zoo.toml").write_text(ZOO)
+    argv = ["run", "--zoo", "zoo.toml", "--data", "embedded", "--quiet", "--task", "imagenet-knn"]
+    assert main([*argv, "--set", "ks=10", "--shard", "0/2", "--out", "b0"]) == 0
+    capsys.readouterr()
+    assert main(["merge", "m", "a0", "a1", "b0"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("share 1 of 2: that share was not merged") == 1
+
+
+def test_a_failure_record_keeps_its_offset_so_every_reader_orders_it_alike(monkeypatch):
+    import time
+
+    from evalkit.publish.leaderboard import _epoch
+
+    written = "2026-12-07T14:16:36+0000"
+    failed = "2026-12-07T23:46:36+0900"  # 30 minutes later, written in Tokyo
+    for zone in ("UTC", "America/New_York", "Asia/Tokyo"):
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+        assert _epoch(failed) - _epoch(written) == 1800
+    monkeypatch.delenv("TZ")
+    time.tzset()

@@ -411,7 +411,11 @@ def cmd_compare(args, console) -> int:
         return 0
     bad = [r for r in records if r["status"] in FAILING]
     if args.equivalent is not None:
-        bad = [r for r in records if r.get("equivalence", "").startswith("not shown")]
+        bad = [  # a metric only NEW has is no change from BASE: nothing to hold equal
+            r
+            for r in records
+            if r.get("equivalence", "").startswith("not shown") and r["status"] != "new"
+        ]
         console.print(
             f"{len(bad)} metric(s) not shown equivalent within ±{args.equivalent:g}"
             if bad

@@ -69,8 +69,10 @@ def shared_out(specs: list, args, console) -> list:
     command of one cell is never split (evalkit sweep's array tasks each run one)."""
     from evalkit.core import runner
 
+    if args.shard is None and sum(map(cell_count, specs)) < 2:
+        return specs  # (an array task of evalkit sweep: its own index says nothing here)
     shard = runner.shard_asked(args.shard, dict(os.environ))
-    if shard is None or (args.shard is None and sum(map(cell_count, specs)) < 2):
+    if shard is None:
         return specs
     kept, counts = runner.share(specs, shard)
     if is_main_process():

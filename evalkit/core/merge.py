@@ -226,13 +226,15 @@ def undelivered_cells(out: Path, rows: list[dict]) -> list[dict]:
     for record in _study_records([out]).values():
         study = studies.setdefault(record["study"], {"record": record, "merged": set()})
         study["merged"].add(record["share"])
-    done = {_cell_of_row(row) for row in rows}
+    done = {_cell_of_row(row) for row in rows} | {row.get("request_key") for row in rows}
     missing = []
     for study in studies.values():
         record = study["record"]
         shares = record["share_of"]
         for position, cell in enumerate(record["cells"]):
-            if _cell_key(cell) in done:
+            # by the key its rows carry; a cell whose data could not be read where the share
+            # ran has none, and is matched by its names
+            if (cell.get("request_key") or _cell_key(cell)) in done:
                 continue
             share = shares[position]
             why = "merged, but the cell has no rows (it failed or was lost)"

@@ -259,6 +259,8 @@ def spec_labels(rows: list[Row]) -> dict[tuple, str]:
         settings = [k for k in _differing([r.get("config") or {} for r in specs.values()])]
         settings = [k for k in settings if k not in UNLABELLED_SETTINGS]
         defaults = task_defaults(task) if settings else {}
+        if defaults:  # a setting this version no longer has names no run apart
+            settings = [k for k in settings if k in defaults]
         for spec, row in specs.items():
             own = row.get("config") or {}
             shown = [

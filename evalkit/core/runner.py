@@ -300,11 +300,12 @@ def _backbone_cells(spec: RunSpec, name: str, tasks: list[Task], identities, on_
     lacks (a text tower) is a cell that does not apply (asked alone, the task says why not). In a zoo a failing cell is recorded in
     ``<out>/failed-cells.ndjson`` and the zoo goes on; a backbone that does not load fails its cells."""
     done = set()
+    given = list(zip(spec.tasks, tasks, strict=True))  # a cell names its task as given
     try:
         for seed, backbone, batch in seeded_backbones(spec, name, on_backbone):
-            for task in tasks:
-                done.add((task.name, seed))
-                if spec.cells is not None and (name, seed, task.name) not in spec.cells:
+            for asked, task in given:
+                done.add((asked, seed))
+                if spec.cells is not None and (name, seed, asked) not in spec.cells:
                     continue  # another shard's cell
                 if zoo and (lacking := task.lacks(backbone)) is not None:
                     yield JobResult(task.name, name, seed, [], False, note=lacking)
@@ -316,9 +317,9 @@ def _backbone_cells(spec: RunSpec, name: str, tasks: list[Task], identities, on_
         if not zoo:
             raise
         for seed in spec.seeds:
-            for task in tasks:
-                mine = spec.cells is None or (name, seed, task.name) in spec.cells
-                if (task.name, seed) not in done and mine:
+            for asked, task in given:
+                mine = spec.cells is None or (name, seed, asked) in spec.cells
+                if (asked, seed) not in done and mine:
                     yield failed_cell(spec, JobResult(task.name, name, seed, [], False), exc)
 
 
@@ -357,7 +358,7 @@ def failed_cell(spec: RunSpec, result: JobResult, exc: Exception) -> JobResult:
     if distributed.current().main:
         record = {k: getattr(result, k) for k in ("task", "backbone", "seed", "error")}
         record |= {"weights": spec.weights, "options": dict(spec.model_args)}
-        record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # with its offset: any reader
         appending(spec.out / FAILED, (json.dumps(record, sort_keys=True) + "\n").encode())
     return result
 
@@ -409,9 +410,16 @@ def _slurm_share(environ: dict) -> tuple[int, int]:
             "SLURM_ARRAY_TASK_ID is set but not the array's size (SLURM_ARRAY_TASK_COUNT or "
             "SLURM_ARRAY_TASK_MAX): pass --shard I/N"
         )
-    count = count if count is not None else (last - first) // step + 1
+    spanned = (last - first) // step + 1 if last is not None else None
+    count = count if count is not None else spanned
     position, off_step = divmod(task - first, step)
-    if off_step or not 0 <= position < count:
+    if count == 1 and task != 0:  # one index of a larger array submitted again
+        raise EvalkitError(
+            f"this Slurm array has one task (SLURM_ARRAY_TASK_ID={task}): an index of a larger "
+            "array submitted again does not say how many shares there are; pass --shard "
+            f"{task}/N with the first array's size N"
+        )
+    if off_step or not 0 <= position < count or (spanned is not None and spanned != count):
         read = ", ".join(
             f"{n}={environ[n]}"
             for n in (*SLURM, "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT")
@@ -509,7 +517,8 @@ def study_record(specs: list[RunSpec], shard: tuple[int, int]) -> dict:
     study, named as rows and failure records name them, the share each cell went to, this
     share's index and the count, so a merge can tell which cells no merged share delivered."""
     everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
-    described = [_described(specs[number], cell) for number, cell in everything]
+    identities: dict = {}
+    described = [_described(specs[number], cell, identities) for number, cell in everything]
     cut = shares_by_features(everything, shard[1])
     share_of = [0] * len(everything)
     for index, positions in enumerate(cut):
@@ -524,15 +533,31 @@ def study_record(specs: list[RunSpec], shard: tuple[int, int]) -> dict:
     }
 
 
-def _described(spec: RunSpec, cell: tuple[str, int, str]) -> dict:
+def _described(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> dict:
+    """A cell as its rows will name it: the request key they carry (settings, weights and
+    data included), and for people the task, backbone, seed, options and weights."""
     name, seed, task_name = cell
     return {
+        "request_key": request_key_of(spec, cell, identities),
         "task": resolve_task(task_name, spec.overrides).name,
+        "asked": task_name,
         "backbone": name,
         "seed": seed,
         "options": dict(spec.model_args),
         "weights": spec.weights,
     }
+
+
+def request_key_of(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> str | None:
+    """The request key the rows of ``cell`` carry (task and settings, backbone and options,
+    weights, data, seed: ``request_spec``), known before its backbone is built; None where
+    its data cannot be read here."""
+    name, seed, task_name = cell
+    task = resolve_task(task_name, spec.overrides)
+    try:
+        return spec_key(request_spec(spec, task, name, spec.context(seed, identities)), length=16)
+    except EvalkitError:
+        return None
 
 
 def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> bool:
@@ -543,10 +568,8 @@ def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: 
     if not path.exists():
         return False
     task = resolve_task(task_name, spec.overrides)
-    ctx = spec.context(seed, identities)
-    try:
-        key = spec_key(request_spec(spec, task, name, ctx), length=16)
-    except EvalkitError:
+    key = request_key_of(spec, cell, identities)
+    if key is None:
         return False  # its data cannot be read here: the cell runs and says why
     if path not in read:
         read[path] = load_rows([path])
