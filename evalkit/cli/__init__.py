@@ -3,7 +3,7 @@ evaluation logic lives here.
 
 Modules (one per command, each holding its parser and its handler): ``run``, ``listing`` (ls,
 backbones), ``results`` (table, compare, errors, merge, export), ``leaderboard``,
-``power``, ``convert``, ``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce``
+``power``, ``explore``, ``convert``, ``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce``
 (reproduce, sweep) and ``prepare``."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from evalkit.cli import (
     cache,
     card,
     convert,
+    explore,
     leaderboard,
     listing,
     plan,
@@ -39,6 +40,7 @@ COMMANDS = {
     "compare": (results.add_compare, results.cmd_compare),
     "leaderboard": (leaderboard.add_leaderboard, leaderboard.cmd_leaderboard),
     "power": (power.add_power, power.cmd_power),
+    "explore": (explore.add_explore, explore.cmd_explore),
     "merge": (results.add_merge, results.cmd_merge),
     "export": (results.add_export, results.cmd_export),
     "card": (card.add_card, card.cmd_card),

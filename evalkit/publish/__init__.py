@@ -3,4 +3,4 @@ paired tests (docs/results.md), Hugging Face model cards and other tools' layout
 (docs/ecosystem.md).
 
 Modules: ``leaderboard`` (boards, ranks and tests, computed once), ``rendering`` (every format
-of a board, and its snapshots), ``card`` and ``export``."""
+of a board, and its snapshots), ``card``, ``export`` and ``explore`` (a static site of the images behind the numbers)."""
