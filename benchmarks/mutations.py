@@ -473,7 +473,7 @@ FAULTS = (
     ),
     Fault(
         "eee export's lower_is_better inverted",
-        "evalkit/publish/export.py",
+        "evalkit/publish/eee.py",
         '"lower_is_better": not row.get("higher_is_better", True),',
         '"lower_is_better": bool(row.get("higher_is_better", True)),',
         ("tests/test_export.py::test_each_metrics_direction_is_exported_as_lower_is_better",),
