@@ -314,7 +314,7 @@ STYLE = (
 
 def page(title: str, body: list[str], up: str) -> str:
     """A whole page, style inline, nothing fetched; ``up`` leads back to the site's root."""
-    home = f'<nav><a href="{up}index.html">all tasks</a></nav>'
+    home = f'<nav><a href="{up}index.html">all tasks</a></nav>' if up else ""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
@@ -544,10 +544,9 @@ def write_site(paths, out: Path, *, task=None, pair=(None, None), data_root=None
             f"no per-image outputs{f' of {task}' if task else ''} under "
             f"{', '.join(map(str, paths))}: rerun with evalkit run ... --save-predictions"
         )
-    if any(pair):
-        found = {k: v for k, v in found.items() if set(pair) <= {s.label for s in v}} or {
-            next(iter(found)): next(iter(found.values()))  # none holds both: say which exist
-        }
+    if any(pair):  # the boards that hold both; if none does, the first says which it holds
+        holding = {k: v for k, v in found.items() if set(pair) <= {s.label for s in v}}
+        found = holding or dict([next(iter(found.items()))])
     rows = [row for setups in found.values() for s in setups for row in s.rows]
     roots = ([Path(data_root)] if data_root else []) + data_roots(rows)
     out.mkdir(parents=True, exist_ok=True)
