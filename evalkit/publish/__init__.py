@@ -3,4 +3,6 @@ paired tests (docs/results.md), Hugging Face model cards and other tools' layout
 (docs/ecosystem.md).
 
 Modules: ``leaderboard`` (boards, ranks and tests, computed once), ``rendering`` (every format
-of a board, and its snapshots), ``card``, ``export`` and ``explore`` (a static site of the images behind the numbers)."""
+of a board, and its snapshots), ``card``, ``export`` (grouping and writing) with ``eee`` (Every
+Eval Ever records) and ``mteb_results`` (MTEB's results layout), and ``explore`` (a static site
+of the images behind the numbers)."""
