@@ -32,7 +32,7 @@ REUSE_SITES = {
     ("evalkit/cache/pixels.py", "pixel_store"): "data identity + view geometry/decoder + subset",
     ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",
     ("evalkit/core/runner.py", "_cell"): "request_spec (the sweep's skip)",
-    ("evalkit/core/runner.py", "finished"): "request_spec, as _cell (a shard's done cells)",
+    ("evalkit/core/runner.py", "request_key_of"): "request_spec, as _cell (done cells, shares)",
     ("evalkit/core/runner.py", "study_record"): "a study's cell list: names shares, reuses nothing",
     ("evalkit/reproduction/sweep.py", "request_key"): "request_spec, as the runner",
     ("evalkit/protocols/finetuning.py", "checkpoint_dir"): "job_spec, as the runner",
