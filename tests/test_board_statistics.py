@@ -181,16 +181,14 @@ def test_snapshots_keep_a_boards_history_with_an_index(tmp_path):
 def test_the_leaderboard_renders_in_a_real_browser(tmp_path):
     """Headless Chromium (``apt-get install chromium``) draws the page and the snapshot index:
     not blank, the ranks figure drawn, no console error."""
-    import shutil
     import subprocess
 
+    from browser import chromium, flags
     from PIL import Image
 
     from evalkit.cli import main
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("no chromium: apt-get install chromium")
+    browser = chromium()
     rng = np.random.default_rng(6)
     images = [f"{i}.png" for i in range(40)]
     for t in range(2):
@@ -202,11 +200,9 @@ def test_the_leaderboard_renders_in_a_real_browser(tmp_path):
     (dated,) = [p for p in (tmp_path / "S").iterdir() if p.is_dir()]
     for page in (dated / "leaderboard.html", tmp_path / "S" / "index.html"):
         shot = tmp_path / f"{page.stem}.png"
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-        flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
-        flags += [f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
-        flags += ["--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()]
-        done = subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
+        extra = ["--enable-logging=stderr", "--v=0", "--window-size=1000,1400"]
+        argv = flags(tmp_path / "profile", *extra, f"--screenshot={shot}", page.as_uri())
+        done = subprocess.run([browser, *argv], capture_output=True, text=True, timeout=120)
         assert shot.exists(), done.stderr[-2000:]
         console = [x for x in done.stderr.splitlines() if "CONSOLE" in x or "Uncaught" in x]
         assert not console, console
@@ -677,15 +673,11 @@ def test_no_label_of_the_boards_figures_is_cut_in_a_browser(tmp_path):
     """Long setup names in the ranks figure and the critical-difference diagram, measured by
     headless Chromium (each SVG text's box inside its figure); the diagram draws each clique
     as its own bar and says what a bar means."""
-    import re
-    import shutil
-    import subprocess
+    from browser import chromium, measured
 
     from evalkit.cli import main
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("no chromium: apt-get install chromium")
+    chromium()
     rng = np.random.default_rng(1)
     images = [f"{i}.png" for i in range(50)]
     for t in range(10):
@@ -701,14 +693,7 @@ def test_no_label_of_the_boards_figures_is_cut_in_a_browser(tmp_path):
     assert text.count('stroke="#c52"') == len(
         leaderboard([tmp_path / "R"])["across_tasks"]["cliques"]
     )
-    page.write_text(text.replace("</body>", MEASURE + "</body>"))
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-    flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
-    flags += [f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()]
-    done = subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
-    found = re.search(r'<pre id="cut">(.*?)</pre>', done.stdout)
-    assert found, done.stderr[-2000:]
-    assert json.loads(found[1]) == []
+    assert measured(page, MEASURE, "cut", tmp_path / "profile") == []
 
 
 folder_names = st.lists(st.sampled_from(["a", "b", "n01", "val", "x y"]), min_size=0, max_size=3)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 from PIL import Image
+from rows_compare import stable
 
 from evalkit.cli import main
 from evalkit.data.folder import ImageFolder
@@ -19,7 +20,6 @@ from evalkit.storage import identity
 
 ZOO = '[[backbone]]\nname = "fake"\n\n[[backbone]]\nname = "fake"\nmodel_args = { dim = 16 }\n'
 TASKS = ("imagenet-knn", "imagenet-1shot")
-VOLATILE = {"time", "wall_s", "images_per_s", "peak_mem_mb", "images_extracted"}
 MINUTE_NS = 60 * 10**9
 
 
@@ -37,17 +37,6 @@ def copy_data(source: Path, target: Path, *, shift_ns: int) -> Path:
 def stand_in(data_cache: Path) -> Path:
     """The embedded ImageNet stand-in of the session cache (written by the first run)."""
     return next((data_cache / "embedded").glob("shapes-*"))
-
-
-def stable(folder: Path) -> list[dict]:
-    """A folder's rows less what differs between two runs of one job (clock, machine)."""
-    rows = []
-    for file in sorted(folder.glob("*.jsonl")):
-        for line in file.read_text().splitlines():
-            row = json.loads(line)
-            row["provenance"] = {k: v for k, v in row["provenance"].items() if k not in VOLATILE}
-            rows.append(row)
-    return sorted(rows, key=lambda r: (r["task"], r["run_key"], r["metric"]))
 
 
 def images(folder: Path) -> dict[str, list[str]]:

@@ -222,27 +222,16 @@ window.addEventListener("load", () => {
 def test_the_site_loads_its_images_in_a_real_browser(cli_env):
     """Headless Chromium opens the index and a pair's flips: every image loaded (naturalWidth
     above 0), no text cut off its box."""
-    import shutil
-    import subprocess
+    from browser import chromium, measured
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("no chromium: apt-get install chromium")
+    chromium()
     results = run_pair(cli_env)
     site = cli_env / "site"
     command = ["explore", str(results), "--out", str(site)]
     assert main([*command, "--data-root", str(stand_in_root(cli_env))]) == 0
     (pair,) = site.glob("*/0-vs-1/index.html")
     for page in (site / "index.html", pair.parent / "right-to-wrong-all-p1.html"):
-        page.write_text(page.read_text().replace("</body>", CHECK + "</body>"))
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-        flags += ["--disable-background-networking", "--disable-component-update"]
-        flags += ["--disable-sync", f"--user-data-dir={cli_env / 'profile'}"]
-        flags += ["--window-size=1000,1400", "--dump-dom", page.as_uri()]
-        done = subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
-        found = re.search(r'<pre id="check">(.*?)</pre>', done.stdout)
-        assert found, done.stderr[-2000:]
-        check = json.loads(found[1])
+        check = measured(page, CHECK, "check", cli_env / "profile")
         assert check["broken"] == [] and check["cut"] == [], check
         if page.name != "index.html":
             assert check["images"] > 0

@@ -136,14 +136,14 @@ def test_the_card_names_each_setup(two_setups, tmp_path):
         card_rows(doubled, "fake")
 
 
-def test_the_check_before_work_covers_every_task_whatever_their_order(tmp_path, monkeypatch):
-    """A folder with no train split fails a suite that ends with a zero-shot task (which reads
-    val only) before any backbone is built; so do settings the data cannot serve."""
+def val_only(tmp_path: Path, classes, monkeypatch):
+    """An ImageNet folder with a val split only (one image a class), and a runner that fails
+    the test if it builds a backbone (the data must be checked first)."""
     from PIL import Image
 
     import evalkit.core.runner as runner
 
-    for name in ("a", "b"):
+    for name in classes:
         folder = tmp_path / "data" / "imagenet" / "val" / name
         folder.mkdir(parents=True)
         Image.new("RGB", (8, 8)).save(folder / "0.png")
@@ -152,6 +152,12 @@ def test_the_check_before_work_covers_every_task_whatever_their_order(tmp_path, 
         raise AssertionError("a backbone was built before the data was checked")
 
     monkeypatch.setattr(runner, "load_backbone", built)
+
+
+def test_the_check_before_work_covers_every_task_whatever_their_order(tmp_path, monkeypatch):
+    """A folder with no train split fails a suite that ends with a zero-shot task (which reads
+    val only) before any backbone is built; so do settings the data cannot serve."""
+    val_only(tmp_path, ("a", "b"), monkeypatch)
     spec = RunSpec(
         tasks=("zeroshot-imagenet", "imagenet-knn"),
         backbones=("fake",),
@@ -174,18 +180,7 @@ def test_the_check_before_work_reads_what_an_earlier_task_reads(tmp_path, monkey
     """A suite whose last task (zero-shot: val only) reads less than an earlier one (kNN:
     train and val) still has the earlier task's missing train split found before any
     backbone is built: the check reads every task's splits, not the last one's."""
-    from PIL import Image
-
-    import evalkit.core.runner as runner
-
-    folder = tmp_path / "data" / "imagenet" / "val" / "a"
-    folder.mkdir(parents=True)
-    Image.new("RGB", (8, 8)).save(folder / "0.png")
-
-    def built(*_):
-        raise AssertionError("a backbone was built before the data was checked")
-
-    monkeypatch.setattr(runner, "load_backbone", built)
+    val_only(tmp_path, ("a",), monkeypatch)
     spec = RunSpec(
         tasks=("imagenet-knn", "zeroshot-imagenet"),
         backbones=("fake",),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rows_compare import stable
 
 from evalkit.cli import main
 from evalkit.core.runner import shard_asked
@@ -21,24 +22,12 @@ from evalkit.errors import EvalkitError
 
 TASKS = ("imagenet-knn", "imagenet-1shot")
 ZOO = '[[backbone]]\nname = "fake"\n\n[[backbone]]\nname = "fake"\nmodel_args = { dim = 16 }\n'
-VOLATILE = {"time", "wall_s", "images_per_s", "peak_mem_mb", "images_extracted"}
 
 
 def zoo(cli_env: Path, out: str, *extra: str) -> int:
     (cli_env / "zoo.toml").write_text(ZOO)
     argv = ["run", "--zoo", "zoo.toml", "--data", "embedded", "--out", out, "--quiet"]
     return main([*argv, *(a for task in TASKS for a in ("--task", task)), *extra])
-
-
-def stable(folder: Path) -> list[dict]:
-    """A folder's rows without what differs between two runs of one job (clock, machine)."""
-    rows = []
-    for file in sorted(folder.glob("*.jsonl")):
-        for line in file.read_text().splitlines():
-            row = json.loads(line)
-            row["provenance"] = {k: v for k, v in row["provenance"].items() if k not in VOLATILE}
-            rows.append(row)
-    return sorted(rows, key=lambda r: (r["task"], r["run_key"], r["metric"]))
 
 
 def outputs(folder: Path) -> dict[str, pd.DataFrame]:
