@@ -35,12 +35,19 @@ def flags(profile: Path, *extra: str) -> list[str]:
     ]
 
 
-def measured(page: Path, script: str, marker: str, profile: Path):
-    """``script`` run in ``page`` after it loads; what it wrote as JSON into ``<pre
-    id=marker>``, read from the dumped DOM."""
+def measured(page: Path, measure: str, profile: Path):
+    """The JavaScript function body ``measure`` run in ``page`` once it has loaded; the value
+    it returns, written into the page as JSON and read back from the dumped DOM."""
+    script = (
+        '<script>window.addEventListener("load", () => {'
+        f"const found = (() => {{ {measure} }})();"
+        'const out = document.createElement("pre"); out.id = "measured";'
+        "out.textContent = JSON.stringify(found); document.body.appendChild(out);"
+        "});</script>"
+    )
     page.write_text(page.read_text().replace("</body>", script + "</body>"))
     argv = [chromium(), *flags(profile, "--window-size=1000,1400", "--dump-dom", page.as_uri())]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    found = re.search(rf'<pre id="{marker}">(.*?)</pre>', done.stdout)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', done.stdout)
     assert found, done.stderr[-2000:]
     return json.loads(found[1])
