@@ -230,3 +230,14 @@ def test_the_site_loads_its_images_in_a_real_browser(cli_env):
         assert check["broken"] == [] and check["cut"] == [], check
         if page.name != "index.html":
             assert check["images"] > 0
+
+
+def test_the_stand_ins_images_are_found_without_a_data_root(cli_env):
+    """Image ids are relative to the data set's root; the site finds the stand-in where this
+    machine keeps it (its cache), so a run's images show with no option given."""
+    results = run_pair(cli_env)
+    site = cli_env / "site"
+    assert main(["explore", str(results), "--out", str(site)]) == 0
+    (flips,) = site.glob("*/0-vs-1/right-to-wrong-all-p1.html")
+    text = flips.read_text()
+    assert "<img" in text and "image file not found" not in text

@@ -121,7 +121,23 @@ def data_roots(rows: list[dict]) -> list[Path]:
                 roots.append(Path(root))
         if named.startswith("folder:"):
             roots.append(Path(named.removeprefix("folder:")))
+        if recorded.get("name") and not named.startswith("folder:"):
+            roots += _configured_root(recorded["name"], bool(recorded.get("stand_in")))
     return list(dict.fromkeys(roots))
+
+
+def _configured_root(name: str, stand_in: bool) -> list[Path]:
+    """Where this machine keeps data set ``name``: the stand-in in the cache (written again,
+    the same images, if it was removed), a real set under ``$EVALKIT_DATA``; none when that
+    is not set or the kind is not known here."""
+    from evalkit.data import DataConfig, data_kind, dataset_root
+    from evalkit.storage.identity import cache_root
+
+    config = DataConfig(source="embedded" if stand_in else "auto", cache=cache_root())
+    try:
+        return [dataset_root(data_kind(name), config)]
+    except (EvalkitError, KeyError, ValueError):
+        return []
 
 
 # --- per-image outputs in one shape for every family -----------------------------------------
