@@ -241,3 +241,13 @@ def test_the_stand_ins_images_are_found_without_a_data_root(cli_env):
     (flips,) = site.glob("*/0-vs-1/right-to-wrong-all-p1.html")
     text = flips.read_text()
     assert "<img" in text and "image file not found" not in text
+
+
+def test_the_leaderboard_page_links_the_images_behind_its_pairs(cli_env):
+    results = run_pair(cli_env)
+    page = cli_env / "board" / "board.html"
+    argv = ["leaderboard", str(results), "--output", str(page), "--explore", "board/images"]
+    assert main(argv) == 0
+    text = page.read_text()
+    assert '<a href="images/index.html">The images behind the pairs</a>' in text
+    assert (page.parent / "images" / "index.html").exists()

@@ -46,6 +46,13 @@ def add_leaderboard(sub) -> None:
         "data files) together; refused by default",
     )
     board.add_argument(
+        "--explore",
+        type=Path,
+        metavar="DIR",
+        help="also write the site of the images behind the pairs (evalkit explore) into DIR, "
+        "linked from the HTML page",
+    )
+    board.add_argument(
         "--snapshot",
         type=Path,
         metavar="DIR",
@@ -72,9 +79,11 @@ def cmd_leaderboard(args, console) -> int:
     board = leaderboard(
         args.results, level=args.level, seed=args.seed, mixed=args.allow_mixed, cd=args.cd
     )
-    if args.snapshot is not None:
+    if args.snapshot is not None:  # a dated copy stands alone: no link out of its folder
         kept = snapshot(board, args.snapshot)
         console.print(f"snapshot: {kept} (index: {args.snapshot / 'index.html'})", highlight=False)
+    if args.explore is not None:
+        board["explore"] = explored(args, outputs, console)
     if not outputs and args.format in (None, "terminal"):
         print_terminal(console, board)
     elif not outputs:
@@ -166,3 +175,17 @@ def print_terminal(console, board: dict):
         console.print(table)
     for note in notes(board):
         console.print(plain(note), highlight=False, soft_wrap=True)
+
+
+def explored(args, outputs: list, console) -> str:
+    """The images' site written into ``--explore``; the link to it from the HTML page (relative
+    to the first HTML output, so the two can be published together)."""
+    import os
+
+    from evalkit.publish.explore import write_site
+
+    index = write_site(list(args.results), args.explore)
+    console.print(f"images: {index}", highlight=False)
+    pages = [path for path, kind in outputs if kind == "html"]
+    start = pages[0].parent if pages else Path.cwd()
+    return Path(os.path.relpath(index.resolve(), start.resolve())).as_posix()

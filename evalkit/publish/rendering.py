@@ -220,6 +220,14 @@ def page(board: dict) -> str:
     each task's table and pairs."""
     body = [
         "<h1>Leaderboard</h1>",
+        *(
+            [
+                f'<p><a href="{html.escape(board["explore"])}">The images behind the pairs</a> '
+                "(which images flipped between two setups, each setup's most confident mistakes)</p>"
+            ]
+            if board.get("explore")
+            else []
+        ),
         ranks_figure(board),
         _table_html(OVERALL_HEADER, overall_rows(board)),
         cd_figure(board.get("across_tasks")),
