@@ -180,8 +180,13 @@ def full_disk_at(at: int, args, tmp_path, monkeypatch, capsys, expected: dict):
         assert code == 0 and len(kept) == 1 and "no space left" in kept[0].lower(), (at, lines)
         assert rows(out) == expected, at
         return
+    if fault.failed_on is None or f"{os.sep}identity{os.sep}" in str(fault.failed_on):
+        # a data digest memo only saves the next look its hashing: the run goes on without it;
+        # and seconds-old files are not memoised (racy clean), so a later run may write fewer
+        assert code == 0 and rows(out) == expected, (at, fault.failed_on, lines)
+        return
     err = [line for line in lines if line.startswith("error")]
-    assert code == 2 and len(err) == 1 and "no space left" in err[0], (at, err)
+    assert code == 2 and len(err) == 1 and "no space left" in err[0], (at, fault.failed_on, err)
     assert "writing a file" not in err[0], (at, err)  # the path is named
     assert leftovers(cache, out) == [], at  # the failed write took its temporary file away
     assert main([*args, "--cache-dir", str(cache), "--out", str(out)]) == 0
