@@ -437,7 +437,7 @@ def test_every_per_image_kind_gets_its_paired_test():
     depth = paired_on("mse", a, b, seed=0, task="waymo-depth-dpt")
     assert depth.difference == pytest.approx(a["mse"].mean() - b["mse"].mean())
     assert paired_on("abs_rel", a, b, seed=0, task="waymo-depth-dpt") == (
-        "no per-image outputs of abs_rel"
+        "no paired test of abs_rel from these per-image outputs (none declared, or no column of it)"
     )
 
 

@@ -560,7 +560,7 @@ def paired_on(metric: str, frame_a, frame_b, seed: int, task: str | None = None)
     bootstrap of the metric recomputed from its parts."""
     test = declared_test(task, metric, set(frame_a.columns))
     if test is None:
-        return f"no per-image outputs of {metric}"
+        return f"no paired test of {metric} from these per-image outputs (none declared, or no column of it)"
     parts = test.parts(frame_a), test.parts(frame_b)
     if (bad := not_numbers(*parts)) is not None:
         return bad
@@ -577,7 +577,7 @@ def paired_on_seeds(
     right-or-wrong per image, so accuracies are bootstrapped here too."""
     test = declared_test(task, metric, set(frames_a[0].columns))
     if test is None:
-        return f"no per-image outputs of {metric}"
+        return f"no paired test of {metric} from these per-image outputs (none declared, or no column of it)"
     seeds_a, seeds_b = [test.parts(f) for f in frames_a], [test.parts(f) for f in frames_b]
     return not_numbers(*seeds_a, *seeds_b) or paired_bootstrap_seeds(
         seeds_a, seeds_b, test.statistic, seed=seed, sums=test.sums
