@@ -478,8 +478,10 @@ def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
     """Every pair of the board's backbones: the paired test of A − B on their shared images,
     p-values Holm-adjusted over the tested pairs, and the verdict at ``level``."""
     outputs = {id(cell): per_image(cell) for cell in board.cells}  # each file read once
-    board.resampled = image_resamples(board, outputs, seed)
-    at_once = board_tests(board, outputs, seed)
+    aligned = _aligned(board, outputs)
+    shared = shared_resamples(aligned, seed) if aligned is not None else None
+    board.resampled = image_resamples(board, shared)
+    at_once = board_tests(board, aligned, shared)
     results = []
     for a, b in itertools.combinations(board.cells, 2):
         if at_once is not None:
@@ -614,14 +616,14 @@ class SharedResamples:
         )
 
 
-def board_tests(board: Board, outputs: dict, seed: int):
+def board_tests(board: Board, aligned, shared):
     """Every pair of a board tested at once, where its cells scored the same images with
-    numbers: ``pair(id_a, id_b)`` answers each pair as its own test would. One-seed
-    right-or-wrong cells: exact McNemar of all pairs from one product of their correctness
-    (``mcnemar_all``); a mean or a metric of sums: ``SharedResamples``. None otherwise (each
-    pair is then tested on its own, and says why it cannot be)."""
-    aligned = aligned_parts(board, outputs)
-    if aligned is None:
+    numbers (``aligned``: ``_aligned``): ``pair(id_a, id_b)`` answers each pair as its own test
+    would. One-seed right-or-wrong cells: exact McNemar of all pairs from one product of their
+    correctness (``mcnemar_all``); a mean or a metric of sums: the board's ``SharedResamples``.
+    None otherwise, and on boards of two cells (each pair is then tested on its own, and says
+    why it cannot be)."""
+    if aligned is None or len(board.cells) < 3:
         return None
     test, cells = aligned
     if test.binary and all(len(parts) == 1 for parts in cells.values()):
@@ -629,19 +631,14 @@ def board_tests(board: Board, outputs: dict, seed: int):
         tests = mcnemar_all(np.stack([cells[key][0][:, 0] > 0 for key in keys]))
         where = {key: index for index, key in enumerate(keys)}
         return lambda a, b: tests[(where[a], where[b])]
-    shared = shared_resamples(aligned, seed)
-    return shared.pair if shared is not None else None
-
-
-def aligned_parts(board: Board, outputs: dict):
-    """(the task's test, each cell's per-seed parts in the first cell's image order) when
-    every cell scored the same images with numbers and the task declares a test; else None."""
-    if len(board.cells) < 3:
+    if shared is None or (test.statistic is not mean_of and test.sums is None):
         return None
-    return _aligned(board, outputs)
+    return shared.pair
 
 
 def _aligned(board: Board, outputs: dict):
+    """(the task's test, each cell's per-seed parts in the first cell's image order) when
+    every cell scored the same images with numbers and the task declares a test; else None."""
     if any(isinstance(o, str) for o in outputs.values()):
         return None
     first_ids, first_frames = outputs[id(board.cells[0])]
@@ -662,11 +659,12 @@ def _aligned(board: Board, outputs: dict):
 
 
 def shared_resamples(aligned: tuple, seed: int) -> SharedResamples | None:
-    """``SharedResamples`` of a board's ``aligned_parts`` whose test is bootstrapped on a mean
-    or on sums (one-seed right-or-wrong boards are McNemar's, in ``board_tests``); None for a
-    statistic of neither kind (each pair is then resampled on its own)."""
+    """``SharedResamples`` of a board's ``_aligned`` parts whose metric is a mean, a metric of
+    sums or a right-or-wrong (an accuracy, the mean of it): each cell scored once on one set
+    of resampled images, for the pairs' bootstrap (``board_tests``) and the overall order's
+    uncertainty (``image_resamples``); None for a statistic of none of these kinds."""
     test, cells = aligned
-    if test.statistic is not mean_of and test.sums is None:
+    if test.statistic is not mean_of and test.sums is None and not test.binary:
         return None
     images = len(next(iter(cells.values()))[0])
     observed, resampled = _resampled_cells(cells, test, images, seed)
@@ -674,21 +672,13 @@ def shared_resamples(aligned: tuple, seed: int) -> SharedResamples | None:
     return SharedResamples(observed, resampled, images, seeds)
 
 
-def image_resamples(board: Board, outputs: dict, seed: int) -> dict[str, np.ndarray] | None:
-    """Each cell's metric on the same resamples of the board's images (the shared draws of
-    ``_resampled_cells``; an accuracy as the mean of its right-or-wrong), for the overall
-    order's uncertainty; None when the cells did not score the same images with a mean or a
-    metric of sums (the overall order then resamples the tasks alone for this board)."""
-    aligned = _aligned(board, outputs)
-    if aligned is None:
+def image_resamples(board: Board, shared) -> dict[str, np.ndarray] | None:
+    """Each cell's metric on the board's shared resamples of its images, by backbone, for the
+    overall order's uncertainty; None without them (the overall order then resamples the
+    tasks alone for this board)."""
+    if shared is None:
         return None
-    test, cells = aligned
-    if test.statistic is not mean_of and test.sums is None and not test.binary:
-        return None
-    images = len(next(iter(cells.values()))[0])
-    by_id = {id(cell): cell.backbone for cell in board.cells}
-    _, resampled = _resampled_cells(cells, test, images, seed)
-    return {by_id[key]: values for key, values in resampled.items()}
+    return {cell.backbone: shared.resampled[id(cell)] for cell in board.cells}
 
 
 def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, dict]:
