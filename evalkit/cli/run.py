@@ -74,9 +74,9 @@ def shared_out(specs: list, args, console) -> list:
     shard = runner.shard_asked(args.shard, dict(os.environ))
     if shard is None:
         return specs
-    kept, counts = runner.share(specs, shard)
+    kept, counts, record = runner.share(specs, shard)
     if is_main_process():
-        keep_study_record(runner.study_record(specs, shard), specs[0].out)
+        keep_study_record(record, specs[0].out)
     console.print(
         f"shard {shard[0]}/{shard[1]}: {counts['mine']} cell(s) to run of its "
         f"{counts['share']} ({counts['cells']} in all; the others are another shard's, or done)",

@@ -468,26 +468,28 @@ def cells_of(spec: RunSpec) -> list[tuple[str, int, str]]:
     return [(name, seed, task) for name in backbones for seed in spec.seeds for task in spec.tasks]
 
 
-def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], dict]:
+def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], dict, dict]:
     """The specs of a zoo cut to the ``shard`` = (index, count) share of its cells (cut by
     the features they read: ``shares_by_features``), then the cells of the share whose rows
     are on disk are left out, so a rerun of the same array does only what is left.
     The share is cut from every cell, not from those left, since array tasks start at
     different times: a share cut from what one of them saw left could miss a cell another
     took for its own. Returns the specs (each with its ``cells``; a spec with none is
-    dropped) and the counts."""
+    dropped), the counts, and the study's record (``study_record``)."""
     index, count = shard
     everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
-    identities: dict = {}
+    identities: dict = {}  # each data set identified once, for the record and the done cells
     read: dict = {}  # rows file → its rows: each read once however many cells it holds
-    share_ = [everything[i] for i in shares_by_features(everything, count)[index]]
+    cut = shares_by_features(everything, count)
+    record = study_record(specs, everything, cut, identities) | {"share": index}
+    share_ = [everything[i] for i in cut[index]]
     mine = [(n, cell) for n, cell in share_ if not finished(specs[n], cell, identities, read)]
-    cut = [
+    kept = [
         dataclasses.replace(spec, cells=frozenset(cell for n, cell in mine if n == number))
         for number, spec in enumerate(specs)
     ]
-    kept = [spec for spec in cut if spec.cells]
-    return kept, {"cells": len(everything), "share": len(share_), "mine": len(mine)}
+    counts = {"cells": len(everything), "share": len(share_), "mine": len(mine)}
+    return [spec for spec in kept if spec.cells], counts, record
 
 
 def shares_by_features(cells: list[tuple[int, tuple]], count: int) -> list[list[int]]:
@@ -512,22 +514,19 @@ def shares_by_features(cells: list[tuple[int, tuple]], count: int) -> list[list[
     return [sorted(positions) for positions in shares]
 
 
-def study_record(specs: list[RunSpec], shard: tuple[int, int]) -> dict:
+def study_record(specs: list[RunSpec], everything: list, cut: list, identities: dict) -> dict:
     """What a share belongs to, kept beside its rows (``<out>/shares/``): every cell of the
-    study, named as rows and failure records name them, the share each cell went to, this
-    share's index and the count, so a merge can tell which cells no merged share delivered."""
-    everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
-    identities: dict = {}
+    study (``everything``, as ``share`` lists them), named as rows and failure records name
+    them, the share each cell went to (``cut``) and the count, so a merge can tell which
+    cells no merged share delivered. ``share`` adds the share's own index."""
     described = [_described(specs[number], cell, identities) for number, cell in everything]
-    cut = shares_by_features(everything, shard[1])
     share_of = [0] * len(everything)
     for index, positions in enumerate(cut):
         for position in positions:
             share_of[position] = index
     return {
         "study": spec_key({"cells": described}, length=16),
-        "share": shard[0],
-        "of": shard[1],
+        "of": len(cut),
         "cells": described,
         "share_of": share_of,
     }
