@@ -636,16 +636,25 @@ def named_outputs(run_dir: Path, task: str) -> list[tuple[str, str, str, Path]]:
     """(heading, backbone, setup label, file) of each per-image file of ``task`` under
     ``run_dir``, headed as the other views name the cell (``fake [dim=64] (random init) on
     imagenet (stand-in), seed 0``); a file no row speaks for keeps its own name."""
-    from evalkit.core.results import dataset_label, load_rows, rows_file, run_spec, spec_labels
+    from evalkit.core.results import (
+        dataset_label,
+        load_rows,
+        predictions_file,
+        rows_file,
+        run_spec,
+        spec_labels,
+    )
 
     slug = task.replace("/", "_")
     files = sorted((run_dir / "predictions").glob(f"{slug}--*.parquet"))
     every = load_rows([run_dir]) if rows_file(run_dir, task).is_file() else []
     labels = spec_labels(every)  # chosen over the whole folder, as the table chooses them
-    by_name = {}
-    for row in every:
-        name = f"{row['task']}--{row['backbone']}--s{row.get('seed', 0)}--{row.get('run_key')}"
-        by_name[name.replace("/", "_") + ".parquet"] = row
+    by_name = {
+        predictions_file(
+            run_dir, row["task"], row["backbone"], row.get("seed", 0), row.get("run_key")
+        ).name: row
+        for row in every
+    }
     found = []
     for path in files:
         row = by_name.get(path.name)

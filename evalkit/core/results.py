@@ -55,6 +55,13 @@ def rows_file(out_dir: Path, task: str) -> Path:
     return Path(out_dir) / f"{task_slug(task)}.jsonl"
 
 
+def predictions_file(out_dir: Path, task: str, backbone: str, seed: int, key: str) -> Path:
+    """``<out>/predictions/<task>--<backbone>--s<seed>--<run key>.parquet``: a cell's
+    per-image outputs, written by the runner and found by every view from its row."""
+    slug = f"{task}--{backbone}--s{seed}--{key}".replace("/", "_")
+    return Path(out_dir) / "predictions" / f"{slug}.parquet"
+
+
 def append_rows(path: Path, rows: list[Row]):
     """Append one job's rows in one write, synced: all of them land or none does (a crash or
     a full disk never leaves a job half-recorded, so a rerun never writes a seed twice)."""

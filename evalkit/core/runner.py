@@ -45,6 +45,7 @@ from evalkit.core.results import (
     append_rows,
     holds_run_key,
     load_rows,
+    predictions_file,
     replace_rows,
     rows_file,
 )
@@ -854,12 +855,6 @@ def readable_parquet(path: Path) -> bool:
         warn(f"{path} is damaged or cut off: the cell is recomputed")
         return False
     return True
-
-
-def predictions_file(out_dir: Path, task: str, backbone: str, seed: int, key: str) -> Path:
-    """``<out>/predictions/<task>--<backbone>--s<seed>--<run key>.parquet``."""
-    slug = f"{task}--{backbone}--s{seed}--{key}".replace("/", "_")
-    return Path(out_dir) / "predictions" / f"{slug}.parquet"
 
 
 def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> dict:

@@ -32,6 +32,7 @@ from evalkit.core.results import (
     file_rows,
     format_value,
     natural_order,
+    predictions_file,
     rows_files,
     run_spec,
 )
@@ -891,8 +892,11 @@ def output_files(cell: Cell) -> list[Path]:
     by_seed = {row.get("seed", 0): row for row in cell.rows}
     paths = []
     for number, row in sorted(by_seed.items()):
-        slug = f"{row['task']}--{row['backbone']}--s{number}--{row.get('run_key')}"
-        paths.append(Path(row["_folder"]) / "predictions" / (slug.replace("/", "_") + ".parquet"))
+        paths.append(
+            predictions_file(
+                row["_folder"], row["task"], row["backbone"], number, row.get("run_key")
+            )
+        )
     return paths
 
 
