@@ -362,7 +362,7 @@ FAULTS = (
     Fault(
         "failed cells never completed",
         "evalkit/publish/leaderboard.py",
-        'return [r for r in latest.values() if done.get(_failed_cell(r), -1.0) < _epoch(r.get("time"))]',
+        'return [r for r in latest.values() if done.get(cell_key(r), -1.0) < _epoch(r.get("time"))]',
         "return list(latest.values())",
         ("tests/test_zoo.py::test_a_failed_cell_is_recorded_and_the_zoo_goes_on",),
     ),

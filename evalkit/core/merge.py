@@ -22,8 +22,10 @@ from pathlib import Path
 
 from evalkit.core.results import (
     FAILED,
+    cell_key,
     dataset_label,
     file_rows,
+    row_cell,
     rows_files,
     rows_text,
     run_spec,
@@ -226,7 +228,7 @@ def undelivered_cells(out: Path, rows: list[dict]) -> list[dict]:
     for record in _study_records([out]).values():
         study = studies.setdefault(record["study"], {"record": record, "merged": set()})
         study["merged"].add(record["share"])
-    done = {_cell_of_row(row) for row in rows} | {row.get("request_key") for row in rows}
+    done = {row_cell(row) for row in rows} | {row.get("request_key") for row in rows}
     missing = []
     for study in studies.values():
         record = study["record"]
@@ -234,7 +236,7 @@ def undelivered_cells(out: Path, rows: list[dict]) -> list[dict]:
         for position, cell in enumerate(record["cells"]):
             # by the key its rows carry; a cell whose data could not be read where the share
             # ran has none, and is matched by its names
-            if (cell.get("request_key") or _cell_key(cell)) in done:
+            if (cell.get("request_key") or cell_key(cell)) in done:
                 continue
             share = shares[position]
             why = "merged, but the cell has no rows (it failed or was lost)"
@@ -244,15 +246,3 @@ def undelivered_cells(out: Path, rows: list[dict]) -> list[dict]:
                 {**cell, "why": f"share {share} of {record['of']}: {why}", "study": record["study"]}
             )
     return missing
-
-
-def _cell_key(cell: dict) -> tuple:
-    options = json.dumps(cell.get("options") or {}, sort_keys=True, default=str)
-    return (cell["task"], cell["backbone"], cell.get("seed", 0), cell.get("weights"), options)
-
-
-def _cell_of_row(row: dict) -> tuple:
-    source = str(row.get("weights_source") or "")
-    weights = source.removeprefix("local file ") if source.startswith("local file ") else None
-    cell = {**row, "options": row.get("backbone_options"), "weights": weights}
-    return _cell_key(cell)

@@ -176,6 +176,27 @@ def _parsed(line: str) -> tuple[Row | None, str | None]:
     return row, None
 
 
+def cell_key(cell: dict) -> tuple:
+    """A cell as failure records and study records name it (task, backbone, seed, the weights
+    file given, the backbone options), comparable with ``row_cell``."""
+    options = json.dumps(cell.get("options") or {}, sort_keys=True, default=str)
+    return (
+        cell.get("task"),
+        cell.get("backbone"),
+        cell.get("seed", 0),
+        cell.get("weights"),
+        options,
+    )
+
+
+def row_cell(row: Row) -> tuple:
+    """The ``cell_key`` of the cell a row belongs to (its weights file read back from
+    ``weights_source``)."""
+    source = str(row.get("weights_source") or "")
+    weights = source.removeprefix("local file ") if source.startswith("local file ") else None
+    return cell_key({**row, "options": row.get("backbone_options"), "weights": weights})
+
+
 def weights_group(row: Row) -> str:
     """Which weights a row came from, for grouping: the weights id, except that random weights
     (whose id follows the seed) form one group, so their seeds aggregate."""

@@ -28,11 +28,13 @@ import numpy as np
 from evalkit.core.results import (
     FAILED,
     aggregate,
+    cell_key,
     dataset_label,
     file_rows,
     format_value,
     natural_order,
     predictions_file,
+    row_cell,
     rows_files,
     run_spec,
 )
@@ -794,36 +796,16 @@ def failed_cells(paths, rows: list[dict] | None = None) -> list[dict]:
             cell = ("task", "backbone", "seed", "weights", "options")
             latest[json.dumps([record.get(k) for k in cell], sort_keys=True)] = record
     done = _finished_at(rows or [])
-    return [r for r in latest.values() if done.get(_failed_cell(r), -1.0) < _epoch(r.get("time"))]
+    return [r for r in latest.values() if done.get(cell_key(r), -1.0) < _epoch(r.get("time"))]
 
 
 def _finished_at(rows: list[dict]) -> dict[tuple, float]:
-    """Cell → when its newest row was written (seconds since the epoch)."""
+    """Cell (``row_cell``) → when its newest row was written (seconds since the epoch)."""
     found: dict[tuple, float] = {}
     for row in rows:
-        source = str(row.get("weights_source") or "")
-        weights = source.removeprefix("local file ") if source.startswith("local file ") else None
-        cell = (
-            row["task"],
-            row["backbone"],
-            row.get("seed", 0),
-            weights,
-            json.dumps(row.get("backbone_options") or {}, sort_keys=True, default=str),
-        )
-        written = _epoch((row.get("provenance") or {}).get("time"))
+        cell, written = row_cell(row), _epoch((row.get("provenance") or {}).get("time"))
         found[cell] = max(found.get(cell, written), written)
     return found
-
-
-def _failed_cell(record: dict) -> tuple:
-    options = json.dumps(record.get("options") or {}, sort_keys=True, default=str)
-    return (
-        record.get("task"),
-        record.get("backbone"),
-        record.get("seed", 0),
-        record.get("weights"),
-        options,
-    )
 
 
 def _epoch(stamp) -> float:
