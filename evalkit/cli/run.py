@@ -89,14 +89,11 @@ def keep_study_record(record: dict, out: Path):
     """The share's record of its study (``runner.study_record``) under ``<out>/shares/``,
     for ``evalkit merge`` to account for every cell."""
     from evalkit.storage.identity import write_json
-    from evalkit.storage.writes import disk_error
 
-    path = out / "shares" / f"{record['study']}-{record['share']}-of-{record['of']}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, record)
-    except OSError as exc:
-        raise disk_error(exc, path) from None
+    # written whole or not at all, its folder made, a full disk one line (storage.writes)
+    write_json(
+        out / "shares" / f"{record['study']}-{record['share']}-of-{record['of']}.json", record
+    )
 
 
 def cell_line(job, index: int, total: int, spec) -> str:
