@@ -394,6 +394,43 @@ FAULTS = (
         "sums[rows] += ranks[0]",
         (f"{BOARD}::test_on_null_boards_the_order_claims_no_leader",),
     ),
+    Fault(
+        "mcnemar mde without the power quantile",
+        "evalkit/power.py",
+        "k = _z(1 - level / 2) + _z(POWER)\n    share = discordant / images",
+        "k = _z(1 - level / 2)\n    share = discordant / images",
+        ("tests/test_power.py::test_mcnemar_detects_its_mde_80_percent_of_the_time",),
+    ),
+    Fault(
+        "seed mde without dividing by the seeds",
+        "evalkit/power.py",
+        "error = math.sqrt(s_a * s_a / k_a + s_b * s_b / k_b)",
+        "error = math.sqrt(s_a * s_a + s_b * s_b)",
+        ("tests/test_power.py::test_seed_mde_is_detected_80_percent_of_the_time",),
+    ),
+    Fault(
+        "holm level of the first step for every pair",
+        "evalkit/power.py",
+        "return level / max(tested - rejected_others, 1)",
+        "return level / max(tested, 1)",
+        ("tests/test_power.py::test_mcnemar_mde_at_a_holm_level",),
+    ),
+    Fault(
+        "explorer's flips one way only",
+        "evalkit/publish/explore.py",
+        '"wrong-to-right": ("wrong → right (A wrong, B right)", False, True),',
+        '"wrong-to-right": ("wrong → right (A wrong, B right)", True, False),',
+        (
+            "tests/test_explore.py::test_the_site_shows_two_stand_in_setups_flips_with_every_picture_on_disk",
+        ),
+    ),
+    Fault(
+        "board resamples not kept for the overall order",
+        "evalkit/publish/leaderboard.py",
+        "board.resampled = image_resamples(board, shared)",
+        "board.resampled = None",
+        (f"{BOARD}::test_the_overall_order_carries_its_uncertainty",),
+    ),
     # An outside review's list: behaviours each of which stayed green when changed alone.
     Fault(
         "merge writes rows before checking per-image outputs",
