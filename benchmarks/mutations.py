@@ -413,7 +413,7 @@ FAULTS = (
         "evalkit/power.py",
         "return level / max(tested - rejected_others, 1)",
         "return level / max(tested, 1)",
-        ("tests/test_power.py::test_mcnemar_mde_at_a_holm_level",),
+        ("tests/test_power.py::test_a_holm_level_is_the_step_a_pair_is_judged_at",),
     ),
     Fault(
         "explorer's flips one way only",
@@ -429,7 +429,7 @@ FAULTS = (
         "evalkit/publish/leaderboard.py",
         "board.resampled = image_resamples(board, shared)",
         "board.resampled = None",
-        (f"{BOARD}::test_the_overall_order_carries_its_uncertainty",),
+        (f"{BOARD}::test_a_leaderboard_resamples_each_boards_images_for_its_overall_order",),
     ),
     # An outside review's list: behaviours each of which stayed green when changed alone.
     Fault(

@@ -805,3 +805,21 @@ def test_paired_compare_corrects_every_tested_metric_as_one_family(tmp_path):
     assert [r["p_holm"] for r in judged] == pytest.approx([1 / 16, 1 / 16])
     assert [r["status"] for r in judged] == ["ok", "ok"]
     assert [r["tolerance_status"] for r in judged] == ["regression", "regression"]
+
+
+def test_a_leaderboard_resamples_each_boards_images_for_its_overall_order(tmp_path):
+    """Three setups one image apart on each of two tasks of 400 images (the same one leads
+    both): resampling the tasks alone would call it surely first ([1, 1], P(first) 1); the
+    board's own image resamples show that one image decides nothing."""
+    rng = np.random.default_rng(8)
+    images = [f"{i}.png" for i in range(400)]
+    for task in ("imagenet-linear", "zeroshot-imagenet"):  # tasks that test right-or-wrong
+        right = rng.uniform(size=400) < 0.6
+        wrong = np.flatnonzero(~right)[:2]
+        for b in range(3):
+            mine = right.copy()
+            mine[wrong[: 2 - b]] = True  # b0 two images ahead, b1 one, b2 none
+            write_cell(tmp_path, task, f"b{b}", {"image": images, "top1": mine})
+    overall = {e["backbone"]: e for e in leaderboard([tmp_path])["overall"]}
+    assert overall["b0"]["mean_rank"] == 1.0
+    assert overall["b0"]["p_first"] < 0.95 and overall["b0"]["rank_interval"] != [1.0, 1.0]

@@ -83,8 +83,12 @@ def test_the_site_shows_two_stand_in_setups_flips_with_every_picture_on_disk(cli
         }
     for kind, expected in counts.items():
         assert page_count(pair, kind) == expected
-        shown = (pair.parent / f"{kind}-all-p1.html").read_text().count('<figure class="card">')
+        text = (pair.parent / f"{kind}-all-p1.html").read_text()
+        shown = text.count('<figure class="card">')
         assert shown == min(expected, PAGE)
+        a_mark, b_mark = ("ok", "bad") if kind == "right-to-wrong" else ("bad", "ok")
+        assert text.count(f'<span class="{a_mark}">{"✓" if a_mark == "ok" else "✗"} A') == shown
+        assert text.count(f'<span class="{b_mark}">{"✓" if b_mark == "ok" else "✗"} B') == shown
     assert "images have no readable file" not in index  # every image found under --data-root
 
 

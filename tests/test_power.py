@@ -131,3 +131,11 @@ def test_images_needed_is_where_the_mde_reaches_the_target():
         psi = sum(test.flips) / IMAGES
         at = power.mcnemar_mde(round(psi * needed), needed, 0.05)
         assert at == pytest.approx(3.0, abs=0.05)
+
+
+def test_a_holm_level_is_the_step_a_pair_is_judged_at():
+    """Holm's k-th step holds its p-value to level / (m − k + 1): with 2 of 4 other pairs
+    rejected, the pair is judged at step 3, against 0.05 / 2."""
+    assert power.holm_level(0.05, tested=4, rejected_others=2) == pytest.approx(0.025)
+    assert power.holm_level(0.05, tested=4, rejected_others=0) == pytest.approx(0.0125)
+    assert power.holm_level(0.05, tested=1, rejected_others=0) == pytest.approx(0.05)
