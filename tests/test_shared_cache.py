@@ -34,6 +34,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def as_reader(command: list[str]) -> list[str]:
+    return [SETPRIV, f"--reuid={READER}", f"--regid={READER}", "--clear-groups", *command]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reader_sees_this_environment():
+    """The second user must be able to read this Python environment, as on a team's shared
+    install; a venv in a private folder (mode 0700) makes Python fall back to the system one,
+    and every failure below would be an ImportError instead of what it tests."""
+    probe = [sys.executable, "-c", "import sys; print(sys.prefix)"]
+    seen = subprocess.run(as_reader(probe), capture_output=True, text=True).stdout.strip()
+    if seen != sys.prefix:
+        pytest.skip(f"uid {READER} cannot read this environment ({sys.prefix}): chmod o+rx it")
+
+
 @pytest.fixture(scope="module")
 def shared():
     """A folder every uid can reach (pytest's own is root's alone), removed afterwards."""
@@ -47,12 +62,12 @@ def shared():
 def filled(shared) -> tuple[Path, dict]:
     """A cache filled by a normal run (features and decoded views), and that run's rows."""
     cache, out = shared / "filled", shared / "rows-filled"
-    result = evalkit_run(cache, out, as_reader=False)
+    result = evalkit_run(cache, out, by_reader=False)
     assert result.returncode == 0, result.stderr
     return cache, rows(out)
 
 
-def evalkit_run(cache: Path, out: Path, *, as_reader: bool, args=()):
+def evalkit_run(cache: Path, out: Path, *, by_reader: bool, args=()):
     """``evalkit run`` of the k-NN task on the stand-in data, as root or as ``READER``."""
     home = cache.parent / f"home-{cache.name}"
     for folder in (home, out):
@@ -62,9 +77,8 @@ def evalkit_run(cache: Path, out: Path, *, as_reader: bool, args=()):
     env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     command = [sys.executable, "-m", "evalkit", *KNN, "--pixels", "cache", "--quiet"]
     command += ["--out", str(out), *args]
-    if as_reader:
-        ids = [f"--reuid={READER}", f"--regid={READER}", "--clear-groups"]
-        command = [SETPRIV, *ids, *command]
+    if by_reader:
+        command = as_reader(command)
     return subprocess.run(command, env=env, cwd=cache.parent, capture_output=True, text=True)
 
 
@@ -96,7 +110,7 @@ def test_another_users_private_entries_are_skipped_and_kept(shared, filled, fold
     shutil.copytree(filled[0], cache, symlinks=True)
     before = owned_privately(cache, folder_mode)
     assert before, "the normal run kept no features or views"
-    result = evalkit_run(cache, shared / f"rows-{folder_mode:o}", as_reader=True)
+    result = evalkit_run(cache, shared / f"rows-{folder_mode:o}", by_reader=True)
     assert result.returncode == 0, result.stderr
     assert rows(shared / f"rows-{folder_mode:o}") == normal
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in before if p.exists()}
@@ -116,11 +130,9 @@ def test_an_image_another_user_keeps_private_is_not_readable_by_this_user(shared
     os.chown(image, OWNER, OWNER)
     image.chmod(0o600)
     read = f"from evalkit.data.folder import load_rgb; load_rgb({str(image)!r})"
-    ids = [f"--reuid={READER}", f"--regid={READER}", "--clear-groups"]
     env = os.environ | {"PYTHONPATH": str(REPO), "HOME": str(shared)}
-    result = subprocess.run(
-        [SETPRIV, *ids, sys.executable, "-c", read], env=env, capture_output=True, text=True
-    )
+    command = as_reader([sys.executable, "-c", read])
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert f"not readable by this user (permission denied (owned by uid {OWNER}))" in (
         result.stderr
