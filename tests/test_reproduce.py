@@ -31,6 +31,7 @@ def test_smoke_rows_are_measured_written_and_reused(cli_env, capsys):
     low, high = linear["interval"]
     assert linear["our_effect"] == 0 and low < 0 < high and linear["agrees"] is None
     assert linear["note"].startswith("within noise") and linear["seconds"] >= 0
+    assert "no effect larger than ±" in (paper / f"{name}.md").read_text()
     table = (paper / f"{name}.md").read_text()
     assert "| 5 | scale ViT-e → ViT-22B | ImageNet linear probe |" in table
     # row 3's throughput plot is copied beside the table and embedded

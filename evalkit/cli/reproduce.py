@@ -23,6 +23,13 @@ def add_reproduce_command(sub) -> None:
     rep.add_argument("--out", type=Path, default=Path("results/paper"))
     rep.add_argument("--cache-dir", type=Path, help="features, stand-in data and the ladder")
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
+    rep.add_argument(
+        "--resolve",
+        type=budget_seconds,
+        metavar="SECONDS",
+        help="measure the rows within noise again with more seeds (doubled per look, each look "
+        "held to its share of the 5%% level) until decided or SECONDS of compute are spent",
+    )
     add_log_argument(rep)
     paper = rep.add_argument_group("scale paper")
     paper.add_argument("--data-dir", type=data_root, help="the real data sets")
@@ -61,6 +68,18 @@ def add_reproduce_command(sub) -> None:
         help="estimate compute and print the jobs (slurm: the batch script)",
     )
     add_resource_arguments(paper)
+
+
+def budget_seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expects seconds of compute (> 0), got {text!r}")
+    return value
 
 
 def add_resource_arguments(parser) -> None:
@@ -107,6 +126,11 @@ def cmd_reproduce(args, console) -> int:
             f"--rows expects comma-separated row numbers, got {args.rows!r}"
         ) from None
     if args.scale == "paper":
+        if args.resolve is not None:
+            raise EvalkitError(
+                "--resolve adds seeds on the embedded stand-ins (scales tiny, smoke); at scale "
+                "paper add seeds to the sweep's plan"
+            )
         return reproduce_paper(args, only, console)
     given = [
         flag
@@ -133,6 +157,7 @@ def cmd_reproduce(args, console) -> int:
         progress=not args.quiet,
         echo=console.print,
         log=log_run_args(args.log)[1::2],
+        resolve_budget=args.resolve,
     )
     show_effects(records, args, console)
     return 0
@@ -204,7 +229,9 @@ def pairs(items: list[str], option: str) -> dict[str, str]:
 def show_effects(records, args, console) -> None:
     from rich.table import Table
 
-    table = Table("#", "where", "paper effect", "ours", "effect", "agrees?")
+    from evalkit.reproduction.resolve import resolution_text
+
+    table = Table("#", "where", "paper effect", "ours", "effect", "verdict")
     for r in records:
         effect = "–" if r["our_effect"] is None else f"{r['our_effect']:+.3g}"
         if r.get("interval"):
@@ -215,7 +242,7 @@ def show_effects(records, args, console) -> None:
             r["paper_effect"],
             r["ours"],
             effect,
-            {True: "yes", False: "no", None: "n/a"}[r["agrees"]],
+            resolution_text(r),
         )
     console.print(table)
     console.print(f"table: {args.out}/effects-{args.scale}.md")

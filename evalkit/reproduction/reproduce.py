@@ -20,6 +20,7 @@ finished writes the table from their rows.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
@@ -28,8 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.reproduction.rows import SMALL, EffectRow, Measure, Outcome, departures, selected
-from evalkit.reproduction.scales import PAPER_BACKBONES, SCALES, Scale
+from evalkit.reproduction.rows import (
+    SMALL,
+    Z95,
+    EffectRow,
+    Measure,
+    Outcome,
+    departures,
+    selected,
+)
+from evalkit.reproduction.scales import ONE_SEED, PAPER_BACKBONES, SCALES, Scale
 from evalkit.reproduction.table import write_table
 
 
@@ -103,8 +112,12 @@ class Reproduction:
             weights=self.ladder[size],
         )
 
-    def seeds(self, measure: Measure) -> int:
-        return 1 if measure.on == "none" else self.scale.seeds_for(measure.task)
+    def seeds(self, measure: Measure, count: int | None = None) -> int:
+        """Seeds a measure runs: one for the ablations' own models and seed-free measures,
+        else ``count`` (``--resolve`` adding seeds) or the scale's."""
+        if not seed_dependent(measure):
+            return 1
+        return count or self.scale.seeds
 
     def measure(self, job) -> tuple[dict[str, float], float, list[str]]:
         """The metrics of one job (rows reused when on disk), its seconds of compute and the
@@ -135,11 +148,11 @@ class Reproduction:
         }
         return values, seconds, list(pictures)
 
-    def row(self, effect: EffectRow) -> dict:
+    def row(self, effect: EffectRow, seed_count: int | None = None) -> dict:
         values, seeds, seconds, drawn = {}, {}, 0.0, []
         for name, measure in effect.measures.items():
             per_seed = []
-            for seed in range(self.seeds(measure)):
+            for seed in range(self.seeds(measure, seed_count)):
                 measured, spent, pictures = self.measure(self.job(effect, measure, seed))
                 per_seed.append(measured)
                 seconds += spent
@@ -189,6 +202,12 @@ class Reproduction:
         return names
 
 
+def seed_dependent(measure: Measure) -> bool:
+    """Whether more seeds give a measure new information: a ladder size's head or tower
+    trained from the seed (not the ablations' own models, not a seed-free fit)."""
+    return measure.on != "none" and measure.task not in ONE_SEED
+
+
 def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, float]:
     """One measure's metrics over its seeds: the mean, and a standard error that adds the
     test items' (the mean of the seeds' variances: the same items every seed) and the seeds'
@@ -236,8 +255,11 @@ def reproduce(
     progress=False,
     echo=print,
     log=(),
+    resolve_budget: float | None = None,
 ) -> list[dict]:
-    """Measure every row (or the numbers in ``only``), write the table, return its records."""
+    """Measure every row (or the numbers in ``only``; the table keeps the others' records),
+    resolve the rows within noise with ``resolve_budget`` seconds of more seeds where given,
+    write the table, return the measured rows' records."""
     if scale == "paper":
         raise EvalkitError("scale paper runs as a sweep: evalkit reproduce --scale paper --dry-run")
     if scale not in SCALES:
@@ -246,26 +268,107 @@ def reproduce(
     job = Reproduction(SCALES[scale], Path(out), cache, progress, log=tuple(log))
     start = time.perf_counter()
     ladder_s = job.pretrain_ladder() if any(r.scaling for r in effects) else 0.0
-    return tabulate(job, effects, ladder_s, start, echo)
+    return tabulate(job, effects, ladder_s, start, echo, resolve_budget)
 
 
 def tabulate(
-    job: Reproduction, effects: list[EffectRow], ladder_s: float, start: float, echo=print
+    job: Reproduction,
+    effects: list[EffectRow],
+    ladder_s: float,
+    start: float,
+    echo=print,
+    resolve_budget: float | None = None,
 ) -> list[dict]:
-    """Every row measured (or read) and judged, the table written; the records."""
+    """Every row measured (or read) and judged, resolved where asked, the table written with
+    the records of rows measured earlier and not now; the records measured now."""
     records = []
     for effect in effects:
         echo(f"row {effect.number}: {effect.changed} ({effect.where})")
         records.append(job.row(effect))
-    rows_s = round(sum(r["seconds"] for r in records), 1)
-    summary = {
-        "scale": job.scale.name,
-        "ladder": list(job.scale.ladder),
+    summary = {"scale": job.scale.name, "ladder": list(job.scale.ladder)}
+    if resolve_budget is not None:
+        spent = resolve_rows(job, effects, records, resolve_budget, echo)
+        summary |= {"resolve_budget": resolve_budget, "resolve_seconds": round(spent, 1)}
+    table = earlier_rows(job, records) + records
+    table.sort(key=lambda r: r["row"])
+    rows_s = round(sum(r["seconds"] for r in table), 1)
+    summary |= {
         "ladder_seconds": ladder_s,
         "rows_seconds": rows_s,
         "compute_seconds": round(ladder_s + rows_s, 1),
         "wall_seconds": round(time.perf_counter() - start, 1),
-        "rows": records,
+        "rows": table,
     }
     write_table(summary, job.out)
     return records
+
+
+def earlier_rows(job: Reproduction, records: list[dict]) -> list[dict]:
+    """The records of the rows an earlier invocation measured and this one did not (``--rows``
+    picks some): a table of twelve rows stays one when a few are measured again."""
+    path = job.out / f"effects-{job.scale.name}.json"
+    if not path.is_file():
+        return []
+    try:
+        earlier = json.loads(path.read_text())["rows"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise EvalkitError(
+            f"{path} is not an effect table ({error}): move it away, or measure every row"
+        ) from None
+    now = {r["row"] for r in records}
+    return [r for r in earlier if r["row"] not in now]
+
+
+FLOOR = "more seeds cannot change it: its measures fit seed-free models (test items' error only)"
+
+
+def resolve_rows(
+    job: Reproduction, effects: list[EffectRow], records: list[dict], budget: float, echo
+) -> float:
+    """``--resolve``: each row within noise whose measures depend on the seed measured again
+    with its seeds doubled until decided or ``budget`` seconds are spent
+    (``evalkit.reproduction.resolve``); its record takes the last look's numbers. Returns the
+    seconds spent."""
+    spent = 0.0
+    by_number = {e.number: e for e in effects}
+    for record in records:
+        effect = by_number[record["row"]]
+        if record["agrees"] is not None or record.get("interval") is None:
+            continue
+        if not any(seed_dependent(m) for m in effect.measures.values()):
+            record["note"] = FLOOR
+            continue
+        echo(f"resolving row {effect.number} ({budget - spent:.0f} s of budget left)")
+        run, verdict, latest = resolve_one(job, effect, budget - spent)
+        spent += run.seconds
+        record.update(latest, agrees=verdict, sequential=run.record())
+        record["relative"] = rescaled(latest, run.last.interval)
+        record["interval"] = list(run.last.interval)
+        record["note"] = "" if record["agrees"] is not False else "points against the paper"
+    return spent
+
+
+def resolve_one(job: Reproduction, effect: EffectRow, budget: float):
+    from evalkit.reproduction.resolve import resolve
+
+    latest = {}
+
+    def measure(seeds: int) -> tuple[float, float, float]:
+        latest.clear()
+        latest.update(job.row(effect, seeds))
+        low, high = latest["interval"]
+        return latest["our_effect"], (high - low) / (2 * Z95), latest["seconds"]
+
+    run, verdict = resolve(measure, job.scale.seeds, budget, effect.paper_sign)
+    return run, verdict, dict(latest)
+
+
+def rescaled(record: dict, interval: tuple[float, float]) -> dict:
+    """The picture's relative numbers with the row's interval replaced by ``interval`` (the
+    relative scale is the effect's divided by the same reference value)."""
+    relative = dict(record["relative"])
+    low, high = record["interval"]
+    if relative.get("interval") is not None and high > low:
+        factor = (relative["interval"][1] - relative["interval"][0]) / (high - low)
+        relative["interval"] = [v * factor for v in interval]
+    return relative

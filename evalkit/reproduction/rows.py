@@ -95,6 +95,7 @@ class EffectRow:
     pictures: bool = False  # copy the runs' curves / diagrams beside the table
     # the paper's effect as a relative change in its favourable direction (None: no number)
     paper_relative: float | None = None
+    paper_sign: int = 1  # the sign of the paper's effect on our positive-is-better scale
 
     @property
     def scaling(self) -> bool:
@@ -324,6 +325,7 @@ def rows() -> list[EffectRow]:
             scaling("ade20k-1/1", "miou", paper_sign=-1)[0],
             _ade_full,
             paper_points=(("ViT-G", 55.6), ("ViT-22B", 54.9)),
+            paper_sign=-1,
             paper_relative=(54.9 - 55.6) / 55.6,
         ),
         EffectRow(

@@ -121,9 +121,6 @@ class Scale:
     paper: bool = False  # the paper's models, real data, a sweep
     seeds: int = 2  # per scaling measure whose training depends on the seed (``ONE_SEED``)
 
-    def seeds_for(self, task: str) -> int:
-        return 1 if task in ONE_SEED else self.seeds
-
     def settings(self) -> dict[str, tuple[str, ...]]:
         """Settings per task at this scale."""
         if self.paper:

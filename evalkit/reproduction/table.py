@@ -1,12 +1,15 @@
 """The effect table's Markdown, JSON and picture (docs/protocols.md, "Effect table"), written
 from the records ``evalkit.reproduction.reproduce`` measures: per row the paper's values and effect, ours
-with its 95% interval and the seeds it averages, the verdict, the departures from the paper,
+with its interval and the seeds it averages, how the row ends (``resolve.resolution_text``:
+agrees, disagrees or no effect larger than ±X, with its MDE), the departures from the paper,
 and the seconds it cost; the picture sets the paper's effect and ours side by side."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from evalkit.reproduction.resolve import resolution_text
 
 VERDICTS = {True: "yes", False: "no", None: "n/a"}
 
@@ -39,14 +42,28 @@ def header(summary: dict) -> list[str]:
         f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.",
         "",
         "Our effect is signed so that positive is the better direction, with its 95% interval "
-        "(the test items' standard error, and the seeds' spread where a row has several); a row "
-        "agrees or not only when its interval leaves out zero, else it is within noise. "
-        "Marked rows (†) depart from the paper as listed below the table.",
+        "(the test items' standard error, and the seeds' spread where a row has several). Each "
+        "row ends as: agrees or disagrees with the paper, when its interval leaves out zero; "
+        "else no effect larger than ±X, X the far end of the interval (an effect beyond it is "
+        "ruled out at the interval's level). Each also says the smallest effect its test "
+        "detects 80% of the time. Rows resolved by `--resolve` were measured again with more "
+        "seeds, each look held to its share of the 5% level (α/(k(k+1)) at look k), and show "
+        "that look's interval. Marked rows (†) depart from the paper as listed below the table."
+        + resolve_line(summary),
         "",
         "| # | what changed | where | metric | paper values | paper effect | our setup | "
-        "our values | our effect [95%] | seeds | agrees? | s |",
+        "our values | our effect [interval] | seeds | verdict | s |",
         "|" + "---|" * 12,
     ]
+
+
+def resolve_line(summary: dict) -> str:
+    if "resolve_budget" not in summary:
+        return ""
+    return (
+        f" Resolved with `--resolve {summary['resolve_budget']:g}`: "
+        f"{summary['resolve_seconds']:.0f} s of more seeds."
+    )
 
 
 def row_line(r: dict) -> str:
@@ -55,13 +72,21 @@ def row_line(r: dict) -> str:
         low, high = r["interval"]
         effect += f" [{low:+.3g}, {high:+.3g}]"
     seeds = ", ".join(sorted({str(k) for k in r.get("seeds", {}).values()})) or "–"
-    note = f" ({r['note']})" if r["note"] else ""
     mark = " †" if r.get("departures") else ""
     return (
         f"| {r['row']}{mark} | {r['changed']} | {r['where']} | {r['metric']} | {r['paper']} | "
         f"{r['paper_effect']} | {r['setup']} | {r['ours']} | {effect} | {seeds} | "
-        f"{VERDICTS[r['agrees']]}{note} | {r['seconds']:.0f} |"
+        f"{verdict_text(r)} | {r['seconds']:.0f} |"
     )
+
+
+def verdict_text(r: dict) -> str:
+    """The row's end (``resolution_text``) and its note; a within-noise note is not repeated
+    beside the margin that replaces it."""
+    note = r["note"]
+    if r["agrees"] is None and "within" in note:
+        note = ""
+    return resolution_text(r) + (f" ({note})" if note else "")
 
 
 def departures_section(records: list[dict]) -> list[str]:
@@ -120,7 +145,8 @@ def effects_picture(records: list[dict], path: Path) -> Path | None:
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlabel("relative change, % (positive: the paper's better direction; symlog beyond ±10%)")
     ax.set_title(
-        "Paper (◆) and ours (●, 95% interval): green agrees, red disagrees, grey within noise",
+        "Paper (◆) and ours (●, interval): green agrees, red disagrees, grey no effect beyond "
+        "its interval",
         fontsize=9,
     )
     fig.tight_layout()
