@@ -15,6 +15,7 @@ import pytest
 from evalkit.cli import main
 from evalkit.reproduction import resolve as sequential
 from evalkit.reproduction.resolve import (
+    decided,
     detectable,
     look_level,
     resolution_text,
@@ -88,6 +89,11 @@ def test_a_normal_quantile_for_two_seeds_fails_the_same_check(monkeypatch):
 
     monkeypatch.setattr(sequential, "quantile", lambda level, seeds: float(ndtri(1 - level / 2)))
     assert error_rates(0.0, 0.0, 1.0)[0] > CEILING
+
+
+def test_a_row_whose_paper_effect_is_negative_agrees_below_zero():
+    assert decided((-3.0, -1.0), -1) is True and decided((1.0, 3.0), -1) is False
+    assert decided((1.0, 3.0), 1) is True and decided((-1.0, 3.0), -1) is None
 
 
 def test_the_levels_sum_to_five_percent_over_any_number_of_looks():
