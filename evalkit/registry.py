@@ -85,6 +85,19 @@ class Registry:
     def _load_plugins(self):
         if self._plugins_loaded:
             return
-        self._plugins_loaded = True
         for ep in entry_points(group=self.group):
+            taken = self._entries.get(ep.name)
+            if taken is not None and taken.target != ep.value:
+                raise EvalkitError(
+                    f"plugin {self.kind} {ep.name!r} ({ep.value}, from "
+                    f"{plugin_package(ep)}) has the name of evalkit's {taken.target}: "
+                    f"rename its entry point in group {self.group!r}"
+                )
             self._entries.setdefault(ep.name, Entry(ep.name, ep.value, "(plugin)"))
+        self._plugins_loaded = True  # after the loop: a refused clash is refused every time
+
+
+def plugin_package(ep) -> str:
+    """The installed distribution that declares an entry point, for an error naming it."""
+    dist = getattr(ep, "dist", None)
+    return f"package {dist.name}" if dist is not None else "an installed package"

@@ -212,6 +212,30 @@ def test_entry_point_plugins_are_listed(monkeypatch):
     assert reg.names() == ["my-task"] and reg.get("my-task").target == "mypkg.tasks:build"
 
 
+def test_a_plugin_named_like_a_built_in_is_refused_by_name(monkeypatch):
+    """Dropping it silently would run the built-in where the user asked for the plugin."""
+    from importlib.metadata import EntryPoint
+
+    from evalkit import registry
+    from evalkit.errors import EvalkitError
+
+    shadow = EntryPoint("probe", "mypkg.tasks:probe", "evalkit.tasks")
+    monkeypatch.setattr(registry, "entry_points", lambda group: [shadow])
+    reg = registry.Registry("task", "evalkit.tasks")
+    reg.add("probe", "evalkit.tasks.linear:Probe")
+    with pytest.raises(EvalkitError):
+        reg.names()
+    with pytest.raises(EvalkitError) as refused:  # and again: never the built-in after all
+        reg.get("probe")
+    assert str(refused.value) == (
+        "plugin task 'probe' (mypkg.tasks:probe, from an installed package) has the name of "
+        "evalkit's evalkit.tasks.linear:Probe: rename its entry point in group 'evalkit.tasks'"
+    )
+    same = registry.Registry("task", "evalkit.tasks")  # the built-in's own entry: no clash
+    same.add("probe", "mypkg.tasks:probe")
+    assert same.get("probe").target == "mypkg.tasks:probe"
+
+
 def test_a_name_registered_twice_is_refused():
     from evalkit import registry
     from evalkit.errors import EvalkitError
