@@ -41,6 +41,7 @@ from evalkit.metrics import (
 )
 from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.predictions import class_name, image_ids
 from evalkit.protocols.scorer import Scorer
 from evalkit.significance import PerImageTest, ece_of, ece_sums
 
@@ -59,7 +60,7 @@ class Calibration(LinearClassifier):
     corruptions: tuple[str, ...] = setting(NAMES, CORRUPTION_NAMES)
     severities: tuple[int, ...] = setting(SEVERITIES, SEVERITY_LEVELS)
 
-    version = 2  # 2: ImageNet-C stand-in and on-the-fly noise drawn by evalkit.seeds
+    version = 3  # 2: ImageNet-C stand-in, noise drawn by evalkit.seeds; 3: per-image ids, names
 
     def paired_test(self, metric: str, columns: set[str]):
         """ECE (raw or temperature-scaled) from each image's confidence and right or wrong,
@@ -124,9 +125,10 @@ class Calibration(LinearClassifier):
         scorer = Scorer.fit(self, backbone, ctx)
         temperature = fit_temperature(*scorer.held_out)
         extra = {**scorer.extra, "temperature": temperature, "bins": self.bins}
-        clean_logits, clean_labels = scorer.score(self.dataset, self.eval_split)
+        clean_set = scorer.opened(self.dataset, self.eval_split)
+        clean_logits, clean_labels = scorer.score_opened(clean_set, self.eval_split)
         clean = scores(clean_logits, clean_labels, temperature, self.bins)
-        save_confidences(ctx, clean_logits, clean_labels, temperature, self.bins)
+        save_confidences(ctx, (clean_logits, clean_labels), clean_set, temperature, self.bins)
         noise = {
             "clean": ece_bootstrap_stderr(torch.softmax(clean_logits, 1), clean_labels, self.bins)
         }
@@ -181,16 +183,24 @@ class Calibration(LinearClassifier):
         return str(reliability_plot(diagrams, Path(ctx.artifacts) / f"{slug}.png"))
 
 
-def save_confidences(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature, bins: int):
-    """Per clean eval image (``--save-predictions``): its top-1 confidence, raw and temperature
-    scaled, and whether top-1 is right: what the ECEs are recomputed from (``bins`` wide)."""
+def save_confidences(ctx, scored: tuple, dataset, temperature, bins: int):
+    """Per clean eval image (``--save-predictions``): its id (its path under the data root, as
+    the classification files name it), its label and top-1 class with their names, its top-1
+    confidence, raw and temperature scaled, and whether top-1 is right: what the ECEs are
+    recomputed from (``bins`` wide). ``scored``: the images' logits and labels."""
+    if ctx.predictions is None:
+        return
+    logits, labels = scored
     confidence, predicted = torch.softmax(logits, 1).max(dim=1)  # as ``scores`` computes them
     scaled = torch.softmax(logits / temperature, 1).max(dim=1).values
+    ids, names = image_ids(dataset), list(getattr(dataset, "classes", []))
     ctx.save_predictions(
         {
-            "image": [str(i) for i in range(len(labels))],
+            "image": ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))],
             "label": labels.tolist(),
+            "label_name": [class_name(names, i) for i in labels.tolist()],
             "prediction": predicted.tolist(),
+            "prediction_name": [class_name(names, i) for i in predicted.tolist()],
             "correct": (predicted == labels).tolist(),
             "confidence": confidence.tolist(),
             "confidence_ts": scaled.tolist(),

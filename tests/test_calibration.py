@@ -64,12 +64,23 @@ def test_scores_with_the_temperature_are_the_metrics_of_the_scaled_logits():
     assert plain["ece_ts"] == plain["ece"] and plain["nll_ts"] == plain["nll"]
 
 
-def test_imagenet_ece_temperature_scaling_lowers_the_nll(fake, ctx):
+def test_imagenet_ece_temperature_scaling_lowers_the_nll(fake, ctx, data_cache, tmp_path):
+    """Also its per-image file: each image named by its path under the data root with its
+    class's name and the answered class's, as the classification files name them."""
+    import pandas as pd
+
     from evalkit.core.runner import resolve_task
 
+    ctx.predictions = tmp_path / "ece.parquet"
     rows = {m.metric: m for m in resolve_task("imagenet-ece").run(fake, ctx)}
     assert rows["nll_ts"].value <= rows["nll"].value + 0.05  # fitted on held-out train images
     assert rows["ece"].extra["fit_images"] + rows["ece"].extra["held_out_images"] == 960
+    frame = pd.read_parquet(ctx.predictions)
+    (root,) = (Path(data_cache) / "embedded").glob("shapes-*")
+    assert len(frame) == 384 and all((root / image).is_file() for image in frame["image"])
+    assert frame["image"].str.startswith("val/").all()
+    assert frame["label_name"].tolist() == [Path(i).parent.name for i in frame["image"]]
+    assert (frame["correct"] == (frame["label_name"] == frame["prediction_name"])).all()
 
 
 def test_finetuned_calibration_sets_the_paper_number_beside_it(ctx):

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from evalkit.cli import main
-from evalkit.publish.explore import PAGE, outputs
+from evalkit.core.results import predictions_file, rows_file
+from evalkit.publish.explore import CUES, PAGE, outputs
 
 
 def run_pair(cli_env) -> Path:
@@ -255,3 +256,172 @@ def test_the_leaderboard_page_links_the_images_behind_its_pairs(cli_env):
     text = page.read_text()
     assert '<a href="images/index.html">The images behind the pairs</a>' in text
     assert (page.parent / "images" / "index.html").exists()
+
+
+def one_board(folder: Path, task: str, metric: str, higher: bool, files: dict) -> None:
+    """Rows of ``task`` (one per backbone of ``files``, valued by its frame's ``value``
+    attribute) and each backbone's per-image file, as ``--save-predictions`` lays them out."""
+    (folder / "predictions").mkdir(parents=True, exist_ok=True)
+    for number, (backbone, (value, frame)) in enumerate(files.items()):
+        key = f"{number + 1:016x}"
+        row = {"task": task, "backbone": backbone, "metric": metric, "seed": 0, "value": value}
+        row |= {"higher_is_better": higher, "run_key": key}
+        with open(rows_file(folder, task), "a") as rows:
+            rows.write(json.dumps(row) + "\n")
+        frame.to_parquet(predictions_file(folder, task, backbone, 0, key))
+
+
+def image_files(root: Path, ids) -> Path:
+    """A small PNG under ``root`` for each id (the site's thumbnails are made from them)."""
+    from PIL import Image
+
+    for number, image in enumerate(ids):
+        (root / image).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40, 30), (number * 20 % 256, 90, 160)).save(root / image)
+    return root
+
+
+def shown_ids(text: str) -> list[str]:
+    """The image ids of a page's thumbnails (their alt text), in page order."""
+    return re.findall(r'<img src="[^"]+" width="\d+" height="\d+" alt="([^"]+)">', text)
+
+
+def calibration_frame() -> pd.DataFrame:
+    """Eight images in 5 confidence bins: (0.8, 1] holds two mistakes (0.97 before 0.86) and
+    two right; (0.4, 0.6] one mistake of three; (0.2, 0.4] one mistake alone."""
+    confidence = [0.86, 0.99, 0.97, 0.90, 0.55, 0.50, 0.45, 0.30]
+    correct = [False, True, False, True, False, True, True, False]
+    return pd.DataFrame(
+        {
+            "image": [f"val/c{i}/{i}.png" for i in range(8)],
+            "label": list(range(8)),
+            "label_name": [f"class {i}" for i in range(8)],
+            "prediction": [i if right else 7 - i for i, right in enumerate(correct)],
+            "prediction_name": [
+                f"class {i if right else 7 - i}" for i, right in enumerate(correct)
+            ],
+            "correct": correct,
+            "confidence": confidence,
+            "confidence_ts": confidence,
+            "bins": [5] * 8,
+        }
+    )
+
+
+def test_the_calibration_page_shows_each_confidence_bins_surest_mistakes(tmp_path):
+    """Per bin its accuracy against its mean confidence, then its mistakes surest first, each a
+    thumbnail with its true and answered class; the ECE the bins make is the task's."""
+    frame = calibration_frame()
+    one_board(tmp_path / "R", "imagenet-ece", "ece", False, {"net": (0.3, frame)})
+    root = image_files(tmp_path / "data", frame["image"])
+    site = tmp_path / "site"
+    assert main(["explore", str(tmp_path / "R"), "--out", str(site), "--data-root", str(root)]) == 0
+    assert "calibration-0.html" in (site / "index.html").read_text()
+    (page,) = site.glob("*/calibration-0.html")
+    text = page.read_text()
+    accuracy = dict(re.findall(r'id="accuracy-(\d)">([^<]+)<', text))
+    assert accuracy == {"4": "50.0%", "2": "66.7%", "1": "0.0%"}
+    assert "accuracy 50.0% vs confidence 93.0% (over-confident by 43.0 points)" in text
+    sections = text.split('<h2 id="bin-')[1:]
+    assert [s[0] for s in sections] == ["4", "2", "1"]  # surest bin first
+    assert [shown_ids(s) for s in sections] == [
+        ["val/c2/2.png", "val/c0/0.png"],  # 0.97 before 0.86; the right ones not shown
+        ["val/c4/4.png"],
+        ["val/c7/7.png"],
+    ]
+    assert "✗ class 5 (0.97)" in sections[0] and "<b>true:</b> class 2" in sections[0]
+    assert text.count("<img ") == 4 and "image file not found" not in text
+    ece = (4 * abs(0.5 - 0.93) + 3 * abs(2 / 3 - 0.5) + 0.3) / 8
+    assert f'<b id="ece">{ece:.4f}</b>' in text
+
+
+def test_the_cue_conflict_page_says_which_cue_decided_each_stimulus(tmp_path):
+    """Shape, texture or neither per stimulus whose two cues differ (one cat-on-cat stimulus
+    left out, as the shape bias leaves it), with the shape bias they make."""
+    frame = pd.DataFrame(
+        {
+            "image": [
+                f"cue-conflict/{n}.png" for n in ("cat-dog", "cat-dog2", "dog-cat", "cat-cat")
+            ]
+            + ["edge/cat.png"],
+            "set": ["cue-conflict"] * 4 + ["edge"],
+            "condition": ["0"] * 5,
+            "category": ["cat", "cat", "dog", "cat", "cat"],
+            "texture": ["dog", "dog", "cat", "cat", ""],
+            "decision": ["cat", "dog", "bird", "cat", "dog"],
+            "correct": [True, False, False, True, False],
+        }
+    )
+    one_board(tmp_path / "R", "shape-bias", "shape_bias", True, {"net": (0.5, frame)})
+    root = image_files(tmp_path / "data", frame["image"])
+    site = tmp_path / "site"
+    assert main(["explore", str(tmp_path / "R"), "--out", str(site), "--data-root", str(root)]) == 0
+    (page,) = site.glob("*/cue-0.html")
+    text = page.read_text()
+    assert {k: page_count(page, k) for k in ("shape", "texture", "neither")} == {
+        "shape": 1,
+        "texture": 1,
+        "neither": 1,
+    }
+    assert '<b id="shape-bias">0.500</b>' in text
+    pages = {cue: (page.parent / f"cue-0-{cue}-p1.html").read_text() for cue in CUES}
+    assert shown_ids(pages["shape"]) == ["cue-conflict/cat-dog.png"]
+    assert shown_ids(pages["texture"]) == ["cue-conflict/cat-dog2.png"]
+    assert shown_ids(pages["neither"]) == ["cue-conflict/dog-cat.png"]
+    assert "answered dog: decided by texture" in pages["texture"]
+    assert all(p.count("<img ") == 1 for p in pages.values())
+
+
+@pytest.mark.parametrize(
+    ("task", "metric", "higher", "values", "order"),
+    [
+        ("ade20k-1/16", "miou", True, [50.0, 10.0, 30.0, 70.0], [1, 2, 0, 3]),
+        ("waymo-depth-linear", "mse", False, [0.1, 0.5, 0.3, 0.2], [1, 2, 3, 0]),
+    ],
+)
+def test_a_dense_setups_page_shows_its_worst_images_first(
+    tmp_path, task, metric, higher, values, order
+):
+    """Segmentation: lowest per-image mIoU first; depth: highest per-image error first."""
+    ids = [f"val/{i}.png" for i in range(4)]
+    frame = pd.DataFrame({"image": ids, metric: values, "other": [0.0] * 4})
+    one_board(tmp_path / "R", task, metric, higher, {"net": (float(np.mean(values)), frame)})
+    root = image_files(tmp_path / "data", ids)
+    site = tmp_path / "site"
+    assert main(["explore", str(tmp_path / "R"), "--out", str(site), "--data-root", str(root)]) == 0
+    (page,) = site.glob("*/worst-0-p1.html")
+    text = page.read_text()
+    assert shown_ids(text) == [ids[i] for i in order]
+    assert f"<b>{metric}</b> {values[order[0]]:.4g}" in text
+    assert text.count("<img ") == 4
+    assert "worst-0-p1.html" in (site / "index.html").read_text()
+
+
+@pytest.mark.slow
+def test_the_calibration_cue_conflict_and_worst_image_pages_load_in_a_real_browser(cli_env):
+    """Headless Chromium opens the stand-in's calibration page, its cue-conflict decisions and
+    a segmentation setup's worst images: every image loaded, no text cut off its box."""
+    from browser import chromium, measured
+
+    chromium()
+    for task in ("imagenet-ece", "shape-bias"):
+        command = ["run", "--task", task, "--backbone", "fake", "--data", "embedded"]
+        assert main([*command, "--save-predictions", "--out", "R", "--quiet"]) == 0
+    ids = [f"val/ADE_val_{i:08d}.jpg" for i in range(70)]
+    scores = pd.DataFrame({"image": ids, "miou": np.linspace(5.0, 75.0, 70)})
+    one_board(cli_env / "R", "ade20k-1/16", "miou", True, {"a long setup name " * 4: (40, scores)})
+    root = image_files(cli_env / "data", ids)
+    site = cli_env / "site"
+    assert main(["explore", "R", "--out", str(site), "--data-root", str(root)]) == 0
+    pages = [
+        *site.glob("imagenet-ece*/calibration-0.html"),
+        *site.glob("shape-bias*/cue-0-texture-p1.html"),
+        *site.glob("ade20k*/worst-0-p1.html"),
+        site / "index.html",
+    ]
+    assert len(pages) == 4, pages
+    for page in pages:
+        check = measured(page, CHECK, cli_env / "profile")
+        assert check["broken"] == [] and check["cut"] == [], (page, check)
+        if page.name != "index.html":
+            assert check["images"] > 0, page

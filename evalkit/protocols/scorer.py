@@ -89,11 +89,14 @@ class Scorer:
         return cls(task, backbone, ctx, tuned.classes, held, extra, tuned=tuned)
 
     def score(self, dataset: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        data = open_dataset(
+        name = split if dataset == self.task.dataset else f"{dataset}/{split}"
+        return self.score_opened(self.opened(dataset, split), name)
+
+    def opened(self, dataset: str, split: str):
+        """A split opened as the classifier reads it: its eval transform, its classes."""
+        return open_dataset(
             dataset, split, self.ctx.data, transform=self.transform, classes=self.classes
         )
-        name = split if dataset == self.task.dataset else f"{dataset}/{split}"
-        return self.score_opened(data, name)
 
     def score_opened(self, data, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and labels of a split already opened with ``transform`` (``name``: what the

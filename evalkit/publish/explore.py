@@ -4,10 +4,13 @@ that flipped each way, each setup's most confident mistakes and its most confuse
 as thumbnails written beside the pages (one small JPEG per image, shared by every page).
 
 It reads the per-image files ``--save-predictions`` keeps (docs/results.md, "Looking at the
-images"): classification-type heads (linear probe, kNN, few-shot, zero-shot, LiT) and
-model-vs-human. Setups are named by the labels every view prints (``spec_labels``). Long lists
-are paged (``PAGE`` images a page) and the filters are pre-rendered pages, so a page of a
-50,000-image set costs what a page of 384 does.
+images"): classification-type heads (linear probe, kNN, few-shot, zero-shot, LiT), calibration
+(also its mistakes by confidence bin, each bin's accuracy beside its confidence),
+model-vs-human (also each cue-conflict stimulus's shape or texture decision) and the dense
+tasks, segmentation and depth, whose files keep a score per image and no right or wrong (each
+setup's worst images on the board's headline metric). Setups are named by the labels every view
+prints (``spec_labels``). Long lists are paged (``PAGE`` images a page) and the filters are
+pre-rendered pages, so a page of a 50,000-image set costs what a page of 384 does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ PAGE = 60  # images on one page: about 60 × 4 KB of thumbnails and 30 KB of HTM
 MISTAKES = 30  # most confident mistakes shown per setup
 CONFUSED = 10  # class pairs shown per setup
 EXAMPLES = 4  # example images per confused class pair
+BIN_MISTAKES = 8  # most confident mistakes shown per confidence bin
+WORST = 600  # a dense setup's worst images shown (ten pages)
 THUMB = 128  # thumbnails fit in THUMB × THUMB pixels
 QUALITY = 80  # JPEG quality of the thumbnails
 DEFAULT_PAIRS_UP_TO = 4  # setups on a board up to which every pair is drawn; else the top two
@@ -110,8 +115,9 @@ def pairs(setups: list[Setup], a: str | None, b: str | None) -> list[tuple[Setup
 
 
 def data_roots(rows: list[dict]) -> list[Path]:
-    """The dataset roots rows record: a ``data_root``, a dataset's ``root``, or the folder of
-    a ``folder:`` data set."""
+    """The dataset roots rows record: a ``data_root``, a dataset's ``root``, the folder of a
+    ``folder:`` data set, or where this machine keeps each data set a row names (``a+b`` for
+    a task that reads two: model-vs-human's stimuli beside its ImageNet probe)."""
     roots = []
     for row in rows:
         recorded = row.get("dataset") if isinstance(row.get("dataset"), dict) else {}
@@ -122,7 +128,8 @@ def data_roots(rows: list[dict]) -> list[Path]:
         if named.startswith("folder:"):
             roots.append(Path(named.removeprefix("folder:")))
         if recorded.get("name") and not named.startswith("folder:"):
-            roots += _configured_root(recorded["name"], bool(recorded.get("stand_in")))
+            for name in str(recorded["name"]).split("+"):  # a task that reads two sets
+                roots += _configured_root(name, bool(recorded.get("stand_in")))
     return list(dict.fromkeys(roots))
 
 
@@ -141,6 +148,18 @@ def _configured_root(name: str, stand_in: bool) -> list[Path]:
 
 
 # --- per-image outputs in one shape for every family -----------------------------------------
+
+
+def columns_of(path: Path) -> set[str]:
+    """The columns of a per-image file, read from its schema alone."""
+    import pyarrow.parquet as pq
+
+    return set(pq.read_schema(path).names)
+
+
+def right_or_wrong(path: Path) -> bool:
+    """Whether a per-image file says per image right or wrong (else it keeps scores: dense)."""
+    return bool({"correct", "correct_share"} & columns_of(path))
 
 
 def outputs(path: Path):
@@ -343,25 +362,35 @@ def card(row, answers: list[tuple[str, str]], thumbs: Thumbnails, up: str) -> st
     """One image: its thumbnail (or a placeholder), true class, each setup's answer marked
     right or wrong, and its id. ``answers``: (who, column suffix) per setup."""
     image = row.image if "image" in row._fields else row.image_a
-    made = thumbs.of(image, row.Index)
-    if made is None:
-        picture = '<div class="missing">image file not found</div>'
-    else:
-        name, width, height = made
-        src = html.escape(f"{up}thumbs/{name}")
-        picture = f'<img src="{src}" width="{width}" height="{height}" alt="{html.escape(image)}">'
     lines = [f"<b>true:</b> {html.escape(str(getattr(row, 'truth' + answers[0][1])))}"]
     for who, suffix in answers:
         right = getattr(row, "right" + suffix)
         mark = ("ok", "✓") if right else ("bad", "✗")
         text = html.escape(f"{who}{getattr(row, 'guess' + suffix)}")
         lines.append(f'<span class="{mark[0]}">{mark[1]} {text}</span>')
-    lines.append(f'<span class="id">{html.escape(str(row.Index))}</span>')
-    return f'<figure class="card">{picture}<figcaption>{"<br>".join(lines)}</figcaption></figure>'
+    return figure(image, row.Index, lines, thumbs, up)
 
 
-def grid(frame, answers, thumbs: Thumbnails, up: str) -> str:
-    cards = (card(row, answers, thumbs, up) for row in frame.itertuples())
+def figure(image: str, key: str, lines: list[str], thumbs: Thumbnails, up: str) -> str:
+    """A card: the image's thumbnail (or a placeholder), the caption's ``lines`` (HTML,
+    escaped by the caller) and the image's id."""
+    made = thumbs.of(image, key)
+    if made is None:
+        picture = '<div class="missing">image file not found</div>'
+    else:
+        name, width, height = made
+        src = html.escape(f"{up}thumbs/{name}")
+        picture = f'<img src="{src}" width="{width}" height="{height}" alt="{html.escape(image)}">'
+    caption = "<br>".join([*lines, f'<span class="id">{html.escape(str(key))}</span>'])
+    return f'<figure class="card">{picture}<figcaption>{caption}</figcaption></figure>'
+
+
+def grid(frame, answers, thumbs: Thumbnails, up: str, render=None) -> str:
+    """``frame``'s images as cards: ``card`` with ``answers``, or ``render(row, thumbs, up)``."""
+    cards = (
+        render(row, thumbs, up) if render else card(row, answers, thumbs, up)
+        for row in frame.itertuples()
+    )
     return f'<div class="grid">{"".join(cards)}</div>'
 
 
@@ -383,16 +412,20 @@ def pager(stem: str, number: int, count: int) -> str:
     return f"<nav>page {number} of {count} ({PAGE} images a page) {''.join(links)}</nav>"
 
 
-def write_paged(folder: Path, stem: str, title: str, frame, context: tuple) -> int:
-    """``frame``'s images as pages of ``PAGE`` cards, ``stem-p1.html`` onwards; the count."""
+def write_paged(
+    folder: Path, stem: str, title: str, frame, context: tuple, up: str = "../../", render=None
+) -> int:
+    """``frame``'s images as pages of ``PAGE`` cards, ``stem-p1.html`` onwards, ``up`` from the
+    site's root (cards by ``render``, else ``card`` with the context's answers); the count."""
     intro, answers, thumbs = context
     count = max(1, math.ceil(len(frame) / PAGE))
     for number in range(1, count + 1):
         chunk = frame.iloc[(number - 1) * PAGE : number * PAGE]
         nav = pager(stem, number, count)
-        body = [*intro, f"<p>{len(frame)} images.</p>", nav, grid(chunk, answers, thumbs, "../../")]
+        cards = grid(chunk, answers, thumbs, up, render)
+        body = [*intro, f"<p>{len(frame)} images.</p>", nav, cards]
         (folder / f"{stem}-p{number}.html").write_text(
-            page(title, [*body, nav], "../../"), encoding="utf-8"
+            page(title, [*body, nav], up), encoding="utf-8"
         )
     return count
 
@@ -518,11 +551,17 @@ def write_board(out: Path, setups: list[Setup], drawn: list, thumbs: Thumbnails)
     index."""
     folder = out / slug(setups[0].board)
     folder.mkdir(parents=True, exist_ok=True)
+    if not right_or_wrong(setups[0].file):  # dense: a score per image, no flips
+        return write_dense_board(folder, setups, thumbs)
     shown = list(dict.fromkeys(s for pair in drawn for s in pair)) or setups
     frames = {s.index: outputs(s.file) for s in shown}
+    cells, views = {}, {}
     for setup in shown:
-        text = setup_page(setup, frames[setup.index], thumbs)
+        frame = frames[setup.index]
+        text = setup_page(setup, frame, thumbs)
         (folder / f"setup-{setup.index}.html").write_text(text, encoding="utf-8")
+        cells[setup.index] = [len(frame), int((~frame["right"]).sum())]
+        views[setup.index] = extra_views(folder, setup, frame, thumbs)
     items = []
     for a, b in drawn:
         pair_folder = folder / f"{a.index}-vs-{b.index}"
@@ -530,24 +569,282 @@ def write_board(out: Path, setups: list[Setup], drawn: list, thumbs: Thumbnails)
         href = f"{folder.name}/{pair_folder.name}/index.html"
         flipped = ", ".join(f"{n} {FLIPS[kind][0]}" for kind, n in counts.items())
         items.append(f"<li>{link(href, f'{a.label} vs {b.label}')}: {html.escape(flipped)}</li>")
-    return board_section(folder.name, shown, frames, items)
+    table = Table(["images", "wrong"], cells, views)
+    return board_section(folder.name, shown, table, items)
 
 
-def board_section(folder: str, shown: list[Setup], frames: dict, items: list[str]) -> str:
+@dataclass
+class Table:
+    """A board's table on the index: per setup (by its place) its cells under ``heads`` and
+    its other pages (name, href under the board's folder); ``page`` names each setup's own."""
+
+    heads: list[str]
+    cells: dict[int, list]
+    views: dict[int, list[tuple[str, str]]]
+    page: str = "setup-{}.html"
+
+
+def board_section(folder: str, shown: list[Setup], table: Table, items: list[str]) -> str:
     lines = "".join(
         f'<tr><td class="n">{s.index + 1}</td>'
-        f"<td>{link(f'{folder}/setup-{s.index}.html', s.label)}</td>"
-        f'<td class="n">{s.value:.2f}</td><td class="n">{len(frames[s.index])}</td>'
-        f'<td class="n">{int((~frames[s.index]["right"]).sum())}</td></tr>'
+        f"<td>{link(f'{folder}/{table.page.format(s.index)}', s.label)}"
+        + "".join(f" · {link(f'{folder}/{href}', name)}" for name, href in table.views[s.index])
+        + f'</td><td class="n">{s.value:.2f}</td>'
+        + "".join(f'<td class="n">{html.escape(str(cell))}</td>' for cell in table.cells[s.index])
+        + "</tr>"
         for s in shown
     )
     metric = html.escape(shown[0].rows[0]["metric"])
+    heads = "".join(f"<th>{html.escape(head)}</th>" for head in table.heads)
     return (
         f"<h2>{html.escape(shown[0].board)}</h2><table><thead><tr><th>place</th><th>setup "
-        f"(its mistakes)</th><th>{metric}</th><th>images</th><th>wrong</th></tr></thead>"
+        f"(its images)</th><th>{metric}</th>{heads}</tr></thead>"
         f"<tbody>{lines}</tbody></table>"
         + (f"<p>Pairs (A vs B):</p><ul>{''.join(items)}</ul>" if items else "")
     )
+
+
+def extra_views(folder: Path, setup: Setup, frame, thumbs: Thumbnails) -> list[tuple[str, str]]:
+    """A setup's pages beyond its mistakes, where its file holds what they show: calibration's
+    mistakes by confidence bin, cue-conflict's shape and texture decisions; (name, href)."""
+    views = []
+    bins = confidence_bins_of(setup.file)
+    if bins:
+        name = f"calibration-{setup.index}.html"
+        text = calibration_page(setup, frame, bins, thumbs)
+        (folder / name).write_text(text, encoding="utf-8")
+        views.append(("by confidence", name))
+    cues = cue_decisions(setup.file)
+    if cues is not None:
+        views.append(("shape or texture", write_cue_conflict(folder, setup, cues, thumbs)))
+    return views
+
+
+# --- calibration: the surest mistakes of each confidence bin ----------------------------------
+
+
+def confidence_bins_of(path: Path) -> int:
+    """How many equal-width confidence bins a calibration file's ECE used; 0 for any other
+    file."""
+    import pandas as pd
+
+    if not {"confidence", "bins", "correct"} <= columns_of(path):
+        return 0
+    bins = pd.read_parquet(path, columns=["bins"])["bins"]
+    return int(bins.iloc[0]) if len(bins) else 0
+
+
+def by_confidence(frame, bins: int) -> list[dict]:
+    """Each non-empty bin of top-1 confidence, binned as the task's ECE bins it (``bins``
+    equal-width, an edge in the bin below), surest bin first: its range, images, accuracy,
+    mean confidence and its mistakes, surest first."""
+    from evalkit.metrics import confidence_bins
+
+    index = confidence_bins(frame["score"].to_numpy(float), bins)
+    found = []
+    for number in sorted(set(index.tolist()), reverse=True):
+        members = frame[index == number]
+        found.append(
+            {
+                "bin": number,
+                "range": (number / bins, (number + 1) / bins),
+                "images": len(members),
+                "accuracy": float(members["right"].mean()),
+                "confidence": float(members["score"].mean()),
+                "mistakes": mistakes(members),
+            }
+        )
+    return found
+
+
+def calibration_page(setup: Setup, frame, bins: int, thumbs: Thumbnails) -> str:
+    """A calibration setup's images by confidence bin: each bin's accuracy against its mean
+    confidence (the ECE they add up to), then each bin's most confident mistakes."""
+    found = by_confidence(frame, bins)
+    ece = sum(b["images"] * abs(b["accuracy"] - b["confidence"]) for b in found) / len(frame)
+    rows, sections = [], []
+    for b in found:
+        (low, high), number = b["range"], b["bin"]
+        gap = 100 * (b["accuracy"] - b["confidence"])
+        said = f"{'over' if gap < 0 else 'under'}-confident by {abs(gap):.1f} points"
+        wrong = len(b["mistakes"])
+        rows.append(
+            f'<tr><td>{low:.2f}–{high:.2f}</td><td class="n">{b["images"]}</td>'
+            f'<td class="n" id="accuracy-{number}">{100 * b["accuracy"]:.1f}%</td>'
+            f'<td class="n">{100 * b["confidence"]:.1f}%</td><td>{said}</td>'
+            f'<td class="n">{link(f"#bin-{number}", wrong) if wrong else 0}</td></tr>'
+        )
+        if wrong:
+            heading = (
+                f"confidence {low:.2f}–{high:.2f}: {b['images']} images, accuracy "
+                f"{100 * b['accuracy']:.1f}% vs confidence {100 * b['confidence']:.1f}% "
+                f"({said}); its {min(wrong, BIN_MISTAKES)} surest of {wrong} mistakes"
+            )
+            sections += [
+                f'<h2 id="bin-{number}">{html.escape(heading)}</h2>',
+                grid(b["mistakes"].head(BIN_MISTAKES), [("", "")], thumbs, "../"),
+            ]
+    body = [
+        f"<p>{len(frame)} images in {bins} equal-width bins of top-1 confidence, as the task's "
+        f"ECE bins them (without temperature scaling); ECE from these bins "
+        f'<b id="ece">{ece:.4f}</b>. Each mistake shows its true class and the class it '
+        "answered with its confidence.</p>",
+        "<table><thead><tr><th>confidence</th><th>images</th><th>accuracy</th>"
+        "<th>mean confidence</th><th>accuracy vs confidence</th><th>mistakes</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>",
+        *sections,
+    ]
+    return page(f"{setup.label} on {setup.board}: mistakes by confidence", body, "../")
+
+
+# --- cue-conflict: each stimulus decided by its shape or its texture ---------------------------
+
+CUES = {  # decided by → (title, mark class)
+    "shape": ("decided by shape", "ok"),
+    "texture": ("decided by texture", "bad"),
+    "neither": ("neither shape nor texture", "id"),
+}
+
+
+def cue_decisions(path: Path):
+    """A model-vs-human file's cue-conflict stimuli whose shape and texture differ (the shape
+    bias leaves the others out), each with ``shape``, ``texture``, ``decision`` and ``cue``
+    (what decided it: shape, texture or neither), indexed by image key; None when the file
+    holds none."""
+    import numpy as np
+    import pandas as pd
+
+    if not {"set", "category", "texture", "decision"} <= columns_of(path):
+        return None
+    frame = pd.read_parquet(path, columns=["image", "set", "category", "texture", "decision"])
+    frame = frame[(frame["set"] == "cue-conflict") & (frame["category"] != frame["texture"])]
+    if frame.empty:
+        return None
+    decision = frame["decision"].astype(str).to_numpy()
+    shape, texture = frame["category"].astype(str).to_numpy(), frame["texture"].astype(str)
+    cue = np.where(
+        decision == shape, "shape", np.where(decision == texture.to_numpy(), "texture", "neither")
+    )
+    shaped = pd.DataFrame(
+        {
+            "image": frame["image"].astype(str).to_numpy(),
+            "shape": shape,
+            "texture": texture.to_numpy(),
+            "decision": decision,
+            "cue": cue,
+        }
+    )
+    shaped.index = relative_ids(shaped["image"].tolist())
+    return shaped.sort_values(["shape", "texture"], kind="stable")
+
+
+def cue_card(row, thumbs: Thumbnails, up: str) -> str:
+    title, mark = CUES[row.cue]
+    lines = [
+        f"<b>shape:</b> {html.escape(row.shape)}",
+        f"<b>texture:</b> {html.escape(row.texture)}",
+        f'<span class="{mark}">answered {html.escape(row.decision)}: {html.escape(title)}</span>',
+    ]
+    return figure(row.image, row.Index, lines, thumbs, up)
+
+
+def shape_bias_of(cues) -> float:
+    shape, texture = (int((cues["cue"] == cue).sum()) for cue in ("shape", "texture"))
+    return shape / (shape + texture) if shape + texture else math.nan
+
+
+def write_cue_conflict(folder: Path, setup: Setup, cues, thumbs: Thumbnails) -> str:
+    """A setup's cue-conflict page (its href): how many stimuli each cue decided and the shape
+    bias they make, overall and per shape category, with each cue's stimuli paged."""
+    stem = f"cue-{setup.index}"
+    back = f"<p>{link(f'{stem}.html', 'back to the shape and texture decisions')}</p>"
+    counts = {}
+    for cue, (title, _) in CUES.items():
+        chosen = cues[cues["cue"] == cue]
+        counts[cue] = len(chosen)
+        context = ([back], [], thumbs)
+        heading = f"{setup.label} on {setup.board}: {title}"
+        write_paged(folder, f"{stem}-{cue}", heading, chosen, context, "../", cue_card)
+    summary = "".join(
+        f'<tr><td>{html.escape(title)}</td><td class="n" id="{cue}">{counts[cue]}</td>'
+        f"<td>{link(f'{stem}-{cue}-p1.html', 'show')}</td></tr>"
+        for cue, (title, _) in CUES.items()
+    )
+    per = []
+    for shape, members in cues.groupby("shape", sort=True):
+        n = {cue: int((members["cue"] == cue).sum()) for cue in CUES}
+        bias = shape_bias_of(members)
+        per.append(
+            f"<tr><td>{html.escape(shape)}</td>"
+            + "".join(f'<td class="n">{n[cue]}</td>' for cue in CUES)
+            + f'<td class="n">{"–" if math.isnan(bias) else f"{bias:.3f}"}</td></tr>'
+        )
+    bias = shape_bias_of(cues)
+    body = [
+        f"<p>{len(cues)} cue-conflict stimuli whose shape and texture are different categories; "
+        "each answered with its shape's category, its texture's, or another. Shape bias = "
+        f'shape / (shape + texture) = <b id="shape-bias">'
+        f"{'–' if math.isnan(bias) else f'{bias:.3f}'}</b>.</p>",
+        f"<table><tbody>{summary}</tbody></table>",
+        "<h2>by shape category</h2><table><thead><tr><th>shape</th>"
+        + "".join(f"<th>{html.escape(title)}</th>" for title, _ in CUES.values())
+        + f"<th>shape bias</th></tr></thead><tbody>{''.join(per)}</tbody></table>",
+    ]
+    (folder / f"{stem}.html").write_text(
+        page(f"{setup.label} on {setup.board}: shape or texture", body, "../"), encoding="utf-8"
+    )
+    return f"{stem}.html"
+
+
+# --- dense tasks: each setup's worst images ----------------------------------------------------
+
+
+def scored(path: Path, metric: str, higher_is_better: bool):
+    """A dense setup's images, worst first on ``metric`` (the board's headline, one value per
+    image in its file), with ``image`` and ``score``, indexed by image key."""
+    import pandas as pd
+
+    if metric not in columns_of(path):
+        raise EvalkitError(
+            f"{path.name} keeps no per-image {metric!r}: rerun with evalkit run ... "
+            "--save-predictions to write the per-image scores"
+        )
+    frame = pd.read_parquet(path, columns=["image", metric])
+    shaped = pd.DataFrame(
+        {"image": frame["image"].astype(str).to_numpy(), "score": frame[metric].to_numpy(float)}
+    )
+    shaped.index = relative_ids(shaped["image"].tolist())
+    return shaped.sort_values(
+        "score", ascending=higher_is_better, kind="stable", na_position="last"
+    )
+
+
+def write_dense_board(folder: Path, setups: list[Setup], thumbs: Thumbnails) -> str:
+    """A dense board's pages: each setup's ``WORST`` worst images on the headline metric,
+    worst first, paged; its section of the index."""
+    metric = setups[0].rows[0]["metric"]
+    cells, views = {}, {}
+    for setup in setups:
+        frame = scored(setup.file, metric, setup.higher_is_better)
+        order = "lowest" if setup.higher_is_better else "highest"
+
+        def render(row, thumbs, up, metric=metric, frame=frame):
+            rank = frame.index.get_loc(row.Index) + 1
+            lines = [f"<b>{html.escape(metric)}</b> {row.score:.4g}", f"worst #{rank}"]
+            return figure(row.image, row.Index, lines, thumbs, up)
+
+        intro = [
+            f"<p>Each image's own {html.escape(metric)} (as its per-image file keeps it), "
+            f"{order} first: the {min(WORST, len(frame))} images of {len(frame)} this setup "
+            "does worst on.</p>"
+        ]
+        title = f"{setup.label} on {setup.board}: worst images by {metric}"
+        stem = f"worst-{setup.index}"
+        write_paged(folder, stem, title, frame.head(WORST), (intro, [], thumbs), "../", render)
+        worst = frame["score"].iloc[0] if len(frame) else math.nan
+        cells[setup.index], views[setup.index] = [len(frame), f"{worst:.4g}"], []
+    table = Table(["images", f"worst image's {metric}"], cells, views, "worst-{}-p1.html")
+    return board_section(folder.name, setups, table, [])
 
 
 def write_site(paths, out: Path, *, task=None, pair=(None, None), data_root=None) -> Path:
@@ -575,7 +872,9 @@ def write_site(paths, out: Path, *, task=None, pair=(None, None), data_root=None
 def index_page(sections: list[str], thumbs: Thumbnails, roots: list[Path]) -> str:
     body = [
         "<p>Per task, each setup's mistakes and, for each pair of setups, the images one got "
-        "right and the other wrong. Setups are named as every evalkit view names them.</p>",
+        "right and the other wrong; calibration's mistakes by confidence, cue-conflict's shape "
+        "and texture decisions, and the dense tasks' worst images. Setups are named as every "
+        "evalkit view names them.</p>",
         *sections,
     ]
     if missing := thumbs.missing():
