@@ -37,6 +37,7 @@ METRICS = ("tests/test_metrics.py", "tests/test_dense.py")
 GATE, IDENTITY = "tests/test_gate_families.py", "tests/test_identity.py"
 SHARDS, BOARD = "tests/test_shards.py", "tests/test_board_statistics.py"
 CALIBRATION = ("tests/test_metrics.py", "tests/test_calibration.py")
+EXPLORE = "tests/test_explore.py"
 FAULTS = (
     Fault(
         "ece bins closed on the left",
@@ -423,6 +424,27 @@ FAULTS = (
         (
             "tests/test_explore.py::test_the_site_shows_two_stand_in_setups_flips_with_every_picture_on_disk",
         ),
+    ),
+    Fault(
+        "calibration bin's mistakes in file order",
+        "evalkit/publish/explore.py",
+        '"mistakes": mistakes(members),',
+        '"mistakes": members[~members["right"]],',
+        (f"{EXPLORE}::test_the_calibration_page_shows_each_confidence_bins_surest_mistakes",),
+    ),
+    Fault(
+        "dense worst images best first",
+        "evalkit/publish/explore.py",
+        '"score", ascending=higher_is_better, kind="stable", na_position="last"',
+        '"score", ascending=not higher_is_better, kind="stable", na_position="last"',
+        (f"{EXPLORE}::test_a_dense_setups_page_shows_its_worst_images_first",),
+    ),
+    Fault(
+        "cue-conflict keeps stimuli whose shape is their texture",
+        "evalkit/publish/explore.py",
+        'frame = frame[(frame["set"] == "cue-conflict") & (frame["category"] != frame["texture"])]',
+        'frame = frame[frame["set"] == "cue-conflict"]',
+        (f"{EXPLORE}::test_the_cue_conflict_page_says_which_cue_decided_each_stimulus",),
     ),
     Fault(
         "board resamples not kept for the overall order",
