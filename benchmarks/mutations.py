@@ -37,11 +37,12 @@ METRICS = ("tests/test_metrics.py", "tests/test_dense.py")
 GATE, IDENTITY = "tests/test_gate_families.py", "tests/test_identity.py"
 SHARDS, BOARD = "tests/test_shards.py", "tests/test_board_statistics.py"
 CALIBRATION = ("tests/test_metrics.py", "tests/test_calibration.py")
+LIGHT = "tests/test_light_imports.py"
 EXPLORE = "tests/test_explore.py"
 FAULTS = (
     Fault(
         "ece bins closed on the left",
-        "evalkit/metrics.py",
+        "evalkit/protocols/calibration.py",
         "index = torch.searchsorted(torch.tensor(edges, dtype=torch.float64), confidence)",
         "index = torch.searchsorted(torch.tensor(edges, dtype=torch.float64), confidence, "
         "right=True)",
@@ -64,14 +65,14 @@ FAULTS = (
     ),
     Fault(
         "brier averaged over classes",
-        "evalkit/metrics.py",
+        "evalkit/protocols/calibration.py",
         "return (probs.double() - onehot).pow(2).sum(dim=1).mean().item()",
         "return (probs.double() - onehot).pow(2).mean().item()",
         CALIBRATION,
     ),
     Fault(
         "temperature multiplies",
-        "evalkit/metrics.py",
+        "evalkit/protocols/calibration.py",
         "loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), labels)",
         "loss = torch.nn.functional.cross_entropy(logits * log_t.exp(), labels)",
         CALIBRATION,
@@ -292,14 +293,14 @@ FAULTS = (
     ),
     Fault(
         "paired gate without outputs runs anyway",
-        "evalkit/cli/results.py",
+        "evalkit/cli/compare.py",
         'if not any(folder.rglob("predictions/*.parquet")):',
         "if False:",
         (f"{GATE}::test_paired_without_per_image_outputs_is_one_line",),
     ),
     Fault(
         "errors take no setup label",
-        "evalkit/cli/results.py",
+        "evalkit/cli/errors.py",
         "outputs = [o for o in outputs if args.backbone in (o[1], o[2])]",
         "outputs = [o for o in outputs if args.backbone in (o[1],)]",
         (f"{IDENTITY}::test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label",),
@@ -543,6 +544,20 @@ FAULTS = (
         "lines = find_data(merged_reads(tasks), spec.data_config(), opened)",
         "lines = find_data(merged_reads(tasks[-1:]), spec.data_config(), opened)",
         (f"{IDENTITY}::test_the_check_before_work_reads_what_an_earlier_task_reads",),
+    ),
+    Fault(
+        "kNN's paired test read as the default one",
+        "evalkit/protocols/paired_tests.py",
+        '"evalkit.tasks.knn:KNN": classification_test,',
+        '"evalkit.tasks.knn:KNN": default_paired_test,',
+        (f"{LIGHT}::test_every_built_in_task_declares_the_paired_test_the_results_read",),
+    ),
+    Fault(
+        "the leaderboard imports a built-in task for its paired test",
+        "evalkit/publish/leaderboard.py",
+        "    if target in DECLARED:",
+        "    if target in DECLARED and not target:",
+        (f"{LIGHT}::test_result_command_imports_no_model_library[leaderboard]",),
     ),
 )
 

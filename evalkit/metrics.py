@@ -1,21 +1,27 @@
 """Metrics, implemented here and tested against hand-computed values: top-k accuracy; mIoU
 and pixel accuracy from a dataset-wide confusion matrix (docs/protocols.md, "ADE20k"); monocular depth
 errors over valid pixels (docs/protocols.md, "Monocular depth"), computed per image and averaged over
-images; calibration (effect-table row 11; docs/protocols.md, "Calibration"): expected calibration
-error over equal-width or equal-mass bins of top-1 confidence, negative log-likelihood, Brier
-score, and a temperature fitted to held-out logits; decisions against people's
+images; calibration's bins (effect-table row 11; docs/protocols.md, "Calibration"): a reliability
+diagram's bins, pooled over sets, and ECE from per-image bins (the binning of tensors, NLL, Brier
+and the fitted temperature are in ``evalkit.protocols.calibration``); decisions against people's
 (docs/protocols.md, "Shape bias and human alignment"): shape bias on cue-conflict images,
 accuracy difference, observed and error consistency, as the model-vs-human benchmark defines
-them."""
+them; standard errors over the test items.
+
+Nothing here imports torch (a tensor is read through its own methods), so the result commands,
+which read these constants and the numpy metrics, never load it."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE = 255
 
@@ -169,71 +175,6 @@ def pooled(parts: list[Reliability]) -> Reliability:
         [mean("confidence", b) for b in range(len(counts))],
         [mean("accuracy", b) for b in range(len(counts))],
     )
-
-
-def reliability(
-    probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, scheme: str = "width"
-) -> Reliability:
-    """Bin the top-1 confidences: ``width`` — ``bins`` equal-width bins over [0, 1], each
-    (lower, upper] with the first closed at 0 (a confidence of exactly 1.0 is in the last);
-    ``mass`` — ``bins`` bins of (as near as possible) equal counts, sorted by confidence."""
-    confidence, predicted = probs.double().max(dim=1)
-    correct = (predicted == labels).double()
-    if scheme == "width":
-        edges = [(b + 1) / bins for b in range(bins)]
-        # Against the edges themselves: ceil(0.6 · 5) is 4 in floating point, not 3.
-        index = torch.searchsorted(torch.tensor(edges, dtype=torch.float64), confidence)
-        index = index.clamp(0, bins - 1)
-    elif scheme == "mass":
-        order = confidence.argsort()
-        index = torch.empty_like(order)
-        index[order] = torch.arange(len(order)) * bins // max(1, len(order))
-        edges = [
-            confidence[index == b].max().item() if (index == b).any() else math.nan
-            for b in range(bins)
-        ]
-    else:
-        raise ValueError(f"unknown binning {scheme!r}: width or mass")
-    counts = torch.bincount(index, minlength=bins)
-
-    def mean(values):
-        sums = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, values)
-        return torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan).tolist()
-
-    return Reliability(edges, counts.tolist(), mean(confidence), mean(correct))
-
-
-def expected_calibration_error(
-    probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS, scheme: str = "width"
-) -> float:
-    """Σ_bins (n_b / N) · |accuracy_b − confidence_b| over the top-1 confidences."""
-    return reliability(probs, labels, bins, scheme).ece
-
-
-def negative_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    return torch.nn.functional.cross_entropy(logits.double(), labels).item()
-
-
-def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean over rows of Σ_classes (p − one-hot)² (0 is perfect, 2 the worst)."""
-    onehot = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
-    return (probs.double() - onehot).pow(2).sum(dim=1).mean().item()
-
-
-def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The temperature T > 0 that minimises the NLL of ``softmax(logits / T)`` (L-BFGS on
-    log T, from T = 1)."""
-    logits, log_t = logits.double(), torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), labels)
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return log_t.exp().item()
 
 
 # --- uncertainty of a metric over the test items (effect-table verdicts) --------------------

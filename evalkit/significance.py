@@ -374,6 +374,26 @@ def column_mean(column: str, scale: float = 1.0) -> PerImageTest:
     return PerImageTest(lambda frame: scale * frame[[column]].to_numpy(float), mean_of)
 
 
+def default_paired_test(metric: str, columns: set[str]) -> PerImageTest | None:
+    """A metric that is the mean of a per-image column of its name (a task that declares no
+    paired test of its own, or one not known here); a column of lists or text is no such
+    mean, and its pair is untested."""
+    if metric not in columns:
+        return None
+    test = column_mean(metric)
+    return PerImageTest(_numeric_parts(test.parts), test.statistic)
+
+
+def _numeric_parts(parts):
+    def numeric(frame):
+        try:
+            return parts(frame)
+        except (TypeError, ValueError):  # lists or text: NaN, and the pair says it is untested
+            return np.full((len(frame), 1), np.nan)
+
+    return numeric
+
+
 def right_or_wrong(correct_of: Callable) -> PerImageTest:
     """An accuracy in points from each image's right or wrong (``correct_of(frame)``)."""
     return PerImageTest(

@@ -23,27 +23,24 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from evalkit.core.task import Metric, Rule, Stage, extraction_stage, setting
 from evalkit.data.corrupted import split_name
 from evalkit.data.corruptions import NAMES, SEVERITIES
-from evalkit.metrics import (
-    ECE_BINS,
+from evalkit.metrics import ECE_BINS, ece_bootstrap_stderr, topk_hits
+from evalkit.protocols.calibration import (
     brier_score,
-    ece_bootstrap_stderr,
     expected_calibration_error,
     fit_temperature,
     negative_log_likelihood,
     reliability,
-    topk_hits,
 )
 from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.paired_tests import calibration_test
 from evalkit.protocols.predictions import class_name, image_ids
 from evalkit.protocols.scorer import Scorer
-from evalkit.significance import PerImageTest, ece_of, ece_sums
 
 PAPER_ECE = {"ViT-22B (fine-tuned, 384 px)": 0.01, "ViT-L/32 (Plex)": 0.05}
 CORRUPTION_NAMES = Rule(
@@ -62,17 +59,7 @@ class Calibration(LinearClassifier):
 
     version = 3  # 2: ImageNet-C stand-in, noise drawn by evalkit.seeds; 3: per-image ids, names
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """ECE (raw or temperature-scaled) from each image's confidence and right or wrong,
-        binned as the task bins; anything else as a per-image column's mean."""
-        if metric in ("ece", "ece_ts") and "confidence" in columns:
-            column = "confidence" if metric == "ece" else "confidence_ts"
-            return PerImageTest(
-                lambda frame: np.column_stack([frame[column], frame["correct"], frame["bins"]]),
-                lambda parts: ece_of(parts[:, :2], int(parts[0, 2])),
-                sums=ece_sums,
-            )
-        return super().paired_test(metric, columns)
+    paired_test = staticmethod(calibration_test)  # declared in paired_tests.DECLARED too
 
     @property
     def reference(self) -> dict:

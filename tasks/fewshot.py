@@ -21,9 +21,9 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
+from evalkit.protocols.paired_tests import few_shot_test
 from evalkit.protocols.predictions import class_name, image_ids
 from evalkit.seeds import derived_seed, generator
-from evalkit.significance import column_mean
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,7 @@ class FewShot(FrozenClassification):
     # seeds (it listed job seeds that never ran)
     version = 3
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """Top-1 from each image's share of seeds right (its mean × 100 is the row)."""
-        return column_mean("correct_share", 100.0) if metric == "top1" else None
+    paired_test = staticmethod(few_shot_test)  # declared in paired_tests.DECLARED too
 
     def metrics(self) -> list[str]:
         return ["top1"]

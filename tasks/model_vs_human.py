@@ -30,7 +30,6 @@ import torch
 from evalkit.core.task import Metric, Rule, Stage, extraction_stage, setting
 from evalkit.data import data_kind, dataset_root, open_dataset
 from evalkit.data.model_vs_human import (
-    EXCLUDED,
     SETS,
     categories_of,
     imagenet_wnids,
@@ -44,11 +43,10 @@ from evalkit.protocols.human_alignment import (
     cue_conflict,
     decide,
     defined_mean,
-    ood_accuracy_test,
     score_set,
-    shape_bias_test,
 )
 from evalkit.protocols.linear_classifier import LinearClassifier
+from evalkit.protocols.paired_tests import EXCLUDED, human_alignment_test
 from evalkit.protocols.predictions import image_ids
 from evalkit.protocols.scorer import Scorer
 
@@ -90,16 +88,7 @@ class ModelVsHuman(LinearClassifier):
             names += ["shape_bias", "shape_fraction", "texture_fraction"]
         return names + [f"ood_accuracy/{s}" for s in self.sets]  # people's: where trials are
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """OOD accuracy from each stimulus's right or wrong in its kept condition and set;
-        shape bias from each cue-conflict image's shape or texture decision."""
-        if not {"set", "condition", "correct"} <= columns:
-            return None
-        if metric == "ood_accuracy":
-            return ood_accuracy_test(EXCLUDED)
-        if metric == "shape_bias" and {"category", "decision", "texture"} <= columns:
-            return shape_bias_test()
-        return None
+    paired_test = staticmethod(human_alignment_test)  # declared in paired_tests.DECLARED too
 
     def datasets(self) -> tuple[str, ...]:
         return (STIMULI,) if self.classifier == "own" else (self.dataset, STIMULI)

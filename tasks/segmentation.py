@@ -43,8 +43,8 @@ from evalkit.protocols.grids import (
     resize_to,
     save_picture_grid,
 )
+from evalkit.protocols.paired_tests import segmentation_test
 from evalkit.protocols.predictions import image_ids
-from evalkit.significance import PerImageTest, miou_of, miou_sums
 from evalkit.training.loop import sampled_batches
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a
@@ -81,18 +81,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
     version = 1
     trains_in_loop = True
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """mIoU from each image's per-class intersections and unions (summed, then averaged
-        over classes: the row's own arithmetic)."""
-        if metric == "miou" and {"intersection", "union"} <= columns:
-            return PerImageTest(
-                lambda frame: np.hstack(
-                    [np.stack(frame["intersection"]), np.stack(frame["union"])]
-                ),
-                miou_of,
-                sums=miou_sums,
-            )
-        return super().paired_test(metric, columns)
+    paired_test = staticmethod(segmentation_test)  # declared in paired_tests.DECLARED too
 
     @property
     def reference(self) -> dict:

@@ -42,7 +42,8 @@ from evalkit.heads.linear import Standardizer
 from evalkit.heads.temporal import HEADS, HeadConfig, build_head
 from evalkit.heads.train import ShardedOrder, ShardReader, train
 from evalkit.metrics import accuracy_stderr, reported_ks
-from evalkit.protocols.predictions import classification_test, save_classifications
+from evalkit.protocols.paired_tests import classification_test
+from evalkit.protocols.predictions import save_classifications
 from evalkit.schedule import Schedule
 from evalkit.seeds import seeded_build
 
@@ -76,9 +77,7 @@ class VideoClassification(Task):
 
     version = 4  # 4: epoch order drawn by evalkit.seeds; 3: an undecodable view drops its clip
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
-        return classification_test(metric, columns)
+    paired_test = staticmethod(classification_test)  # declared in paired_tests.DECLARED too
 
     @property
     def reference(self) -> dict:

@@ -69,7 +69,8 @@ from evalkit.heads.zeroshot import (
     templates,
 )
 from evalkit.metrics import accuracy_stderr, reported_ks
-from evalkit.protocols.predictions import classification_test, save_classifications
+from evalkit.protocols.paired_tests import classification_test
+from evalkit.protocols.predictions import save_classifications
 from evalkit.schedule import Schedule
 from evalkit.seeds import generator, seeded_build
 from evalkit.storage.checkpoints import checkpoint_id
@@ -110,9 +111,7 @@ class ZeroShot(Task):
 
     version = 2  # 2: prompts follow the tower; ImageNet val scored over all its classes
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
-        return classification_test(metric, columns)
+    paired_test = staticmethod(classification_test)  # declared in paired_tests.DECLARED too
 
     def config(self) -> dict:
         """The settings, and the content of the files they name: a templates file or a saved

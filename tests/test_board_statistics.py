@@ -365,7 +365,7 @@ def test_across_tasks_wilcoxon_holm_cliques_tiers_and_the_cd_diagram(tmp_path, c
 
 def sums_cases(seed: int, images: int) -> dict:
     """Per-image parts of the four metrics that declare ``Sums``, and their tests."""
-    from evalkit.protocols.human_alignment import accuracy_sums, ood_accuracy_test, shape_bias_test
+    from evalkit.protocols.paired_tests import accuracy_sums, ood_accuracy_test, shape_bias_test
     from evalkit.significance import ece_of, ece_sums, miou_of, miou_sums
 
     rng = np.random.default_rng(seed)

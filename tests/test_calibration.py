@@ -48,7 +48,7 @@ def test_imagenet_c_ece_averages_corruptions_then_severities(fake, ctx, tmp_path
 
 
 def test_scores_with_the_temperature_are_the_metrics_of_the_scaled_logits():
-    from evalkit.metrics import expected_calibration_error, negative_log_likelihood
+    from evalkit.protocols.calibration import expected_calibration_error, negative_log_likelihood
     from evalkit.tasks.calibration import scores
 
     generator = torch.Generator().manual_seed(0)

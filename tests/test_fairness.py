@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalkit.cli.results import error_tables
+from evalkit.cli.errors import error_tables
 from evalkit.errors import EvalkitError
 from evalkit.heads.fairness import (
     expected_accuracy,

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from evalkit.heads.linear import Standardizer, fit_logistic, logistic_path, ridge_fewshot_accuracy
 from evalkit.heads.logistic import loss_and_grad
-from evalkit.metrics import confusion_matrix, expected_calibration_error, topk_accuracy
+from evalkit.metrics import confusion_matrix, topk_accuracy
+from evalkit.protocols.calibration import expected_calibration_error
 
 BIG_VISION_BIAS = 100.0  # big_vision's few-shot probe appends this constant feature
 
@@ -121,7 +122,7 @@ CALIBRATION_LABELS = torch.tensor([1, 1, 0, 0])
 
 
 def test_ece_by_hand_with_a_confidence_of_one_and_empty_bins():
-    from evalkit.metrics import expected_calibration_error, reliability
+    from evalkit.protocols.calibration import expected_calibration_error, reliability
 
     # confidences 0.7 (right), 0.6 (wrong), 1.0 (right), 0.4 (right): one per bin
     ece = expected_calibration_error(CALIBRATION_PROBS, CALIBRATION_LABELS)
@@ -134,7 +135,7 @@ def test_ece_by_hand_with_a_confidence_of_one_and_empty_bins():
 
 def test_ece_bins_are_closed_on_the_right():
     """A confidence on an edge belongs to the bin it closes: (0.2, 0.4] holds 0.4, not 0.2."""
-    from evalkit.metrics import reliability
+    from evalkit.protocols.calibration import reliability
 
     # 0.4 and 0.6 are edges of 5 bins (and 0.6 · 5 rounds up to 3.0000000000000004)
     probs = torch.tensor([[0.4, 0.3, 0.3], [0.6, 0.2, 0.2]], dtype=torch.float64)
@@ -145,7 +146,7 @@ def test_ece_bins_are_closed_on_the_right():
 
 
 def test_equal_mass_ece_by_hand():
-    from evalkit.metrics import expected_calibration_error
+    from evalkit.protocols.calibration import expected_calibration_error
 
     # 2 bins of 2: {0.4 right, 0.6 wrong} → |0.5 − 0.5|; {0.7, 1.0 both right} → |1 − 0.85|
     ece = expected_calibration_error(CALIBRATION_PROBS, CALIBRATION_LABELS, bins=2, scheme="mass")
@@ -153,7 +154,7 @@ def test_equal_mass_ece_by_hand():
 
 
 def test_brier_and_nll_by_hand():
-    from evalkit.metrics import brier_score, negative_log_likelihood
+    from evalkit.protocols.calibration import brier_score, negative_log_likelihood
 
     assert brier_score(CALIBRATION_PROBS, CALIBRATION_LABELS) == pytest.approx(
         (0.14 + 0.86 + 0.0 + 0.545) / 4
@@ -164,7 +165,7 @@ def test_brier_and_nll_by_hand():
 
 
 def test_fitted_temperature_minimises_the_nll():
-    from evalkit.metrics import fit_temperature, negative_log_likelihood
+    from evalkit.protocols.calibration import fit_temperature, negative_log_likelihood
 
     generator = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(4000, 5, generator=generator, dtype=torch.float64)
@@ -199,7 +200,7 @@ def reference_ece(confidences: list[float], correct: list[bool], bins: int) -> f
     st.sampled_from([2, 5, 15]),
 )
 def test_ece_equals_its_definition_item_by_item(rows, labels, bins):
-    from evalkit.metrics import expected_calibration_error
+    from evalkit.protocols.calibration import expected_calibration_error
 
     probs = torch.tensor(rows, dtype=torch.float64) + 1e-9
     probs = probs / probs.sum(dim=1, keepdim=True)
@@ -210,7 +211,7 @@ def test_ece_equals_its_definition_item_by_item(rows, labels, bins):
 
 
 def test_ece_averages_the_items_that_share_a_bin():
-    from evalkit.metrics import expected_calibration_error
+    from evalkit.protocols.calibration import expected_calibration_error
 
     # 0.74 right and 0.78 wrong share (0.7333, 0.8]: accuracy 0.5, confidence 0.76
     probs = torch.tensor([[0.74, 0.26], [0.78, 0.22], [0.95, 0.05]], dtype=torch.float64)
@@ -221,7 +222,7 @@ def test_ece_averages_the_items_that_share_a_bin():
 
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=6))
 def test_ece_is_zero_for_a_perfectly_calibrated_sample(repeats):
-    from evalkit.metrics import expected_calibration_error
+    from evalkit.protocols.calibration import expected_calibration_error
 
     rows, labels = [], []
     for right, copies in zip(range(5, 11), repeats, strict=False):  # confidence right / 10

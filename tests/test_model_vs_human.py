@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from evalkit.cli.results import error_tables
+from evalkit.cli.errors import error_tables
 from evalkit.errors import EvalkitError
 from evalkit.metrics import accuracy_difference, error_consistency, shape_bias
 
@@ -142,8 +142,9 @@ def test_scores_against_two_observers_by_hand(tmp_path):
     vs 1: accuracy difference (.5 − 1)² = .25; agree on 1 of 2 (c_obs .5); c_exp = .5·1 + .5·0
     = .5 → kappa 0. vs 2: difference 0; right/wrong (1,0) vs (0,1): c_obs 0, c_exp .5 → −1.
     Means: .125, .25, −.5. Observers with each other: difference .25, c_obs .5, kappa 0."""
-    from evalkit.data.model_vs_human import EXCLUDED, Stimuli, read_trials
+    from evalkit.data.model_vs_human import Stimuli, read_trials
     from evalkit.protocols.human_alignment import score_set
+    from evalkit.protocols.paired_tests import EXCLUDED
 
     root = write_benchmark(tmp_path / "mvh")
     stimuli = Stimuli(root, "contrast")
@@ -339,8 +340,8 @@ RELEASE_CONDITIONS = {
 
 
 def test_every_sets_exclusions_are_the_benchmarks_on_the_releases_spellings():
-    from evalkit.data.model_vs_human import EXCLUDED, SETS
-    from evalkit.protocols.human_alignment import kept_conditions
+    from evalkit.data.model_vs_human import SETS
+    from evalkit.protocols.paired_tests import EXCLUDED, kept_conditions
 
     assert set(EXCLUDED) == set(RELEASE_CONDITIONS)
     for name in SETS:

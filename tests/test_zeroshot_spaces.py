@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from evalkit.cli import main
-from evalkit.cli.results import error_tables
+from evalkit.cli.errors import error_tables
 from evalkit.core.runner import resolve_task
 from evalkit.data.shifted import LabelSpace, check_names_file
 from evalkit.errors import EvalkitError

@@ -2,9 +2,9 @@
 evaluation logic lives here.
 
 Modules (one per command, each holding its parser and its handler): ``run``, ``listing`` (ls,
-backbones), ``results`` (table, compare, errors, merge, export), ``leaderboard``,
-``power``, ``explore``, ``convert``, ``plan`` (plan, check-data), ``card``, ``cache``, ``pretrain``, ``reproduce``
-(reproduce, sweep) and ``prepare``."""
+backbones), ``table``, ``compare``, ``errors``, ``merge``, ``export``, ``leaderboard``,
+``power``, ``explore``, ``convert``, ``plan`` (plan, check-data), ``card``, ``cache``,
+``pretrain``, ``reproduce`` (reproduce, sweep) and ``prepare``."""
 
 from __future__ import annotations
 
@@ -17,17 +17,21 @@ from evalkit import __version__
 from evalkit.cli import (
     cache,
     card,
+    compare,
     convert,
+    errors,
     explore,
+    export,
     leaderboard,
     listing,
+    merge,
     plan,
     power,
     prepare,
     pretrain,
     reproduce,
-    results,
     run,
+    table,
 )
 from evalkit.errors import EvalkitError, install_hint
 from evalkit.storage.writes import disk_error
@@ -36,13 +40,13 @@ from evalkit.storage.writes import disk_error
 COMMANDS = {
     "run": (run.add_run, run.cmd_run),
     "ls": (listing.add_ls, listing.cmd_ls),
-    "table": (results.add_table, results.cmd_table),
-    "compare": (results.add_compare, results.cmd_compare),
+    "table": (table.add_table, table.cmd_table),
+    "compare": (compare.add_compare, compare.cmd_compare),
     "leaderboard": (leaderboard.add_leaderboard, leaderboard.cmd_leaderboard),
     "power": (power.add_power, power.cmd_power),
     "explore": (explore.add_explore, explore.cmd_explore),
-    "merge": (results.add_merge, results.cmd_merge),
-    "export": (results.add_export, results.cmd_export),
+    "merge": (merge.add_merge, merge.cmd_merge),
+    "export": (export.add_export, export.cmd_export),
     "card": (card.add_card, card.cmd_card),
     "backbones": (listing.add_backbones, listing.cmd_backbones),
     "convert": (convert.add_convert, convert.cmd_convert),
@@ -50,7 +54,7 @@ COMMANDS = {
     "plan": (plan.add_plan, plan.cmd_plan),
     "cache": (cache.add_cache, cache.cmd_cache),
     "pretrain": (pretrain.add_pretrain_command, pretrain.cmd_pretrain),
-    "errors": (results.add_errors_command, results.cmd_errors),
+    "errors": (errors.add_errors_command, errors.cmd_errors),
     "sweep": (reproduce.add_sweep_command, reproduce.cmd_sweep),
     "reproduce": (reproduce.add_reproduce_command, reproduce.cmd_reproduce),
     "prepare": (prepare.add_prepare_command, prepare.cmd_prepare),

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
 from evalkit.cache.features import (
     STORAGE,
     ExtractSettings,
@@ -31,7 +29,7 @@ from evalkit.cache.features import (
 from evalkit.data import DataConfig, data_identity
 from evalkit.data.views import decoder_of
 from evalkit.errors import EvalkitError, did_you_mean
-from evalkit.significance import PerImageTest, column_mean
+from evalkit.significance import PerImageTest, default_paired_test
 from evalkit.storage.writes import replacing
 
 
@@ -307,26 +305,6 @@ class TaskContext:
         if (decoder := decoder_of(getattr(dataset, "transform", None))) is not None:
             self.stats["decoder"] = decoder
         return feats
-
-
-def default_paired_test(metric: str, columns: set[str]) -> PerImageTest | None:
-    """A metric that is the mean of a per-image column of its name (a task that declares no
-    paired test of its own, or one not known here); a column of lists or text is no such
-    mean, and its pair is untested."""
-    if metric not in columns:
-        return None
-    test = column_mean(metric)
-    return PerImageTest(_numeric_parts(test.parts), test.statistic)
-
-
-def _numeric_parts(parts):
-    def numeric(frame):
-        try:
-            return parts(frame)
-        except (TypeError, ValueError):  # lists or text: NaN, and the pair says it is untested
-            return np.full((len(frame), 1), np.nan)
-
-    return numeric
 
 
 def resolve_pool(pool: str, backbone) -> str:

@@ -45,22 +45,6 @@ PARAMETRIC = (
 )
 FOLDER_SETS = ("cue-conflict", "edge", "silhouette")  # <category>/<image>
 SETS = ("edge", "silhouette", "cue-conflict", *PARAMETRIC, "sketch", "stylized")
-# Conditions the benchmark leaves out of its summary tables: no distortion at all, or human
-# accuracy below 0.2 (where agreement with people means little).
-EXCLUDED = {
-    "colour": ("cr",),
-    "contrast": ("c100", "c03", "c01"),
-    "high-pass": ("inf", "0.55", "0.45", "0.4"),
-    "low-pass": ("0", "15", "40"),
-    "phase-scrambling": ("0", "150", "180"),
-    "power-equalisation": ("0",),
-    "false-colour": ("True",),
-    "rotation": ("0",),
-    "eidolonI": ("1-10-10", "64-10-10", "128-10-10"),
-    "eidolonII": ("1-3-10", "32-3-10", "64-3-10", "128-3-10"),
-    "eidolonIII": ("1-0-10", "16-0-10", "32-0-10", "64-0-10", "128-0-10"),
-    "uniform-noise": ("0.0", "0.6", "0.9"),
-}
 CATEGORIES_FILE = "categories.json"
 TRIAL_COLUMNS = ("subj", "object_response", "category", "condition", "imagename")
 

@@ -25,7 +25,7 @@ from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, hits
 from evalkit.heads.logistic import FeatureRows
 from evalkit.progress import ProgressBar
-from evalkit.protocols.predictions import classification_test
+from evalkit.protocols.paired_tests import classification_test
 from evalkit.seeds import generator
 
 from .predictions import scored_hits
@@ -63,9 +63,7 @@ class FrozenClassification(Task):
     resize: str = setting("shorter", one_of("shorter", "square"))  # square: big_vision's
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
-    def paired_test(self, metric: str, columns: set[str]):
-        """Top-1 and top-5 from each image's saved predictions (``classification_test``)."""
-        return classification_test(metric, columns)
+    paired_test = staticmethod(classification_test)  # declared in paired_tests.DECLARED too
 
     def split_features(self, backbone, ctx):
         """Cached features of the train and eval splits, with the backbone's eval transform,

@@ -12,13 +12,15 @@
   (``evalkit.metrics``); averaged over conditions, then observers, then sets, in that order.
   The same between every pair of observers gives the people's own level, for context.
 - Shape bias on cue-conflict (``evalkit.metrics.shape_bias``), overall and per shape category.
+
+The conditions left out (``EXCLUDED``, compared by ``kept_conditions``) and the paired tests of
+OOD accuracy and shape bias are in ``evalkit.protocols.paired_tests``, which imports no torch.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +28,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.metrics import accuracy_difference, error_consistency, shape_bias
-from evalkit.significance import PerImageTest
+from evalkit.protocols.paired_tests import kept_conditions
 
 AGAINST_PEOPLE = ("accuracy_difference", "observed_consistency", "error_consistency")
 
@@ -65,29 +67,6 @@ class SetScore:
     people: dict[str, float] | None = None
     observers: int = 0
     extra: dict = field(default_factory=dict)
-
-
-def kept_conditions(conditions, excluded) -> list[str]:
-    """A set's conditions in the summaries: all but the excluded, unless that leaves none.
-    Conditions compare by meaning (``condition_meaning``), as the benchmark's own code sees
-    them after reading its CSV files: the release writes ``true`` and ``0.60`` where the
-    benchmark's exclusions say ``True`` and ``0.6``."""
-    found = list(dict.fromkeys(conditions))
-    dropped = {condition_meaning(c) for c in excluded}
-    kept = [c for c in found if condition_meaning(c) not in dropped]
-    return kept or found
-
-
-def condition_meaning(text) -> bool | float | str:
-    """What a condition's spelling means: ``true``/``True`` a truth value, ``0.00``/``0.0`` a
-    number, anything else (``c100``, ``1-10-10``) its text."""
-    text = str(text).strip()
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def score_set(decisions: np.ndarray, stimuli, trials, excluded=()) -> SetScore:
@@ -195,82 +174,3 @@ def cue_conflict(decisions: np.ndarray, stimuli) -> dict:
         if (shapes == c).any()
     }
     return {**overall, "shape_bias_by_category": per_category}
-
-
-def ood_accuracy_test(excluded: dict) -> PerImageTest:
-    """OOD accuracy's paired test: per image, right or wrong, its (set, condition) group —
-    conditions the benchmark leaves out marked −1 — and its set; the statistic is the mean over
-    sets of the mean over kept conditions of the accuracy, as the rows compute it."""
-
-    def parts(frame) -> np.ndarray:
-        group, sets = np.full(len(frame), -1.0), np.zeros(len(frame))
-        names = sorted(set(frame["set"]))
-        for number, name in enumerate(names):
-            mine = (frame["set"] == name).to_numpy()
-            conditions = frame["condition"].to_numpy()[mine]
-            kept = kept_conditions(conditions, excluded.get(name, ()))
-            codes = {c: number * 10_000 + k for k, c in enumerate(kept)}
-            group[mine] = [codes.get(c, -1) for c in conditions]
-            sets[mine] = number
-        return np.column_stack([frame["correct"].to_numpy(float), group, sets])
-
-    def statistic(parts: np.ndarray) -> float:
-        kept = parts[parts[:, 1] >= 0]
-        groups, inverse = np.unique(kept[:, 1], return_inverse=True)
-        accuracy = np.bincount(inverse, weights=kept[:, 0]) / np.bincount(inverse)
-        per_set = defaultdict(list)
-        for code, value in zip(groups, accuracy, strict=True):
-            per_set[int(code) // 10_000].append(value)
-        return float(np.mean([np.mean(values) for values in per_set.values()]))
-
-    return PerImageTest(parts, statistic, sums=accuracy_sums)
-
-
-def accuracy_sums(parts: np.ndarray):
-    """``Sums`` of OOD accuracy: per image, its right-or-wrong in its kept group's column and a
-    one in the group's count column; of the sums, the mean over sets of the mean over the
-    set's groups present in that resample of their accuracy."""
-    groups, index = np.unique(parts[:, 1], return_inverse=True)
-    rows = np.zeros((len(parts), 2 * len(groups)))
-    rows[np.arange(len(parts)), index] = parts[:, 0]
-    rows[np.arange(len(parts)), len(groups) + index] = 1.0
-    kept = groups >= 0
-    sets = groups[kept] // 10_000
-    rows = rows[:, np.concatenate([kept, kept])]
-
-    def of_sums(totals: np.ndarray, images: int) -> np.ndarray:
-        right, seen = np.split(totals, 2, axis=1)
-        accuracy = np.divide(right, seen, out=np.zeros_like(right), where=seen > 0)
-        per_set = []
-        for number in np.unique(sets):
-            present = seen[:, sets == number] > 0
-            count = present.sum(axis=1)
-            total = accuracy[:, sets == number].sum(axis=1)
-            per_set.append(np.where(count > 0, total / np.maximum(count, 1), np.nan))
-        return np.nanmean(np.stack(per_set, axis=1), axis=1)
-
-    return rows, of_sums
-
-
-def shape_bias_test() -> PerImageTest:
-    """Shape bias's paired test on the cue-conflict images: per image whether its decision is
-    its shape's category and whether it is its texture's, where the two differ; the statistic
-    is shape / (shape + texture)."""
-
-    def parts(frame) -> np.ndarray:
-        cue = (frame["set"] == "cue-conflict").to_numpy()
-        conflict = cue & (frame["category"] != frame["texture"]).to_numpy()
-        shape = conflict & (frame["decision"] == frame["category"]).to_numpy()
-        texture = conflict & (frame["decision"] == frame["texture"]).to_numpy()
-        return np.column_stack([shape, texture]).astype(float)
-
-    def statistic(parts: np.ndarray) -> float:
-        shape, texture = parts.sum(axis=0)
-        return float(shape / (shape + texture)) if shape + texture else math.nan
-
-    def of_sums(totals: np.ndarray, images: int) -> np.ndarray:
-        shape, texture = totals[:, 0], totals[:, 1]
-        either = shape + texture
-        return np.divide(shape, either, out=np.full_like(shape, math.nan), where=either > 0)
-
-    return PerImageTest(parts, statistic, sums=lambda parts: (parts, of_sums))

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
 from evalkit.heads.zeroshot import label_space_hits, restricted
 from evalkit.metrics import topk_hits
-from evalkit.significance import PerImageTest, column_mean, right_or_wrong
 
 SCORE_KINDS = {  # what a task's scores are, and how they become probabilities
     "logits": "softmax of the classifier's logits",
@@ -117,20 +115,3 @@ def scored_hits(scores: torch.Tensor, labels: torch.Tensor, space, k: int) -> to
     if space is None:
         return topk_hits(scores, labels, k)
     return label_space_hits(scores, labels, space, k)
-
-
-def classification_test(metric: str, columns: set[str]) -> PerImageTest | None:
-    """The paired test of a classification task's metric on what ``save_classifications``
-    keeps: top-1 from each image's right or wrong, top-5 from whether any of its correct
-    classes is among its five (exact McNemar for one-seed cells, else a bootstrap)."""
-    if metric.startswith("top1") and "correct" in columns:
-        return right_or_wrong(lambda frame: frame["correct"])
-    if metric.startswith("top5") and {"top5", "label_classes"} <= columns:
-        return right_or_wrong(top5_right)
-    return column_mean(metric) if metric in columns else None
-
-
-def top5_right(frame) -> np.ndarray:
-    """Whether any of an image's correct classes is among its top five."""
-    pairs = zip(frame["label_classes"], frame["top5"], strict=True)
-    return np.array([bool(set(classes) & set(top)) for classes, top in pairs])

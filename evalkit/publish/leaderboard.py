@@ -38,15 +38,16 @@ from evalkit.core.results import (
     rows_files,
     run_spec,
 )
-from evalkit.core.task import default_paired_test
 from evalkit.errors import EvalkitError
 from evalkit.power import difference_text, mde, sight
+from evalkit.protocols.paired_tests import DECLARED
 from evalkit.significance import (
     CHUNK,
     LEVEL,
     RESAMPLES,
     Paired,
     bootstrap_p,
+    default_paired_test,
     holm,
     mcnemar,
     mcnemar_all,
@@ -718,9 +719,17 @@ def board_task(board: Board) -> str | None:
 
 def declared_test(task: str | None, metric: str, columns: set[str]):
     """The paired test ``task`` declares for ``metric`` on outputs with ``columns``; for a
-    task not known here, the default one (a per-image column of the metric's name)."""
-    from evalkit.core.catalog import resolve_task
+    task not known here, the default one (a per-image column of the metric's name). A built-in
+    task's is read from ``paired_tests.DECLARED`` without importing the task (and torch); any
+    other is built and asked."""
+    from evalkit.core.catalog import TASKS, resolve_task, task_settings
 
+    try:
+        target = TASKS.get(task_settings(task)[0]).target if task else None
+    except EvalkitError:
+        target = None
+    if target in DECLARED:
+        return DECLARED[target](metric, columns)
     try:
         declared = resolve_task(task) if task else None
     except EvalkitError:

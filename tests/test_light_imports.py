@@ -1,0 +1,99 @@
+"""The result commands read rows and per-image files and never import torch, timm, torchvision or
+open_clip: each runs through the command line's ``main`` in a fresh interpreter on small real
+runs (kNN and 5-shot on the embedded stand-in, two setups and a second seed), succeeds, and
+leaves none of them in ``sys.modules``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evalkit.cli import main
+
+HEAVY = ("torch", "timm", "torchvision", "open_clip")
+TASKS = ("--task", "imagenet-knn", "--task", "imagenet-5shot")
+
+# Run in a fresh interpreter: the command's exit status and the heavy modules it left loaded.
+PROBE = f"""
+import contextlib, io, json, sys
+from evalkit.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, data_cache):
+    """``base`` (seed 0) and ``new`` (seed 1) of one setup, ``other`` a second setup (dim=16),
+    and ``board``: base and other merged, every cell with its per-image outputs."""
+    root = tmp_path_factory.mktemp("light")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EVALKIT_CACHE", str(data_cache))
+        for name, extra in (
+            ("base", []),
+            ("new", ["--seed", "1"]),
+            ("other", ["--model-arg", "dim=16"]),
+        ):
+            argv = ["run", "--backbone", "fake", "--data", "embedded", "--quiet", *TASKS, *extra]
+            assert main([*argv, "--save-predictions", "--out", str(root / name)]) == 0
+        assert main(["merge", str(root / "board"), str(root / "base"), str(root / "other")]) == 0
+    return root
+
+
+COMMANDS = {  # the folders: {base}, {new}, {other}, {board}; {out} a fresh one
+    "leaderboard": "leaderboard {board}",
+    "leaderboard markdown": "leaderboard {board} --format markdown --output {out}/board.markdown",
+    "leaderboard json": "leaderboard {board} --format json --output {out}/b.json",
+    "leaderboard html": "leaderboard {board} --format html --output {out}/b.html",
+    "leaderboard nemenyi": "leaderboard {board} --cd nemenyi",
+    "compare": "compare {base} {new} --no-fail",
+    "compare paired": "compare {base} {new} --paired --no-fail",
+    "compare equivalent": "compare {base} {new} --paired --equivalent 3 --no-fail",
+    "compare detect": "compare {base} {new} --paired --detect 3 --no-fail",
+    "table": "table {board}",
+    "errors": "errors {board} --task imagenet-knn",
+    "card": "card {base} --model-id me/fake --allow-stand-in --out {out}/card.markdown",
+    "merge": "merge {out}/merged {base} {other}",
+    "export eee": "export {board} --format eee --out {out}/eee",
+    "export mteb": "export {board} --format mteb --out {out}/mteb",
+    "ls": "ls",
+    "ls tasks": "ls tasks",
+    "power": "power {board} --task imagenet-knn",
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_result_command_imports_no_model_library(command, folders, tmp_path):
+    places = {name: str(folders / name) for name in ("base", "new", "other", "board")}
+    argv = [part.format(out=tmp_path, **places) for part in COMMANDS[command].split()]
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["code"] == 0, f"evalkit {' '.join(argv)} failed: {done.stderr[-2000:]}"
+    assert found["heavy"] == [], f"evalkit {' '.join(argv)} imported {', '.join(found['heavy'])}"
+
+
+def test_every_built_in_task_declares_the_paired_test_the_results_read():
+    """The leaderboard reads a built-in task's paired test from ``paired_tests.DECLARED`` by the
+    class the catalog names, without importing it: every such class must declare that very
+    function (a class with none of its own has the default one)."""
+    from evalkit.core.catalog import TASKS
+    from evalkit.core.task import Task
+    from evalkit.protocols.paired_tests import DECLARED
+    from evalkit.significance import default_paired_test
+
+    targets = {entry.target: entry for entry in TASKS.entries() if entry.summary != "(plugin)"}
+    assert set(DECLARED) == set(targets)
+    for target, entry in targets.items():
+        declared = entry.load().paired_test
+        declared = default_paired_test if declared is Task.paired_test else declared
+        assert declared is DECLARED[target], f"{target} declares {declared.__qualname__}"
