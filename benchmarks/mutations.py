@@ -37,8 +37,8 @@ METRICS = ("tests/test_metrics.py", "tests/test_dense.py")
 GATE, IDENTITY = "tests/test_gate_families.py", "tests/test_identity.py"
 SHARDS, BOARD = "tests/test_shards.py", "tests/test_board_statistics.py"
 CALIBRATION = ("tests/test_metrics.py", "tests/test_calibration.py")
-LIGHT = "tests/test_light_imports.py"
 EXPLORE = "tests/test_explore.py"
+LIGHT = "tests/test_light_imports.py"
 FAULTS = (
     Fault(
         "ece bins closed on the left",
@@ -558,6 +558,54 @@ FAULTS = (
         "    if target in DECLARED:",
         "    if target in DECLARED and not target:",
         (f"{LIGHT}::test_result_command_imports_no_model_library[leaderboard]",),
+    ),
+    Fault(
+        "resolve spends the full level at every look",
+        "evalkit/reproduction/resolve.py",
+        "    return level / (look * (look + 1))",
+        "    return level",
+        (
+            "tests/test_resolve.py::test_a_row_with_no_effect_is_decided_at_most_five_percent_of_the_time",
+        ),
+    ),
+    Fault(
+        "resolve reads a spread over seeds with a normal quantile",
+        "evalkit/reproduction/resolve.py",
+        "    if seeds >= 2:\n        return float(stdtrit(seeds - 1, 1 - level / 2))",
+        "    if seeds >= 2000:\n        return float(stdtrit(seeds - 1, 1 - level / 2))",
+        (
+            "tests/test_resolve.py::test_a_row_with_no_effect_is_decided_at_most_five_percent_of_the_time",
+        ),
+    ),
+    Fault(
+        "the margin is the interval's near end",
+        "evalkit/reproduction/resolve.py",
+        "    return max(abs(interval[0]), abs(interval[1]))",
+        "    return min(abs(interval[0]), abs(interval[1]))",
+        (
+            "tests/test_resolve.py::test_every_row_ends_as_agrees_disagrees_or_a_margin_with_its_mde",
+        ),
+    ),
+    Fault(
+        "a decided row's direction ignores the paper's sign",
+        "evalkit/reproduction/resolve.py",
+        "    return (low > 0) == (paper_sign > 0)",
+        "    return low > 0",
+        ("tests/test_resolve.py::test_a_row_whose_paper_effect_is_negative_agrees_below_zero",),
+    ),
+    Fault(
+        "resolve's budget counts the table's own first look",
+        "evalkit/reproduction/resolve.py",
+        "        run.seconds = seconds - first",
+        "        run.seconds = seconds",
+        ("tests/test_resolve.py",),
+    ),
+    Fault(
+        "the MDE drops the power quantile",
+        "evalkit/reproduction/resolve.py",
+        "    return half * (critical + POWER_Z) / critical",
+        "    return half",
+        ("tests/test_resolve.py::test_the_stated_mde_is_detected_eighty_percent_of_the_time",),
     ),
 )
 
