@@ -153,7 +153,8 @@ def test_reproduce_resolve_at_the_smoke_scale(cli_env, capsys, monkeypatch):
     monkeypatch.setattr(Reproduction, "measure", counted_as_one_second)
     args = ["reproduce", "--scale", "smoke", "--rows", "5,10", "--out", "paper", "--quiet"]
     assert main([*args, "--resolve", "13"]) == 0
-    summary = json.loads((cli_env / "paper" / "effects-smoke.json").read_text())
+    table_file = cli_env / "paper" / "effects-smoke"  # .json and .md
+    summary = json.loads(table_file.with_suffix(".json").read_text())
     linear, video = summary["rows"]
     assert linear["note"].startswith("more seeds cannot change it") and "sequential" not in linear
     looks = video["sequential"]["looks"]
@@ -162,11 +163,11 @@ def test_reproduce_resolve_at_the_smoke_scale(cli_env, capsys, monkeypatch):
     assert video["agrees"] is None and video["sequential"]["stopped"].startswith("budget")
     assert video["interval"] == looks[-1]["interval"]
     assert summary["resolve_budget"] == 13 and summary["resolve_seconds"] == 6
-    table = (cli_env / "paper" / "effects-smoke.md").read_text()
+    table = table_file.with_suffix(".md").read_text()
     assert "no effect larger than ±" in table and "within noise" not in table
     assert "look 3 at 4 seeds" in table
     assert main(["reproduce", "--scale", "smoke", "--rows", "3", "--out", "paper", "--quiet"]) == 0
-    kept = json.loads((cli_env / "paper" / "effects-smoke.json").read_text())["rows"]
+    kept = json.loads(table_file.with_suffix(".json").read_text())["rows"]
     assert [r["row"] for r in kept] == [3, 5, 10] and kept[2]["sequential"]["looks"] == looks
 
 
