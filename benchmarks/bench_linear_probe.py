@@ -62,7 +62,8 @@ def resnet_features():
     """Features of a seeded random timm/resnet18 on the embedded stand-in (train, val)."""
     from evalkit import load_backbone
     from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
     from evalkit.storage.identity import cache_root
 
     backbone = load_backbone("timm/resnet18")

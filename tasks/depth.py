@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from evalkit.core.task import Metric, one_of, setting
-from evalkit.data import open_dataset
 from evalkit.data.dense_layouts import DEPTH, frame_size
+from evalkit.data.resolve import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.heads.decoders import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from evalkit.backbones.base import build_transform
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, Metric, Rule, Stage, one_of, setting
-from evalkit.data import open_dataset
+from evalkit.data.resolve import open_dataset
 from evalkit.metrics import accuracy_stderr, mean_stderr
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.sizing import forward_flops, training_flops

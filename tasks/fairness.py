@@ -38,7 +38,7 @@ from evalkit.core.task import (
     resolve_pool,
     setting,
 )
-from evalkit.data import open_dataset
+from evalkit.data.resolve import open_dataset
 from evalkit.heads.debias import fit_rto
 from evalkit.heads.fairness import expected_accuracy, fit_parity, parity_gap
 from evalkit.heads.linear import fit_logistic

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 
 from evalkit.core.task import Metric, Rule, Stage, extraction_stage, setting
-from evalkit.data import data_kind, dataset_root, open_dataset
 from evalkit.data.model_vs_human import (
     SETS,
     categories_of,
     imagenet_wnids,
     read_trials,
 )
+from evalkit.data.resolve import data_kind, dataset_root, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.protocols.classification import predict
 from evalkit.protocols.human_alignment import (

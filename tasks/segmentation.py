@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Metric, Stage, one_of, setting
-from evalkit.data import open_dataset
 from evalkit.data.dense_layouts import ADE_CLASSES, IGNORE, SlidingWindows, scale_crop_flip
+from evalkit.data.resolve import open_dataset
 from evalkit.heads.decoders import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
 from evalkit.protocols.finetuning import FinetuneSettings, dense_end_to_end, finetune_extra

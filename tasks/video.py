@@ -35,8 +35,8 @@ from evalkit.core.task import (
     resolve_pool,
     setting,
 )
-from evalkit.data import open_dataset
 from evalkit.data.clips import MODES, Sampling, split_status
+from evalkit.data.resolve import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import Standardizer
 from evalkit.heads.temporal import HEADS, HeadConfig, build_head

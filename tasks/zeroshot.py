@@ -43,8 +43,8 @@ from evalkit.core.task import (
     resolve_pool,
     setting,
 )
-from evalkit.data import open_dataset
 from evalkit.data.captions import UNREADABLE
+from evalkit.data.resolve import open_dataset
 from evalkit.data.shifted import open_scored
 from evalkit.errors import EvalkitError
 from evalkit.heads.text import (

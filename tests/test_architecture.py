@@ -135,7 +135,8 @@ PLUGIN = '''
 """A toy plugin: one dataset kind, one task, one backbone."""
 import torch
 from dataclasses import dataclass
-from evalkit.data import DataKind, open_dataset
+from evalkit.data import DataKind
+from evalkit.data.resolve import open_dataset
 from evalkit.core.task import Metric, Task, resolve_pool
 from evalkit.cache.features import FeatureRequest
 from evalkit.backbones.base import BackboneInfo, Features, Preprocess

@@ -108,7 +108,7 @@ def test_which_errors_are_about_memory(error, memory):
 
 def test_prediction_backs_off_and_gives_the_same_logits(fake, ctx, monkeypatch):
     from evalkit.backbones.base import build_transform
-    from evalkit.data import open_dataset
+    from evalkit.data.resolve import open_dataset
     from evalkit.protocols.classification import predict
 
     # a fine-tuned model reads normalised images (its own forward, not a backbone's extract)

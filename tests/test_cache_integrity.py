@@ -11,7 +11,8 @@ import torch
 
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 from evalkit.cli import main
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.storage import shards
 from evalkit.storage.identity import file_stamp

@@ -14,7 +14,7 @@ from evalkit.errors import EvalkitError
 
 @pytest.mark.long
 def test_imagenet_c_stand_in_has_the_layout_and_a_clear_error(ctx):
-    from evalkit.data import open_dataset
+    from evalkit.data.resolve import open_dataset
 
     fog = open_dataset("imagenet-c", "fog/3", ctx.data)
     assert len(fog) == 24 * 4 and len(fog.classes) == 24

@@ -3,9 +3,10 @@ import hashlib
 import pytest
 from PIL import Image
 
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
 from evalkit.data.embedded import ShapesSpec, class_names, render, write_shapes
 from evalkit.data.folder import ImageFolder
+from evalkit.data.resolve import open_dataset
 from evalkit.errors import EvalkitError
 
 

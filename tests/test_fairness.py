@@ -178,7 +178,8 @@ def write_release(root: Path, rows=None, partitions=None, count=None) -> Path:
 
 
 def test_celeba_release_layout_is_read(tmp_path):
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
 
     write_release(tmp_path / "celeba")
     config = DataConfig(source="folder", root=tmp_path)
@@ -202,7 +203,8 @@ def test_celeba_release_layout_is_read(tmp_path):
     ],
 )
 def test_a_malformed_celeba_release_is_refused_in_one_line(tmp_path, damage, message):
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
 
     write_release(tmp_path / "celeba", **damage)
     with pytest.raises(EvalkitError, match=message) as caught:
@@ -211,7 +213,8 @@ def test_a_malformed_celeba_release_is_refused_in_one_line(tmp_path, damage, mes
 
 
 def test_an_unknown_attribute_or_split_is_refused(tmp_path):
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
 
     write_release(tmp_path / "celeba")
     config = DataConfig(source="folder", root=tmp_path)
@@ -225,7 +228,7 @@ def test_an_unknown_attribute_or_split_is_refused(tmp_path):
 
 
 def test_the_stand_in_plants_a_known_correlation(ctx):
-    from evalkit.data import open_dataset
+    from evalkit.data.resolve import open_dataset
 
     train = open_dataset("celeba", "train", ctx.data, target="Smiling", group="Male")
     smiling_male = train.targets[train.groups == 1].mean()

@@ -16,7 +16,8 @@ from evalkit.cache.features import (
     extract_features,
     list_cache,
 )
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import open_dataset
 
 
 def _val(backbone, data_cache):
@@ -99,7 +100,8 @@ SCRIPT = textwrap.dedent("""
     import torch
     from evalkit import load_backbone
     from evalkit.storage import shards
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
     from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
     ready, data_cache, cache, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     if ready != "-":  # after the third shard is on disk: say so, then wait to be killed

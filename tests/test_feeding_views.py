@@ -371,7 +371,8 @@ def test_the_decoder_has_one_default_and_reaches_every_opened_view(tmp_path):
     """``DataConfig`` holds the one default; a task that hands ``open_dataset`` any evaluation
     view (here one built with another decoder) reads by the run's decoder, so no task can
     forget it."""
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
     from evalkit.data.views import decoder_of
 
     pre = Preprocess(size=32, crop_pct=0.875, interpolation="bicubic")

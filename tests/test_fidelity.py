@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from evalkit.cli import main
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import open_dataset
 from evalkit.errors import EvalkitError
 
 COLOURS = {"cat": (200, 30, 30), "dog": (30, 200, 30), "fox": (30, 30, 200), "zebra": (0, 0, 0)}

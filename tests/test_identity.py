@@ -74,7 +74,8 @@ def test_a_leaderboard_over_two_datasets_ranks_within_each(two_setups, data_cach
     for row_file in two_setups.glob("*.jsonl"):
         (tmp_path / "R").mkdir(exist_ok=True)
         (out / row_file.name).write_text(row_file.read_text())
-    from evalkit.data import DataConfig, data_kind, dataset_root
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import data_kind, dataset_root
 
     imagenet = dataset_root(data_kind("imagenet"), DataConfig(source="embedded", cache=data_cache))
     spec = RunSpec(

@@ -22,7 +22,8 @@ from evalkit.core.catalog import TASKS
 from evalkit.core.results import load_rows, pivot_table
 from evalkit.core.runner import RunSpec, job_spec, resolve_task
 from evalkit.core.task import Task
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import open_dataset
 from evalkit.storage import checkpoints, identity
 
 # Every RunSpec field either reaches the run key or is listed here with why it may not.

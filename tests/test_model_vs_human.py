@@ -350,13 +350,13 @@ def test_every_sets_exclusions_are_the_benchmarks_on_the_releases_spellings():
 
 
 def test_the_stand_in_spells_conditions_and_headers_as_the_release_does(ctx):
-    from evalkit.data import dataset_root
     from evalkit.data.model_vs_human import read_trials
+    from evalkit.data.resolve import dataset_root
     from evalkit.data.stimuli import CONDITIONS
 
     assert CONDITIONS["false-colour"] == ("true", "false")
     assert all(len(c) == 4 for c in CONDITIONS["uniform-noise"])  # 0.00, 0.10, ...
-    from evalkit.data import data_kind
+    from evalkit.data.resolve import data_kind
 
     root = dataset_root(data_kind("model-vs-human"), ctx.data)
     header = next((root / "raw-data" / "false-colour").glob("*.csv")).read_text().splitlines()[0]

@@ -391,7 +391,8 @@ import json, os, sys
 from pathlib import Path
 from evalkit import distributed as mesh, load_backbone
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import open_dataset
 
 mesh.setup(tp=2)
 backbone = load_backbone("vit22b/test", random_init=True)

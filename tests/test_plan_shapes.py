@@ -12,7 +12,8 @@ from evalkit.backbones.options import BackboneOptions
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
 from evalkit.core.costs import measured_shape, unfit
 from evalkit.core.task import PlanInputs, extraction_stage
-from evalkit.data import DataConfig, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import open_dataset
 
 ROWS = 48
 

@@ -36,7 +36,8 @@ def resnet_features(data_cache) -> list[torch.Tensor]:
     from torchvision.transforms import v2
 
     from evalkit import load_backbone
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
 
     backbone = load_backbone("timm/resnet18")
     transform = v2.Compose([v2.ToImage(), v2.Resize((64, 64)), v2.ToDtype(torch.float32, True)])

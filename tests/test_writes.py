@@ -29,7 +29,8 @@ def test_safetensors_full_disk_error_is_one_line(fake, data_cache, tmp_path, mon
     from safetensors import SafetensorError
 
     from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-    from evalkit.data import DataConfig, open_dataset
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import open_dataset
 
     def full(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"partial")

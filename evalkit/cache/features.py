@@ -32,7 +32,6 @@ import torch
 from evalkit import distributed
 from evalkit.batching import BatchLimit
 from evalkit.cache.pixels import PixelStore, pixel_store, subset_key
-from evalkit.data import pixels_setting
 from evalkit.data.clips import split_status
 from evalkit.data.feeding import (
     decoded_ahead,
@@ -43,6 +42,7 @@ from evalkit.data.feeding import (
     read_in_threads,
     read_threads,
 )
+from evalkit.data.resolve import pixels_setting
 from evalkit.errors import EvalkitError, warn_once
 from evalkit.progress import ProgressBar
 from evalkit.storage import shards as files

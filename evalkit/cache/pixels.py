@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.data import pixels_setting
+from evalkit.data.resolve import pixels_setting
 from evalkit.data.views import EvalView
 from evalkit.errors import EvalkitError, warn, warn_once
 from evalkit.storage import shards as files

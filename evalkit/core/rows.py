@@ -20,7 +20,7 @@ from evalkit.core.catalog import resolve_task
 from evalkit.core.numerics import numerics, peak_memory_mb
 from evalkit.core.results import Row
 from evalkit.core.task import Task, TaskContext
-from evalkit.data import hub_source, is_stand_in
+from evalkit.data.resolve import hub_source, is_stand_in
 
 
 def hash_json(value) -> str:

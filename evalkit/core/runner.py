@@ -52,8 +52,9 @@ from evalkit.core.results import (
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.suites import expand
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
-from evalkit.data import DECODERS, PIXELS, DataConfig, is_stand_in
+from evalkit.data import DECODERS, PIXELS, DataConfig
 from evalkit.data.check import find_data
+from evalkit.data.resolve import is_stand_in
 from evalkit.device import check_device, default_device, default_dtype, keep_freed_buffers
 from evalkit.errors import EvalkitError, warn
 from evalkit.storage.identity import cache_root, library_versions, read_json, spec_key

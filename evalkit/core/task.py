@@ -26,7 +26,8 @@ from evalkit.cache.features import (
     backbone_spec,
     extract_features,
 )
-from evalkit.data import DataConfig, data_identity
+from evalkit.data import DataConfig
+from evalkit.data.resolve import data_identity
 from evalkit.data.views import decoder_of
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.significance import PerImageTest, default_paired_test

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.data import DataKind, identity_options
+from evalkit.data import DataKind
 from evalkit.data.folder import IMAGE_SUFFIXES, read_image, to_rgb
+from evalkit.data.resolve import identity_options
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity, spec_key
 

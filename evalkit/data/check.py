@@ -16,7 +16,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from evalkit.data import DataConfig, data_kind, dataset_root, is_stand_in, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import data_kind, dataset_root, is_stand_in, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 from evalkit.storage.identity import file_digest

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evalkit.data import DataKind, identity_options
+from evalkit.data import DataKind
 from evalkit.data.folder import load_rgb
+from evalkit.data.resolve import identity_options
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity
 from evalkit.storage.writes import replacing, sweep_stale

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from evalkit.data import DataKind, identity_options
+from evalkit.data import DataKind
+from evalkit.data.resolve import identity_options
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity, spec_key
 from evalkit.storage.writes import not_readable

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalkit.data import DataKind, identity_options
+from evalkit.data import DataKind
 from evalkit.data.folder import read_image
+from evalkit.data.resolve import identity_options
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import files_identity
 

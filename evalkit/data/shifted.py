@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 from PIL import ImageOps
 
-from evalkit.data import DataConfig, DataKind, data_kind, dataset_root, open_dataset
+from evalkit.data import DataConfig, DataKind
 from evalkit.data.folder import ImageFolder
+from evalkit.data.resolve import data_kind, dataset_root, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import read_json
 

@@ -16,8 +16,8 @@ import torch
 from evalkit.backbones.base import POOLS, build_transform
 from evalkit.cache.features import FeatureRequest, FeatureSet
 from evalkit.core.task import LAYERS, Stage, Task, extraction_stage, one_of, resolve_pool, setting
-from evalkit.data import open_dataset
 from evalkit.data.feeding import loader_options, loader_workers
+from evalkit.data.resolve import open_dataset
 from evalkit.data.shifted import open_scored
 from evalkit.device import gpu_free_bytes
 from evalkit.errors import EvalkitError

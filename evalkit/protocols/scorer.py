@@ -14,7 +14,7 @@ import torch
 
 from evalkit.cache.features import FeatureRequest
 from evalkit.core.task import resolve_pool
-from evalkit.data import open_dataset
+from evalkit.data.resolve import open_dataset
 from evalkit.heads.linear import fit_logistic
 
 from .classification import ProbeData, predict, stratified_holdout

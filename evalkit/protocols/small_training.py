@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from evalkit.core.task import Rule
-from evalkit.data import open_dataset
+from evalkit.data.resolve import open_dataset
 from evalkit.models.vit22b import SIZES
 
 SIZE = Rule(f"a size of the built-in family ({', '.join(SIZES)})", lambda v: v in SIZES)

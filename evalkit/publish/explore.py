@@ -137,7 +137,8 @@ def _configured_root(name: str, stand_in: bool) -> list[Path]:
     """Where this machine keeps data set ``name``: the stand-in in the cache (written again,
     the same images, if it was removed), a real set under ``$EVALKIT_DATA``; none when that
     is not set or the kind is not known here."""
-    from evalkit.data import DataConfig, data_kind, dataset_root
+    from evalkit.data import DataConfig
+    from evalkit.data.resolve import data_kind, dataset_root
     from evalkit.storage.identity import cache_root
 
     config = DataConfig(source="embedded" if stand_in else "auto", cache=cache_root())

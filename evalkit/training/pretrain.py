@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from evalkit import distributed
-from evalkit.data import DataConfig, data_identity, open_dataset
+from evalkit.data import DataConfig
+from evalkit.data.resolve import data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.models.vit22b import SIZES, ViT, build, config
 from evalkit.schedule import Schedule
