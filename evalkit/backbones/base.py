@@ -128,12 +128,14 @@ def build_transform(
     the backbone's own preprocessing squashes) and centre-crop, giving uint8 pixels (``evalkit.data.views``) that ``model_input`` normalises
     on the device; ``normalised`` returns the float tensor instead, for a reader whose images
     never pass through ``extract``. Training: an inception crop with a flip, normalised."""
-    from torchvision import transforms as T
-
     if not train:
         square = square or pre.crop_mode == "squash"
         view = eval_view(pre.size, pre.crop_pct, pre.interpolation, square=square, decoder=decoder)
         return Normalised(view, pre.mean, pre.std) if normalised else view
+    # Here, not above: importing torchvision loads torch's compiler too (1–2 CPU-s), which an
+    # evaluation whose features are cached never needs.
+    from torchvision import transforms as T
+
     mode = T.InterpolationMode(pre.interpolation)
     return T.Compose(
         [

@@ -356,19 +356,23 @@ def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs,
     return inputs, "; ".join(sources)
 
 
-def measured_shape(backbone, *, dtype: str, tp: int = 1) -> Shape:
+def measured_shape(backbone, *, dtype: str, tp: int = 1, flops: bool = True) -> Shape:
     """The shape of a loaded backbone from one forward pass of one image at its own size: the
     pooled width it really produces, the largest tensor any of its modules outputs (held four
-    times over: the module's input and output and the buffers beside them) and the FLOPs torch
-    counts. CNNs, hybrids and transformers alike: nothing is inferred from a patch size. The
-    built-in family (sharded, possibly huge) is sized from its config instead, as a ViT."""
+    times over: the module's input and output and the buffers beside them) and, with
+    ``flops``, the FLOPs torch counts (0 without: a run's fit check and batch size need none,
+    and torch's FLOP counter loads its compiler, 1–2 CPU-seconds). CNNs, hybrids and
+    transformers alike: nothing is inferred from a patch size. The built-in family (sharded,
+    possibly huge) is sized from its config instead, as a ViT."""
     info = backbone.info
     module = getattr(backbone, "model", None)
     if info.name.startswith("vit22b") or not isinstance(module, torch.nn.Module):
         return shape_of(info, dtype=dtype, tp=tp)
     if getattr(backbone, "measured_shape", None) is None:
         backbone.measured_shape = _one_forward(backbone, module)
-    width, largest, flops = backbone.measured_shape
+    if flops and getattr(backbone, "measured_flops", None) is None:
+        backbone.measured_flops = _forward_flops(backbone, module)
+    width, largest = backbone.measured_shape
     return Shape(
         info.name,
         width,
@@ -377,31 +381,41 @@ def measured_shape(backbone, *, dtype: str, tp: int = 1) -> Shape:
         info.preprocess.size,
         info.params * BYTES[dtype] // tp,
         4 * largest * BYTES[dtype],
-        flops,
+        backbone.measured_flops if flops else 0,
     )
 
 
-def _one_forward(backbone, module) -> tuple[int, int, int]:
-    """(pooled width, elements of the largest module output, FLOPs) of one image."""
-    from torch.utils.flop_counter import FlopCounterMode
+def _one_image(backbone, module) -> torch.Tensor:
+    device = next(module.parameters(), torch.zeros(0)).device
+    size = backbone.info.preprocess.size
+    return torch.zeros(1, 3, size, size, device=device)
 
+
+def _one_forward(backbone, module) -> tuple[int, int]:
+    """(pooled width, elements of the largest module output) of one image."""
     largest = [0]
 
     def note(_module, _inputs, output):
         if isinstance(output, torch.Tensor):
             largest[0] = max(largest[0], output.numel())
 
-    device = next(module.parameters(), torch.zeros(0)).device
-    size = backbone.info.preprocess.size
     handles = [m.register_forward_hook(note) for m in module.modules()]
     try:
-        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-            image = torch.zeros(1, 3, size, size, device=device)
-            pooled = backbone.extract(image, pool=backbone.info.pools[0]).pooled
+        with torch.inference_mode():
+            out = backbone.extract(_one_image(backbone, module), pool=backbone.info.pools[0])
     finally:
         for handle in handles:
             handle.remove()
-    return pooled.shape[-1], largest[0], counter.get_total_flops()
+    return out.pooled.shape[-1], largest[0]
+
+
+def _forward_flops(backbone, module) -> int:
+    """The FLOPs torch counts for one image's forward pass."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        backbone.extract(_one_image(backbone, module), pool=backbone.info.pools[0])
+    return counter.get_total_flops()
 
 
 def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:
@@ -434,7 +448,7 @@ def stage_flops(stage: Stage, shape: Shape) -> float:
 def unfit(task, backbone, ctx, *, tp: int = 1) -> list[str]:
     """What this job would need beyond this machine (empty when it fits, or when its data
     cannot be sized here: the task's own reader then says what is missing)."""
-    shape = measured_shape(backbone, dtype=ctx.extract.dtype, tp=tp)
+    shape = measured_shape(backbone, dtype=ctx.extract.dtype, tp=tp, flops=False)
     sizes, classes = {}, 0
     try:
         for name, splits in task.reads().items():
@@ -527,7 +541,7 @@ def auto_batch_size(backbone, device: str, dtype: str, tp: int = 1) -> int:
     fits ``AUTO_MEMORY_SHARE`` of the device's free memory by the planner's estimate of one
     image's activations; a batch that still runs out of memory is halved (``evalkit.batching``)."""
 
-    shape = measured_shape(backbone, dtype=dtype, tp=tp)
+    shape = measured_shape(backbone, dtype=dtype, tp=tp, flops=False)
     room = AUTO_MEMORY_SHARE * (free_bytes(device) or 0)
     per_image = max(shape.activation_bytes_per_image, 1)
     size = 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from collections.abc import Callable
 
 import torch
@@ -41,16 +42,27 @@ def run_numerics() -> Callable[[], None]:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms(True, warn_only=True)
     deterministic.fill_uninitialized_memory = False
 
     def restore():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
-        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+        deterministic_algorithms(saved[4], warn_only=saved[5])
         deterministic.fill_uninitialized_memory = saved[6]
 
     return restore
+
+
+def deterministic_algorithms(mode: bool, *, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without loading torch's compiler for it: that
+    function imports ``torch._inductor`` (and dynamo with it, 1–2 CPU-seconds) only to set the
+    compiler's own flag. evalkit compiles nothing; where the compiler is already loaded its
+    flag is set as torch sets it."""
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 def numerics() -> dict:
