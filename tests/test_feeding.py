@@ -113,15 +113,17 @@ import sys
 from evalkit.cli import main
 code = main(["run", "--task", "imagenet-knn", "--backbone", "fake", "--data", "embedded",
              "--out", sys.argv[1], "--quiet"])
-print(code, [m for m in ("torchvision", "torch._dynamo", "torch._inductor") if m in sys.modules])
+heavy = ("torchvision", "torch._dynamo", "torch._inductor", "torch.distributed.fsdp", "sympy")
+print(code, [m for m in heavy if m in sys.modules])
 """
 
 
 def test_a_run_loads_torchs_compiler_only_where_torchvision_is_needed(tmp_path):
     """Importing torchvision loads torch's compiler (dynamo, inductor: 1–2 CPU-s of a run's
-    start), as do ``torch.use_deterministic_algorithms`` and torch's FLOP counter. A run that
-    decodes nothing through torchvision (features cached, or views made without it) loads none
-    of them: ``evalkit run`` of a cached kNN, 4.2 → 3.1 CPU-s."""
+    start), as do ``torch.use_deterministic_algorithms`` and torch's FLOP counter; asking
+    whether a model is FSDP-sharded by importing FSDP loads DTensor and sympy (about 1 CPU-s).
+    A single-process run that decodes nothing through torchvision (features cached, or views
+    made without it) loads none of them: ``evalkit run`` of a cached kNN, 4.2 → 2.4 CPU-s."""
     env = os.environ | {"EVALKIT_CACHE": str(tmp_path / "cache")}
     for out in ("first", "features-cached"):
         command = [sys.executable, "-c", RUN_AND_LIST, str(tmp_path / out)]

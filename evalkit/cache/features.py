@@ -22,6 +22,7 @@ clip: ``pooled`` is then (N, T, D), and a shard holds whole clips.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -479,9 +480,10 @@ def _decoded_once(feed: Feed, todo: list[int]):
 def _gathers_weights(backbone) -> bool:
     """FSDP2 gathers every block's weights from all data-parallel ranks at each forward, so
     those ranks must run as many forwards as each other, whatever share of shards each has."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(getattr(backbone, "model", None), FSDPModule)
+    # A model sharded by FSDP2 was wrapped by code that imported it; where none did, importing
+    # it here (DTensor, sympy: about a CPU-second of every run) could only answer no.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(getattr(backbone, "model", None), fsdp.FSDPModule)
 
 
 def _batch_count(shards, indices: list[int], batch_size: int) -> int:
