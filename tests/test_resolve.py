@@ -179,3 +179,22 @@ def test_resolve_refuses_a_budget_that_is_not_seconds_and_the_paper_scale(cli_en
     assert main(["reproduce", "--scale", "paper", "--dry-run", "--resolve", "60"]) == 2
     err = capsys.readouterr().err
     assert "expects seconds of compute (> 0), got '0'" in err and "scale paper" in err
+
+
+def test_a_kept_scaling_row_from_another_ladder_says_so():
+    from evalkit.reproduction.reproduce import OTHER_LADDER, label_other_ladder
+    from evalkit.reproduction.table import verdict_text
+
+    now = {"ti": "aaaa", "s": "bbbb"}
+    rows = {
+        "same ladder": {"row": 5, "note": "", "ladder_id": dict(now)},
+        "another ladder": {"row": 5, "note": "", "ladder_id": {"ti": "aaaa", "s": "cccc"}},
+        "no ladder recorded": {"row": 6, "note": "within noise (95%: -1 to +2)"},
+        "an ablation's own models": {"row": 3, "note": ""},
+    }
+    for record in rows.values():
+        label_other_ladder(record, now)
+    labelled = {name for name, r in rows.items() if OTHER_LADDER in r["note"]}
+    assert labelled == {"another ladder", "no ladder recorded"}
+    shown = verdict_text(rows["no ladder recorded"] | {"agrees": None, "interval": [-1.0, 2.0]})
+    assert OTHER_LADDER in shown and "within noise" not in shown

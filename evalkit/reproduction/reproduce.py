@@ -49,6 +49,7 @@ class Reproduction:
     cache: Path | None = None
     progress: bool = False
     ladder: dict[str, str] = field(default_factory=dict)  # size → weights path
+    ladder_id: dict[str, str] = field(default_factory=dict)  # size → its weights' digest
     # scale paper: the paper's model → backbone spec, and → weights
     backbones: dict[str, str] = field(default_factory=lambda: dict(PAPER_BACKBONES))
     weights: dict[str, str] = field(default_factory=dict)
@@ -65,7 +66,7 @@ class Reproduction:
         the ladder took when it was trained."""
         from evalkit.data import DataConfig
         from evalkit.schedule import Schedule
-        from evalkit.storage.identity import cache_root
+        from evalkit.storage.identity import cache_root, file_digest
         from evalkit.training.pretrain import PretrainSpec, pretrain
 
         root = Path(self.cache or cache_root())
@@ -83,6 +84,7 @@ class Reproduction:
         )
         summaries = pretrain(spec, DataConfig(source="embedded", cache=root))
         self.ladder = {s["size"]: s["weights"] for s in summaries}
+        self.ladder_id = {size: file_digest(Path(w))[:16] for size, w in self.ladder.items()}
         return sum(s["seconds"] for s in summaries)
 
     def job(self, effect: EffectRow, measure: Measure, seed: int = 0):
@@ -177,6 +179,8 @@ class Reproduction:
             "departures": departures(effect, self.scale),
             "seconds": round(seconds, 1),
             "pictures": self.copy_pictures(effect, drawn) if effect.pictures else [],
+            # which ladder a scaling row compared (scale paper: the user's weights, named)
+            "ladder_id": dict(self.ladder_id) if effect.scaling and self.ladder_id else None,
         }
 
     def setup(self, effect: EffectRow) -> str:
@@ -316,7 +320,26 @@ def earlier_rows(job: Reproduction, records: list[dict]) -> list[dict]:
             f"{path} is not an effect table ({error}): move it away, or measure every row"
         ) from None
     now = {r["row"] for r in records}
-    return [r for r in earlier if r["row"] not in now]
+    kept = [r for r in earlier if r["row"] not in now]
+    if job.ladder_id:
+        for record in kept:
+            label_other_ladder(record, job.ladder_id)
+    return kept
+
+
+OTHER_LADDER = (
+    "measured on another ladder than this table's other scaling rows: rerun it to compare"
+)
+
+
+def label_other_ladder(record: dict, ladder_id: dict[str, str]) -> None:
+    """A kept scaling row measured on other ladder weights than the rows measured now (another
+    machine's training, an older version's) says so: two sizes' gap is only comparable on
+    one ladder. Rows that train their own models depend on no ladder."""
+    scaling = {e.number for e in selected(None) if e.scaling}
+    other = record["row"] in scaling and record.get("ladder_id") != ladder_id
+    if other and OTHER_LADDER not in record["note"]:
+        record["note"] = "; ".join(n for n in (record["note"], OTHER_LADDER) if n)
 
 
 FLOOR = "more seeds cannot change it: its measures fit seed-free models (test items' error only)"

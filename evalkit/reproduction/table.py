@@ -83,10 +83,10 @@ def row_line(r: dict) -> str:
 def verdict_text(r: dict) -> str:
     """The row's end (``resolution_text``) and its note; a within-noise note is not repeated
     beside the margin that replaces it."""
-    note = r["note"]
-    if r["agrees"] is None and "within" in note:
-        note = ""
-    return resolution_text(r) + (f" ({note})" if note else "")
+    parts = [n for n in r["note"].split("; ") if n]
+    if r["agrees"] is None:
+        parts = [n for n in parts if not n.startswith("within")]
+    return resolution_text(r) + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def departures_section(records: list[dict]) -> list[str]:
