@@ -363,35 +363,35 @@ FAULTS = (
     ),
     Fault(
         "failed cells never completed",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_reading.py",
         'return [r for r in latest.values() if done.get(cell_key(r), -1.0) < _epoch(r.get("time"))]',
         "return list(latest.values())",
         ("tests/test_zoo.py::test_a_failed_cell_is_recorded_and_the_zoo_goes_on",),
     ),
     Fault(
         "tiers led by the first setup only",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_ranks.py",
         "if leader is None or frozenset((leader, name)) in apart:",
         "if leader is None or frozenset((order[0], name)) in apart:",
         (f"{BOARD}::test_tiers_are_monotone_in_rank",),
     ),
     Fault(
         "separability ignores the number of pairs",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_ranks.py",
         "return 2.0 ** (1 - n) <= level / pairs",
         "return 2.0 ** (1 - n) <= level",
         (f"{BOARD}::test_few_tasks_say_they_cannot_separate_any_two_setups",),
     ),
     Fault(
         "nemenyi without the square root of two",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_ranks.py",
         "stats.studentized_range.sf(q * np.sqrt(2), k, np.inf)",
         "stats.studentized_range.sf(q, k, np.inf)",
         (f"{BOARD}::test_nemenyi_p_values_are_scikit_posthocs",),
     ),
     Fault(
         "overall order resamples one image draw",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_ranks.py",
         "sums[rows] += ranks[rng.integers(0, len(ranks), size=int(rows.sum()))]",
         "sums[rows] += ranks[0]",
         (f"{BOARD}::test_on_null_boards_the_order_claims_no_leader",),
@@ -449,7 +449,7 @@ FAULTS = (
     ),
     Fault(
         "board resamples not kept for the overall order",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_pairs.py",
         "board.resampled = image_resamples(board, shared)",
         "board.resampled = None",
         (f"{BOARD}::test_a_leaderboard_resamples_each_boards_images_for_its_overall_order",),
@@ -479,7 +479,7 @@ FAULTS = (
     ),
     Fault(
         "paired compare corrects each metric alone",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_pairs.py",
         "adjusted = dict(zip(tested, holm([tests[i].p for i in tested]), strict=True))",
         "adjusted = {i: holm([tests[i].p])[0] for i in tested}",
         (f"{BOARD}::test_paired_compare_corrects_every_tested_metric_as_one_family",),
@@ -496,14 +496,14 @@ FAULTS = (
     ),
     Fault(
         "the board's fingerprint ignores the data files",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_reading.py",
         'MEASURED = ("task_version", "config", "data_files", "metric")',
         'MEASURED = ("task_version", "config", "metric")',
         (f"{BOARD}::test_a_board_of_cells_read_from_other_data_files_is_refused",),
     ),
     Fault(
         "holm across tasks drops the tied pairs",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_ranks.py",
         "        adjusted = holm(raw)\n",
         "        tested = [k for k, p in enumerate(raw) if p < 1]\n"
         "        kept = dict(zip(tested, holm([raw[k] for k in tested]), strict=True))\n"
@@ -554,7 +554,7 @@ FAULTS = (
     ),
     Fault(
         "the leaderboard imports a built-in task for its paired test",
-        "evalkit/publish/leaderboard.py",
+        "evalkit/publish/board_pairs.py",
         "    if target in DECLARED:",
         "    if target in DECLARED and not target:",
         (f"{LIGHT}::test_result_command_imports_no_model_library[leaderboard]",),

@@ -298,7 +298,7 @@ def test_a_task_plugin_declares_its_own_paired_test(tmp_path, monkeypatch):
 def test_a_boards_shared_resamples_give_each_pairs_own_bootstrap(tmp_path, monkeypatch):
     """Scoring every cell once on shared draws is only faster: each pair's p-value and
     interval are the bits its own bootstrap gives on the same seed."""
-    import evalkit.publish.leaderboard as board_module
+    import evalkit.publish.board_pairs as board_module
 
     rng = np.random.default_rng(9)
     images = [f"{i}.png" for i in range(120)]
@@ -442,7 +442,7 @@ def test_an_miou_board_is_bootstrapped_on_shared_counts_with_the_loops_verdicts(
     """mIoU is a metric of sums: a board scores each cell once on the shared draws (each
     pair's own bootstrap gives the same bits), and its p-values and verdicts are the ones the
     resample-by-resample loop gives on the same draws."""
-    import evalkit.publish.leaderboard as board_module
+    import evalkit.publish.board_pairs as board_module
     from evalkit.significance import miou_of, paired_bootstrap
 
     rng = np.random.default_rng(5)
@@ -468,7 +468,7 @@ def test_an_miou_board_is_bootstrapped_on_shared_counts_with_the_loops_verdicts(
 def test_a_boards_mcnemar_at_once_is_each_pairs_own(tmp_path, monkeypatch):
     """All pairs' discordant counts from one product of the correctness matrix: every pair's
     counts, p-value, difference and interval are those of its own ``mcnemar``."""
-    import evalkit.publish.leaderboard as board_module
+    import evalkit.publish.board_pairs as board_module
 
     rng = np.random.default_rng(2)
     images = [f"{i}.png" for i in range(400)]
@@ -516,7 +516,7 @@ def test_signed_rank_p_values_are_scipys_wilcoxon_bit_for_bit():
 def test_tiers_are_monotone_in_rank():
     """Rank 5 not separated from the leader, ranks 2–4 separated from it: a tier is a run down
     the ranks, so rank 5 is never in a better tier than ranks 2–4."""
-    from evalkit.publish.leaderboard import tiers_of
+    from evalkit.publish.board_ranks import tiers_of
 
     order = ["r1", "r2", "r3", "r4", "r5"]
     apart = {frozenset(("r1", n)) for n in ("r2", "r3", "r4")}
@@ -530,7 +530,7 @@ def test_few_tasks_say_they_cannot_separate_any_two_setups(tmp_path):
     """With 3 tasks the signed-rank test's smallest p is 2/2³ = 0.25: the board says no two
     setups can be separated, even when one beats another on every task, and how many tasks
     it would take; with 10 tasks it can."""
-    from evalkit.publish.leaderboard import separable
+    from evalkit.publish.board_ranks import separable
 
     assert separable("wilcoxon-holm", 3, 4, 0.05)["separable"] is False
     assert "at least 8" in separable("wilcoxon-holm", 3, 4, 0.05)["note"]  # 2^-7 ≤ 0.05/6
@@ -553,7 +553,7 @@ def test_nemenyi_p_values_are_scikit_posthocs(seed):
     """Nemenyi's p of every pair from the same per-task ranks as scikit-posthocs'
     ``posthoc_nemenyi_friedman`` (Demšar's test after Friedman)."""
     sp = pytest.importorskip("scikit_posthocs")
-    from evalkit.publish.leaderboard import nemenyi_p
+    from evalkit.publish.board_ranks import nemenyi_p
 
     rng = np.random.default_rng(seed)
     tasks, setups = int(rng.integers(4, 20)), int(rng.integers(3, 8))
@@ -585,7 +585,8 @@ def test_nemenyi_separates_the_setup_last_on_every_task(tmp_path):
 def _simulated_board(rng, setups: int, images: int, shifts, resamples: int = 200):
     """One task's board of ``setups`` with per-image right or wrong (accuracy 0.7 + shift),
     its images resampled as the leaderboard does: (rank draws, observed ranks)."""
-    from evalkit.publish.leaderboard import Board, rank_draws
+    from evalkit.publish.board_ranks import rank_draws
+    from evalkit.publish.board_reading import Board
 
     correct = rng.random((setups, images)) < 0.7 + np.asarray(shifts)[:, None]
     draws = rng.integers(0, images, size=(resamples, images))
@@ -600,7 +601,7 @@ def _order_uncertainty(tasks: int, setups: int, images: int, shifts, boards: int
     """Per simulated suite: the leader's P(first), whether it is a clear leader (rank
     interval [1, 1] or P(first) ≥ 0.95), and the share of setups whose interval covers its
     true rank."""
-    from evalkit.publish.leaderboard import _places, rank_uncertainty
+    from evalkit.publish.board_ranks import _places, rank_uncertainty
 
     rng = np.random.default_rng(0)
     truth = _places(-np.asarray(shifts, dtype=float))
@@ -709,7 +710,7 @@ def test_relative_ids_are_relpath_from_the_common_folder(prefix, files, absolute
     and relative ids alike (relative ids with no folder in common are kept)."""
     import os
 
-    from evalkit.publish.leaderboard import relative_ids
+    from evalkit.publish.board_reading import relative_ids
 
     root = ("/" if absolute else "") + "/".join(prefix)
     ids = [os.path.join(root, *folders, name) for folders, name in files]
@@ -791,7 +792,8 @@ def test_paired_compare_corrects_every_tested_metric_as_one_family(tmp_path):
     Holm over the two tested metrics doubles each p past 0.05, so neither fails the gate;
     each metric corrected alone would fail both."""
     from evalkit.core.results import compare
-    from evalkit.publish.leaderboard import folder_rows, paired_compare
+    from evalkit.publish.board_pairs import paired_compare
+    from evalkit.publish.board_reading import folder_rows
 
     images = [f"{i}.png" for i in range(30)]
     right = np.ones(30)

@@ -21,7 +21,8 @@ import pytest
 from evalkit.cli import main
 from evalkit.core.results import append_rows, load_rows
 from evalkit.errors import EvalkitError
-from evalkit.publish.leaderboard import leaderboard, paired_on
+from evalkit.publish.board_pairs import paired_on
+from evalkit.publish.leaderboard import leaderboard
 
 
 def strict(text: str):

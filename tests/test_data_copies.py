@@ -164,7 +164,7 @@ def test_shards_run_on_two_nodes_with_their_own_data_merge_and_rank(
 
 
 def test_old_absolute_image_ids_pair_with_todays_relative_ones():
-    from evalkit.publish.leaderboard import relative_ids
+    from evalkit.publish.board_reading import relative_ids
 
     names = ["val/a/0.png", "val/a/1.png", "val/b/0.png"]
     old = [f"/mnt/node1/imagenet/{n}" for n in names]

@@ -428,7 +428,7 @@ def test_a_lost_share_of_another_study_with_other_settings_is_listed(cli_env, ca
 def test_a_failure_record_keeps_its_offset_so_every_reader_orders_it_alike(monkeypatch):
     import time
 
-    from evalkit.publish.leaderboard import _epoch
+    from evalkit.publish.board_reading import _epoch
 
     written = "2026-12-07T14:16:36+0000"
     failed = "2026-12-07T23:46:36+0900"  # 30 minutes later, written in Tokyo

@@ -414,7 +414,7 @@ def test_per_image_outputs_recompute_every_familys_metric(
 
 
 def test_every_per_image_kind_gets_its_paired_test():
-    from evalkit.publish.leaderboard import paired_on
+    from evalkit.publish.board_pairs import paired_on
 
     rng = np.random.default_rng(1)
     n = 60

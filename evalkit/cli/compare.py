@@ -206,7 +206,8 @@ def refuse_empty_gate(records: list[dict], args):
 
 def judged_paired(records: list[dict], args) -> list[dict]:
     from evalkit.core.results import on_shared_seeds
-    from evalkit.publish.leaderboard import folder_rows, paired_compare
+    from evalkit.publish.board_pairs import paired_compare
+    from evalkit.publish.board_reading import folder_rows
 
     if not 0 < args.level < 1:
         raise EvalkitError(f"--level {args.level}: expected a probability between 0 and 1")

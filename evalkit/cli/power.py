@@ -27,7 +27,8 @@ def add_power(sub) -> None:
 
 
 def cmd_power(args, console) -> int:
-    from evalkit.publish.leaderboard import _boards, _ranked, board_task, folder_rows
+    from evalkit.publish.board_ranks import _ranked
+    from evalkit.publish.board_reading import _boards, board_task, folder_rows
 
     if (args.a is None) != (args.b is None):
         raise EvalkitError("--a and --b name a pair: give both, or neither for the top two")
@@ -70,7 +71,8 @@ def cell_named(board, name: str):
 def pilot_lines(board, pair: tuple, args) -> list[str]:
     """What the pilot says of one pair: the difference, the MDE, images and seeds needed."""
     from evalkit import power
-    from evalkit.publish.leaderboard import _paired, per_image
+    from evalkit.publish.board_pairs import _paired
+    from evalkit.publish.board_reading import per_image
 
     a, b = pair
     test = _paired(board, (per_image(a), per_image(b)), seed=0)
@@ -98,7 +100,7 @@ def seed_lines(pair: tuple, args):
     """With several seeds a side: their spread, the seed-level MDE and the seeds needed
     (lines, and the factor on the seeds run); None otherwise."""
     from evalkit import power
-    from evalkit.publish.leaderboard import seed_spread
+    from evalkit.publish.board_ranks import seed_spread
 
     counts = tuple(len({r.get("seed", 0) for r in cell.rows}) for cell in pair)
     spreads = tuple(seed_spread(cell) for cell in pair)

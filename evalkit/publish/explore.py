@@ -26,7 +26,7 @@ from pathlib import Path
 
 from evalkit.core.results import dataset_label, run_spec, spec_labels
 from evalkit.errors import EvalkitError
-from evalkit.publish.leaderboard import Cell, folder_rows, output_files, relative_ids, task_label
+from evalkit.publish.board_reading import Cell, folder_rows, output_files, relative_ids, task_label
 
 PAGE = 60  # images on one page: about 60 × 4 KB of thumbnails and 30 KB of HTML
 MISTAKES = 30  # most confident mistakes shown per setup
