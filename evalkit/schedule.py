@@ -10,7 +10,7 @@ Defaults are the small-scale proxies' (β2 = 0.95, clip 1); a head names what it
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -36,3 +36,22 @@ class Schedule:
             return (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
         return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def declared_schedule(task, seed: int, *, prefix: str = "", **recipe) -> Schedule:
+    """The one place a task's schedule is built: every ``Schedule`` field the task declares
+    (named with ``prefix``: ``finetune_`` for end-to-end fine-tuning), then what its recipe sets
+    itself (β2, clipping, a warm-up derived from the steps), and the job's seed. A field
+    neither declares keeps the schedule's default; nothing is copied by hand."""
+    declared = {
+        f.name: getattr(task, prefix + f.name)
+        for f in fields(Schedule)
+        if f.name != "seed" and hasattr(task, prefix + f.name)
+    }
+    return Schedule(**(declared | recipe), seed=seed)
+
+
+def head_warmup(steps: int) -> int:
+    """The dense heads' warm-up: a tenth of the steps, at most 50; none under 10 steps (the
+    frozen-feature head always trained so; the backbone-in-the-loop mode took one step)."""
+    return min(50, steps // 10)

@@ -40,7 +40,7 @@ from evalkit.protocols.classification import percent
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.scorer import Scorer
 from evalkit.protocols.small_training import SIZE
-from evalkit.schedule import Schedule
+from evalkit.schedule import declared_schedule
 from evalkit.seeds import generator, seed_global
 from evalkit.training.loop import fit, sampled_batches
 from evalkit.training.pretrain import Classifier
@@ -171,14 +171,7 @@ class Student:
         cfg = config(task.student, image=task.student_image, patch=task.student_patch)
         seed_global(ctx.seed)
         model = Classifier(build(cfg, seed=ctx.seed), len(self.teacher.classes))
-        schedule = Schedule(
-            steps=task.steps,
-            batch_size=task.batch_size,
-            lr=task.lr,
-            warmup=task.warmup,
-            seed=ctx.seed,
-            checkpoint_every=10**9,
-        )
+        schedule = declared_schedule(task, ctx.seed, checkpoint_every=10**9)
         # Mixing rolls the whole batch by one: each rank also loads the item before its share,
         # so its first image meets the partner one process would give it.
         lead = int(task.mixup and task.mode == "consistent")

@@ -26,7 +26,7 @@ from evalkit.device import peak_tflops
 from evalkit.models.vit22b import build, config
 from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
-from evalkit.schedule import Schedule
+from evalkit.schedule import Schedule, declared_schedule
 from evalkit.seeds import generator, seed_global
 from evalkit.training.loop import fit, make_optimizer, train_step
 from evalkit.training.pretrain import Classifier
@@ -83,13 +83,7 @@ class EfficiencyAblation(Task):
         """``backbone`` is not used: the task trains its own models."""
         x, y = load_images(self, ctx)
         classes = int(y.max()) + 1
-        schedule = Schedule(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            warmup=self.warmup,
-            seed=ctx.seed,
-        )
+        schedule = declared_schedule(self, ctx.seed)
 
         def batch(step: int, micro: int):
             pick = torch.randint(0, len(y), (self.batch_size,), generator=generator(ctx.seed, step))

@@ -23,7 +23,7 @@ from evalkit.core.task import NON_NEGATIVE, POSITIVE, POSITIVES, Metric, Rule, S
 from evalkit.models.vit22b import SIZES, build, config
 from evalkit.parallel.sizing import training_flops
 from evalkit.protocols.small_training import SIZE, load_images
-from evalkit.schedule import Schedule
+from evalkit.schedule import declared_schedule
 from evalkit.seeds import generator, seeded_build
 from evalkit.training.loop import Diverged, fit
 from evalkit.training.pretrain import Classifier
@@ -161,15 +161,7 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
     vit = build(cfg, seed=ctx.seed)
     model = seeded_build(lambda: Classifier(vit, classes), ctx.seed)
     stats = AttentionStats(model.vit)
-    schedule = Schedule(
-        steps=task.steps,
-        batch_size=task.batch_size,
-        lr=lr,
-        warmup=task.warmup,
-        weight_decay=task.weight_decay,
-        z_loss=task.z_loss,
-        seed=ctx.seed,
-    )
+    schedule = declared_schedule(task, ctx.seed, lr=lr)
 
     def batch(step: int, micro: int):
         pick = torch.randint(0, len(y), (task.batch_size,), generator=generator(ctx.seed, step))

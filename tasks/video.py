@@ -44,7 +44,7 @@ from evalkit.heads.train import ShardedOrder, ShardReader, train
 from evalkit.metrics import accuracy_stderr, reported_ks
 from evalkit.protocols.paired_tests import classification_test
 from evalkit.protocols.predictions import save_classifications
-from evalkit.schedule import Schedule
+from evalkit.schedule import declared_schedule
 from evalkit.seeds import seeded_build
 
 PAPER = {"kinetics400": {"top1": {"ViT-22B": 88.0}}}
@@ -196,16 +196,7 @@ class VideoClassification(Task):
             logits = model(scale(clips.take(batch)).to(device))
             return torch.nn.functional.cross_entropy(logits.float(), labels[batch].to(device))
 
-        settings = Schedule(
-            steps=self.steps,
-            batch_size=order.batch_size,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            warmup=self.warmup,
-            b2=0.999,
-            clip=1.0,
-            seed=ctx.seed,
-        )
+        settings = declared_schedule(self, ctx.seed, batch_size=order.batch_size, b2=0.999)
         losses = train(
             model,
             step_loss,

@@ -71,7 +71,7 @@ from evalkit.heads.zeroshot import (
 from evalkit.metrics import accuracy_stderr, reported_ks
 from evalkit.protocols.paired_tests import classification_test
 from evalkit.protocols.predictions import save_classifications
-from evalkit.schedule import Schedule
+from evalkit.schedule import declared_schedule
 from evalkit.seeds import generator, seeded_build
 from evalkit.storage.checkpoints import checkpoint_id
 from evalkit.storage.identity import library_versions, spec_key
@@ -355,16 +355,7 @@ class Lit(ZeroShot):
             device = ctx.device
             return model.loss(images.take(mine).to(device), words(texts).to(device))
 
-        settings = Schedule(
-            steps=self.steps,
-            batch_size=order.batch_size,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            warmup=self.warmup,
-            b2=0.999,
-            clip=self.clip,
-            seed=ctx.seed,
-        )
+        settings = declared_schedule(self, ctx.seed, batch_size=order.batch_size, b2=0.999)
         losses = train(
             model,
             step_loss,

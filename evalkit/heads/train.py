@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evalkit.batching import limit_for
+from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 from evalkit.schedule import Schedule
 from evalkit.seeds import generator, seeded
@@ -36,6 +37,23 @@ def batch_order(n: int, cfg: Schedule) -> list[torch.Tensor]:
     return batches
 
 
+# What this trainer does not do, at the value that asks for nothing: AdamW on whole batches, decay
+# scaled by the LR. It keeps no checkpoints (a head's training is rerun whole), so
+# ``checkpoint_every`` does not apply; every other field of the schedule is used.
+NOT_DONE_HERE = {"optimizer": "adamw", "independent_wd": False, "z_loss": 0.0, "accumulate": 1}
+
+
+def refuse_unhonoured(cfg: Schedule) -> None:
+    """A schedule asking the head trainer for what it does not do is refused by name, rather
+    than trained without it."""
+    asked = [f"{k}={getattr(cfg, k)!r}" for k, v in NOT_DONE_HERE.items() if getattr(cfg, k) != v]
+    if asked:
+        raise EvalkitError(
+            f"the head trainer does not do {', '.join(asked)}: it trains heads with AdamW on "
+            "whole batches, decay scaled by the LR; leave these at their defaults"
+        )
+
+
 def train(
     module: torch.nn.Module,
     step_loss: Callable[[torch.Tensor], torch.Tensor],
@@ -51,6 +69,7 @@ def train(
     ``after_backward(module)`` may combine gradients across ranks before they are clipped.
     ``order(step)`` gives each step's indices (default: ``batch_order`` over ``n`` rows).
     Returns the loss of every step; what the steps draw (dropout) comes from the seed alone."""
+    refuse_unhonoured(cfg)
     with seeded(cfg.seed):
         module.train()
         optimizer = torch.optim.AdamW(

@@ -22,7 +22,7 @@ import torch
 
 from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, job_spec, setting
 from evalkit.errors import EvalkitError
-from evalkit.schedule import Schedule
+from evalkit.schedule import Schedule, declared_schedule
 from evalkit.storage.identity import spec_key
 from evalkit.training.finetune import (
     EndToEnd,
@@ -70,17 +70,14 @@ class FinetuneSettings:
 
     def schedule(self, seed: int) -> Schedule:
         steps = self.finetune_steps
-        return Schedule(
-            steps=steps,
-            batch_size=self.finetune_batch_size,
-            lr=self.finetune_lr,
+        return declared_schedule(
+            self,
+            seed,
+            prefix="finetune_",
             warmup=max(1, steps // 10),
-            weight_decay=self.finetune_weight_decay,
             b2=0.999,
             clip=1.0,
             checkpoint_every=max(1, steps // 4),
-            seed=seed,
-            accumulate=self.finetune_accumulate,
         )
 
 

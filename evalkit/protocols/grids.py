@@ -21,7 +21,7 @@ from evalkit.cache.features import FeatureRequest, FeatureSet
 from evalkit.core.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.train import train
-from evalkit.schedule import Schedule
+from evalkit.schedule import Schedule, declared_schedule, head_warmup
 from evalkit.seeds import seeded_build
 
 
@@ -101,31 +101,15 @@ class DenseSettings(Task):
         dims = [g.shape[1] for g in feats.take([0])]
         return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.device)
 
-    def head_schedule(self, seed: int):
-        """``train_head``'s schedule for the trainer (the backbone-in-the-loop mode)."""
-        return Schedule(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            warmup=min(50, self.steps // 10) or 1,
-            b2=0.999,
-            clip=35.0,
-            checkpoint_every=10**9,
-            seed=seed,
+    def head_schedule(self, seed: int) -> Schedule:
+        """The head's schedule, for the head trainer and for the backbone-in-the-loop mode
+        alike: the task's steps, batch, LR and decay, the dense recipes' β2 and clipping."""
+        return declared_schedule(
+            self, seed, warmup=head_warmup(self.steps), b2=0.999, clip=35.0, checkpoint_every=10**9
         )
 
     def train_head(self, head, step_loss, n: int, ctx) -> torch.nn.Module:
-        config = Schedule(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            warmup=min(50, self.steps // 10),
-            b2=0.999,
-            clip=35.0,
-            seed=ctx.seed,
-        )
+        config = self.head_schedule(ctx.seed)
         train(head, step_loss, n, config, device=ctx.device, progress=ctx.extract.progress)
         return head
 
