@@ -603,9 +603,23 @@ FAULTS = (
     Fault(
         "the MDE drops the power quantile",
         "evalkit/reproduction/resolve.py",
-        "    return half * (critical + POWER_Z) / critical",
+        "    return half + POWER_Z * (stderr if stderr is not None else half / Z975)",
         "    return half",
         ("tests/test_resolve.py::test_the_stated_mde_is_detected_eighty_percent_of_the_time",),
+    ),
+    Fault(
+        "the table reads two seeds' spread with a normal quantile",
+        "evalkit/reproduction/rows.py",
+        "    half = quantile(0.05, seeds) * stderr",
+        "    half = quantile(0.05, 1) * stderr",
+        ("tests/test_verdicts.py::test_a_spread_over_two_seeds_is_read_with_students_t",),
+    ),
+    Fault(
+        "an undecided depth row shows its weakest head",
+        "evalkit/reproduction/rows.py",
+        "        return max(undecided, key=lambda o: max(map(abs, o.interval or (math.inf,))))",
+        "        return min(heads.values(), key=lambda o: o.effect)",
+        ("tests/test_verdicts.py::test_row_9_needs_both_heads_beyond_noise",),
     ),
 )
 

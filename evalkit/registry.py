@@ -36,6 +36,9 @@ class Entry:
 LISTINGS = {"task": "tasks", "backbone family": "backbones", "dataset": "datasets"}
 
 
+PLUGIN = "(plugin)"  # the summary of an entry a plugin's entry point added
+
+
 class Registry:
     """Names → lazily imported factories, with aliases and close-match suggestions."""
 
@@ -88,12 +91,13 @@ class Registry:
         for ep in entry_points(group=self.group):
             taken = self._entries.get(ep.name)
             if taken is not None and taken.target != ep.value:
+                owner = "another plugin's" if taken.summary == PLUGIN else "evalkit's"
                 raise EvalkitError(
                     f"plugin {self.kind} {ep.name!r} ({ep.value}, from "
-                    f"{plugin_package(ep)}) has the name of evalkit's {taken.target}: "
+                    f"{plugin_package(ep)}) has the name of {owner} {taken.target}: "
                     f"rename its entry point in group {self.group!r}"
                 )
-            self._entries.setdefault(ep.name, Entry(ep.name, ep.value, "(plugin)"))
+            self._entries.setdefault(ep.name, Entry(ep.name, ep.value, PLUGIN))
         self._plugins_loaded = True  # after the loop: a refused clash is refused every time
 
 

@@ -231,6 +231,11 @@ def test_a_plugin_named_like_a_built_in_is_refused_by_name(monkeypatch):
         "plugin task 'probe' (mypkg.tasks:probe, from an installed package) has the name of "
         "evalkit's evalkit.tasks.linear:Probe: rename its entry point in group 'evalkit.tasks'"
     )
+    twice = [shadow, EntryPoint("probe", "otherpkg:probe", "evalkit.tasks")]
+    monkeypatch.setattr(registry, "entry_points", lambda group: twice)
+    with pytest.raises(EvalkitError, match="has the name of another plugin's mypkg.tasks:probe"):
+        registry.Registry("task", "evalkit.tasks").get("probe")
+    monkeypatch.setattr(registry, "entry_points", lambda group: [shadow])
     same = registry.Registry("task", "evalkit.tasks")  # the built-in's own entry: no clash
     same.add("probe", "mypkg.tasks:probe")
     assert same.get("probe").target == "mypkg.tasks:probe"

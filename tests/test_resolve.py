@@ -122,7 +122,7 @@ def test_every_row_ends_as_agrees_disagrees_or_a_margin_with_its_mde():
     )
     assert resolution_text(record(True, [5.41, 25.1])).startswith("agrees with the paper; ")
     assert resolution_text(record(False, [-14.1, -1.0])).startswith("disagrees with the paper")
-    assert resolution_text(record(True, None)) == "agrees with the paper"
+    assert resolution_text(record(True, None)) == "agrees with the paper (no noise estimate)"
     assert resolution_text(record(None, None)) == "undecided: no uncertainty measured"
 
 
@@ -133,7 +133,7 @@ def test_a_resolved_row_names_its_look_seeds_and_spent_level():
         "stopped": "budget: 8 more seeds would need ~80 s",
     }
     text = resolution_text(row)
-    assert "look 3 at 8 seeds, α spent 0.0042" in text and "budget" in text
+    assert "look 3 at 8 seeds, look level 0.0042" in text and "budget" in text
 
 
 def test_reproduce_resolve_at_the_smoke_scale(cli_env, capsys, monkeypatch):
@@ -169,6 +169,12 @@ def test_reproduce_resolve_at_the_smoke_scale(cli_env, capsys, monkeypatch):
     assert main(["reproduce", "--scale", "smoke", "--rows", "3", "--out", "paper", "--quiet"]) == 0
     kept = json.loads(table_file.with_suffix(".json").read_text())["rows"]
     assert [r["row"] for r in kept] == [3, 5, 10] and kept[2]["sequential"]["looks"] == looks
+    header = table_file.with_suffix(".md").read_text()
+    assert (
+        "Rows produced by `evalkit reproduce --scale smoke --rows 5,10 --resolve 13` (rows 5, "
+        "10); `evalkit reproduce --scale smoke --rows 3` (rows 3)."
+    ) in header
+    assert "Rows measured again by `--resolve`: 10, 6 s of seeds." in header
 
 
 def test_resolve_refuses_a_budget_that_is_not_seconds_and_the_paper_scale(cli_env, capsys):

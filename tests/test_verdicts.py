@@ -66,13 +66,14 @@ def test_efficiency_rows_judge_beyond_two_standard_errors(row):
 @pytest.mark.parametrize("row, metric", [(5, "top1"), (6, "top1"), (7, "miou"), (10, "top1")])
 def test_scaling_rows_agree_only_beyond_their_interval(row, metric):
     judge = JUDGES[row]
-    # stderr 1 each: the difference's is √2, the interval ± 1.96·√2 = ± 2.77
+    # stderr 1 each: the difference's is √2, the interval ± z₀.₉₇₅·√2 = ± 2.77
     assert judge(pair(metric, 30.0, 33.0)).agrees is True
     assert judge(pair(metric, 30.0, 32.5)).agrees is None
     assert judge(pair(metric, 30.0, 27.5)).agrees is None
     assert judge(pair(metric, 30.0, 27.0)).agrees is False
     outcome = judge(pair(metric, 30.0, 33.0))
-    assert outcome.interval == pytest.approx((3 - 1.96 * math.sqrt(2), 3 + 1.96 * math.sqrt(2)))
+    z = 1.959963984540054
+    assert outcome.interval == pytest.approx((3 - z * math.sqrt(2), 3 + z * math.sqrt(2)))
     assert outcome.relative_to == 30.0
     unmeasured = judge(pair(metric, 30.0, 40.0, stderr=None))
     assert unmeasured.agrees is None and unmeasured.note == "no uncertainty measured"
@@ -106,6 +107,26 @@ def test_row_9_needs_both_heads_beyond_noise():
     assert within.agrees is None and within.effect == pytest.approx(0.5)
     assert JUDGES[9](values((10, 7), (20, 23))).agrees is False  # one head worse beyond noise
     assert JUDGES[9](values((10, 12), (20, 19.5))).agrees is False
+    # the interval shown is the deciding head's: dpt against the paper, not linear's within noise
+    against = JUDGES[9](values((10, 12), (20, 19.5)))
+    assert against.effect == pytest.approx(-2) and against.interval[1] < 0
+    # undecided: the widest undecided head's interval, so its margin bounds both heads
+    mixed = JUDGES[9](values((10, 9.9), (20, 19.5)))
+    assert mixed.agrees is None and mixed.effect == pytest.approx(0.5)
+
+
+def test_a_spread_over_two_seeds_is_read_with_students_t():
+    """Two seeds' spread has one degree of freedom: the 95% interval is ±12.7 se, not ±1.96."""
+    one_seed = {
+        SMALL: {"top1": 10.0, "top1/stderr": 2.0},
+        LARGE: {"top1": 20.0, "top1/stderr": 2.0},
+    }
+    two_seeds = {m: v | {"top1/seeds": 2} for m, v in one_seed.items()}
+    assert JUDGES[5](one_seed).agrees is True
+    outcome = JUDGES[5](two_seeds)
+    half = (outcome.interval[1] - outcome.interval[0]) / 2
+    assert outcome.agrees is None and half == pytest.approx(12.706 * math.hypot(2, 2), rel=1e-3)
+    assert outcome.stderr == pytest.approx(math.hypot(2, 2))
 
 
 def test_row_12_distillation_gain_beyond_its_paired_error():

@@ -70,6 +70,14 @@ def add_reproduce_command(sub) -> None:
     add_resource_arguments(paper)
 
 
+def reproduce_command(args) -> str:
+    """The command line that measured the rows, as the table's header names it."""
+    words = ["evalkit reproduce --scale", args.scale]
+    words += ["--rows", args.rows] if args.rows else []
+    words += ["--resolve", f"{args.resolve:g}"] if args.resolve is not None else []
+    return " ".join(words)
+
+
 def budget_seconds(text: str) -> float:
     import argparse
 
@@ -158,6 +166,7 @@ def cmd_reproduce(args, console) -> int:
         echo=console.print,
         log=log_run_args(args.log)[1::2],
         resolve_budget=args.resolve,
+        command=reproduce_command(args),
     )
     show_effects(records, args, console)
     return 0

@@ -31,7 +31,6 @@ from pathlib import Path
 from evalkit.errors import EvalkitError
 from evalkit.reproduction.rows import (
     SMALL,
-    Z95,
     EffectRow,
     Measure,
     Outcome,
@@ -56,6 +55,7 @@ class Reproduction:
     plan: object = None  # scale paper: the sweep whose rows the table is written from
     read: dict = field(default_factory=dict)  # its rows files, each read once
     log: tuple[str, ...] = ()  # --log: every job's rows and curves also go to these trackers
+    command: str = ""  # the command line that measures the rows, for the table's header
 
     @property
     def runs(self) -> Path:
@@ -172,6 +172,7 @@ class Reproduction:
             "ours": outcome.ours,
             "our_effect": outcome.effect,
             "interval": outcome.interval,
+            "stderr": outcome.stderr,
             "agrees": outcome.agrees,
             "note": outcome.note,
             "seeds": seeds,
@@ -222,6 +223,7 @@ def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, float]:
     for metric in (m for m in per_seed[0] if not m.endswith("/stderr")):
         values = [seed[metric] for seed in per_seed]
         out[metric] = statistics.mean(values)
+        out[f"{metric}/seeds"] = len(values)
         items = [seed.get(f"{metric}/stderr") for seed in per_seed]
         if None not in items:
             sampling = statistics.mean(e * e for e in items)
@@ -260,6 +262,7 @@ def reproduce(
     echo=print,
     log=(),
     resolve_budget: float | None = None,
+    command: str = "",
 ) -> list[dict]:
     """Measure every row (or the numbers in ``only``; the table keeps the others' records),
     resolve the rows within noise with ``resolve_budget`` seconds of more seeds where given,
@@ -270,6 +273,7 @@ def reproduce(
         raise EvalkitError(f"unknown scale {scale!r}: choose from {', '.join(SCALES)}")
     effects = selected(only)
     job = Reproduction(SCALES[scale], Path(out), cache, progress, log=tuple(log))
+    job.command = command or f"evalkit reproduce --scale {scale}"
     start = time.perf_counter()
     ladder_s = job.pretrain_ladder() if any(r.scaling for r in effects) else 0.0
     return tabulate(job, effects, ladder_s, start, echo, resolve_budget)
@@ -293,8 +297,12 @@ def tabulate(
     if resolve_budget is not None:
         spent = resolve_rows(job, effects, records, resolve_budget, echo)
         summary |= {"resolve_budget": resolve_budget, "resolve_seconds": round(spent, 1)}
-    table = earlier_rows(job, records) + records
-    table.sort(key=lambda r: r["row"])
+    kept, before = earlier_rows(job, records)
+    table = sorted(kept + records, key=lambda r: r["row"])
+    if any(OTHER_LADDER in r["note"] for r in kept):
+        ladder_s += before.get("ladder_seconds", 0.0)  # the kept rows' ladder cost too
+    command = job.command or f"evalkit reproduce --scale {job.scale.name}"
+    summary["invocations"] = invocations(before, kept, records, command)
     rows_s = round(sum(r["seconds"] for r in table), 1)
     summary |= {
         "ladder_seconds": ladder_s,
@@ -307,14 +315,16 @@ def tabulate(
     return records
 
 
-def earlier_rows(job: Reproduction, records: list[dict]) -> list[dict]:
+def earlier_rows(job: Reproduction, records: list[dict]) -> tuple[list[dict], dict]:
     """The records of the rows an earlier invocation measured and this one did not (``--rows``
-    picks some): a table of twelve rows stays one when a few are measured again."""
+    picks some): a table of twelve rows stays one when a few are measured again; and the
+    earlier table's summary."""
     path = job.out / f"effects-{job.scale.name}.json"
     if not path.is_file():
-        return []
+        return [], {}
     try:
-        earlier = json.loads(path.read_text())["rows"]
+        before = json.loads(path.read_text())
+        earlier = before["rows"]
     except (ValueError, KeyError, TypeError) as error:
         raise EvalkitError(
             f"{path} is not an effect table ({error}): move it away, or measure every row"
@@ -324,12 +334,22 @@ def earlier_rows(job: Reproduction, records: list[dict]) -> list[dict]:
     if job.ladder_id:
         for record in kept:
             label_other_ladder(record, job.ladder_id)
-    return kept
+    return kept, before
 
 
-OTHER_LADDER = (
-    "measured on another ladder than this table's other scaling rows: rerun it to compare"
-)
+def invocations(before: dict, kept: list[dict], records: list[dict], command: str) -> list[dict]:
+    """Which commands measured the table's rows, oldest first: the earlier table's list (or,
+    from a table that kept none, one earlier command), its rows cut to those still kept."""
+    still = {r["row"] for r in kept}
+    earlier = before.get("invocations") or [
+        {"command": f"evalkit reproduce --scale {before.get('scale', '?')}", "rows": sorted(still)}
+    ]
+    listed = [dict(i, rows=[n for n in i["rows"] if n in still]) for i in earlier]
+    now = {"command": command, "rows": [r["row"] for r in records]}
+    return [i for i in listed if i["rows"]] + [now]
+
+
+OTHER_LADDER = "not measured on the ladder of the rows measured last: rerun it to compare on one"
 
 
 def label_other_ladder(record: dict, ladder_id: dict[str, str]) -> None:
@@ -343,6 +363,7 @@ def label_other_ladder(record: dict, ladder_id: dict[str, str]) -> None:
 
 
 FLOOR = "more seeds cannot change it: its measures fit seed-free models (test items' error only)"
+SEVERAL_HEADS = "judged over two heads: --resolve measures rows of one effect"
 
 
 def resolve_rows(
@@ -358,8 +379,13 @@ def resolve_rows(
         effect = by_number[record["row"]]
         if record["agrees"] is not None or record.get("interval") is None:
             continue
+        if not effect.scaling:
+            continue  # the ablations train their own models: their noise is their runs'
         if not any(seed_dependent(m) for m in effect.measures.values()):
             record["note"] = FLOOR
+            continue
+        if len(effect.measures) > 2:
+            record["note"] = SEVERAL_HEADS
             continue
         echo(f"resolving row {effect.number} ({budget - spent:.0f} s of budget left)")
         run, verdict, latest = resolve_one(job, effect, budget - spent)
@@ -379,8 +405,7 @@ def resolve_one(job: Reproduction, effect: EffectRow, budget: float):
     def measure(seeds: int) -> tuple[float, float, float]:
         latest.clear()
         latest.update(job.row(effect, seeds))
-        low, high = latest["interval"]
-        return latest["our_effect"], (high - low) / (2 * Z95), latest["seconds"]
+        return latest["our_effect"], latest["stderr"], latest["seconds"]
 
     run, verdict = resolve(measure, job.scale.seeds, budget, effect.paper_sign)
     return run, verdict, dict(latest)

@@ -59,10 +59,11 @@ def margin(interval: tuple[float, float]) -> float:
     return max(abs(interval[0]), abs(interval[1]))
 
 
-def detectable(interval: tuple[float, float], critical: float = Z975) -> float:
-    """The MDE of the test behind an interval of half-width ``critical``·se: (z + z₀.₈)·se."""
+def detectable(interval: tuple[float, float], stderr: float | None = None) -> float:
+    """The MDE of the test behind an interval of half-width c·se: (c + z₀.₈)·se, the half-width
+    plus z₀.₈ standard errors (se read as half-width / 1.96 where a row recorded none)."""
     half = (interval[1] - interval[0]) / 2
-    return half * (critical + POWER_Z) / critical
+    return half + POWER_Z * (stderr if stderr is not None else half / Z975)
 
 
 def decided(interval: tuple[float, float], paper_sign: int) -> bool | None:
@@ -161,6 +162,8 @@ def resolution_text(record: dict) -> str:
     verdict, interval = record["agrees"], record.get("interval")
     sequential = record.get("sequential")
     last = sequential["looks"][-1] if sequential else None
+    if verdict is not None and interval is None:
+        return ("agrees" if verdict else "disagrees") + " with the paper (no noise estimate)"
     if verdict is True:
         text = "agrees with the paper"
     elif verdict is False:
@@ -170,12 +173,12 @@ def resolution_text(record: dict) -> str:
     else:
         text = f"no effect larger than ±{record_number(margin(interval))}"
     if interval is not None:
-        critical = quantile(last["level"], last["seeds"]) if last else Z975
-        text += f"; would detect ≥ {record_number(detectable(interval, critical))} 80% of the time"
+        shown = detectable(interval, record.get("stderr"))
+        text += f"; would detect ≥ {record_number(shown)} 80% of the time"
     if last:
         text += (
             f" (sequential, look {last['look']} at {last['seeds']} seeds, "
-            f"α spent {last['level']:.2g}; {sequential['stopped']})"
+            f"look level {last['level']:.2g}; {sequential['stopped']})"
         )
     return text
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from evalkit.errors import EvalkitError
+from evalkit.reproduction.resolve import quantile
 from evalkit.reproduction.scales import Scale
 
 LARGE, SMALL = "large", "small"
@@ -29,9 +30,6 @@ class Measure:
 Values = dict[str, dict[str, float]]
 
 
-Z95 = 1.96  # a 95% interval is the effect ± 1.96 standard errors
-
-
 class Outcome(NamedTuple):
     """A row's verdict: our values, our effect, whether it points the paper's way (None: within
     noise, or not comparable), why, the effect's 95% interval, and the value the effect is
@@ -43,6 +41,7 @@ class Outcome(NamedTuple):
     note: str
     interval: tuple[float, float] | None = None
     relative_to: float | None = None
+    stderr: float | None = None  # the effect's standard error, the interval's unit
 
 
 def verdict(
@@ -52,24 +51,27 @@ def verdict(
     *,
     paper_sign: int = 1,
     relative_to: float | None = None,
+    seeds: int = 1,
 ) -> Outcome:
-    """Agrees or disagrees only when the 95% interval leaves out zero; else within noise."""
+    """Agrees or disagrees only when the 95% interval leaves out zero; else within noise. The
+    interval is the effect ± t·se, t Student's on seeds − 1 degrees of freedom where the error
+    includes the spread of ``seeds`` ≥ 2 seeds (normal for one: the items' error alone)."""
     if stderr is None or math.isnan(stderr):
         return Outcome(ours, effect, None, "no uncertainty measured", None, relative_to)
-    low, high = effect - Z95 * stderr, effect + Z95 * stderr
+    half = quantile(0.05, seeds) * stderr
+    low, high = effect - half, effect + half
     interval = (low, high)
     if low <= 0 <= high:
-        return Outcome(
-            ours,
-            effect,
-            None,
-            f"within noise (95%: {low:+.3g} to {high:+.3g})",
-            interval,
-            relative_to,
-        )
+        note = f"within noise (95%: {low:+.3g} to {high:+.3g})"
+        return Outcome(ours, effect, None, note, interval, relative_to, stderr)
     agrees = (low > 0) == (paper_sign > 0)
     note = "" if agrees else "points against the paper's effect beyond noise"
-    return Outcome(ours, effect, agrees, note, interval, relative_to)
+    return Outcome(ours, effect, agrees, note, interval, relative_to, stderr)
+
+
+def seeds_of(values: Values, metric: str, measures=("small", "large")) -> int:
+    """The fewest seeds any of ``measures`` averaged for ``metric`` (1 where not recorded)."""
+    return min(int(values[m].get(f"{metric}/seeds", 1)) for m in measures)
 
 
 def difference_stderr(values: Values, metric: str) -> float | None:
@@ -122,6 +124,7 @@ def scaling(task: str, metric: str, *, lower_is_better: bool = False, paper_sign
             difference_stderr(values, metric),
             paper_sign=paper_sign,
             relative_to=abs(small) or None,
+            seeds=seeds_of(values, metric),
         )
 
     return measures, judge
@@ -161,16 +164,12 @@ def _speedup(first: str, second: str):
         losses = f"final loss {row[f'final_loss/{first}']:.3f} vs {row[f'final_loss/{second}']:.3f}"
         text = f"{speedup:.3f}× ± {noise / 2:.3f} images/s ({losses})"
         interval = (speedup - 1 - noise, speedup - 1 + noise)
+        stderr = row.get("speedup/stderr")
         if abs(speedup - 1) <= noise:
-            return Outcome(
-                text,
-                speedup - 1,
-                None,
-                f"within timing noise on this device (±{noise:.3f})",
-                interval,
-            )
+            note = f"within timing noise on this device (±{noise:.3f})"
+            return Outcome(text, speedup - 1, None, note, interval, None, stderr)
         note = "" if speedup > 1 else f"{first} was slower on this device"
-        return Outcome(text, speedup - 1, speedup > 1, note, interval)
+        return Outcome(text, speedup - 1, speedup > 1, note, interval, None, stderr)
 
     return judge
 
@@ -191,17 +190,32 @@ def _depth(values: Values) -> Outcome:
         pair = {SMALL: values[f"{SMALL}-{head}"], LARGE: values[f"{LARGE}-{head}"]}
         gain = pair[SMALL]["mse"] - pair[LARGE]["mse"]
         heads[head] = verdict(
-            "", gain, difference_stderr(pair, "mse"), relative_to=pair[SMALL]["mse"]
+            "",
+            gain,
+            difference_stderr(pair, "mse"),
+            relative_to=pair[SMALL]["mse"],
+            seeds=seeds_of(pair, "mse"),
         )
     text = ", ".join(
         f"{h}: {values[f'{SMALL}-{h}']['mse']:.3g} → {values[f'{LARGE}-{h}']['mse']:.3g}"
         for h in heads
     )
-    weakest = min(heads.values(), key=lambda o: o.effect)
     answers = [o.agrees for o in heads.values()]
     agrees = False if False in answers else (None if None in answers else True)
     notes = "; ".join(f"{h}: {o.note}" for h, o in heads.items() if o.note)
-    return weakest._replace(ours=text, agrees=agrees, note=notes)
+    return deciding_head(heads, agrees)._replace(ours=text, agrees=agrees, note=notes)
+
+
+def deciding_head(heads: dict[str, Outcome], agrees: bool | None) -> Outcome:
+    """The head whose interval the row shows: one that points against the paper where the row
+    disagrees, the widest undecided one where it is undecided (its margin bounds both), else
+    the smaller gain."""
+    if agrees is None:
+        undecided = [o for o in heads.values() if o.agrees is None]
+        return max(undecided, key=lambda o: max(map(abs, o.interval or (math.inf,))))
+    if agrees is False:
+        return min((o for o in heads.values() if o.agrees is False), key=lambda o: o.effect)
+    return min(heads.values(), key=lambda o: o.effect)
 
 
 def _distill(values: Values) -> Outcome:
@@ -211,7 +225,11 @@ def _distill(values: Values) -> Outcome:
         f"label-only {row['top1/label_only']:.3g}"
     )
     return verdict(
-        text, row["gain"], row.get("gain/stderr"), relative_to=row["top1/label_only"] or None
+        text,
+        row["gain"],
+        row.get("gain/stderr"),
+        relative_to=row["top1/label_only"] or None,
+        seeds=int(row.get("gain/seeds", 1)),
     )
 
 

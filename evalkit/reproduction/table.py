@@ -38,8 +38,8 @@ def header(summary: dict) -> list[str]:
         "",
         f"{models}. Compute: ladder {summary['ladder_seconds']:.0f} s "
         f"+ rows {summary['rows_seconds']:.0f} s = {summary['compute_seconds']:.0f} s (each "
-        f"counted when it ran; this invocation took {summary['wall_seconds']:.0f} s, reusing "
-        f"what was done). Produced by `evalkit reproduce --scale {summary['scale']}`.",
+        f"counted when it ran; the last invocation took {summary['wall_seconds']:.0f} s, reusing "
+        f"what was done). {produced_by(summary)}",
         "",
         "Our effect is signed so that positive is the better direction, with its 95% interval "
         "(the test items' standard error, and the seeds' spread where a row has several). Each "
@@ -58,12 +58,26 @@ def header(summary: dict) -> list[str]:
 
 
 def resolve_line(summary: dict) -> str:
-    if "resolve_budget" not in summary:
+    resolved = [r for r in summary["rows"] if r.get("sequential")]
+    if not resolved:
         return ""
-    return (
-        f" Resolved with `--resolve {summary['resolve_budget']:g}`: "
-        f"{summary['resolve_seconds']:.0f} s of more seeds."
-    )
+    spent = sum(r["sequential"]["seconds"] for r in resolved)
+    return f" Rows measured again by `--resolve`: {rows_text(resolved)}, {spent:.0f} s of seeds."
+
+
+def produced_by(summary: dict) -> str:
+    """Which commands measured which rows (one command: just it)."""
+    runs = summary.get("invocations") or [
+        {"command": f"evalkit reproduce --scale {summary['scale']}", "rows": []}
+    ]
+    if len(runs) == 1:
+        return f"Produced by `{runs[0]['command']}`."
+    listed = "; ".join(f"`{i['command']}` (rows {', '.join(map(str, i['rows']))})" for i in runs)
+    return f"Rows produced by {listed}."
+
+
+def rows_text(records: list[dict]) -> str:
+    return ", ".join(str(r["row"]) for r in records)
 
 
 def row_line(r: dict) -> str:
