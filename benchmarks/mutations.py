@@ -335,14 +335,14 @@ FAULTS = (
     ),
     Fault(
         "shares dealt to the first",
-        "evalkit/core/runner.py",
+        "evalkit/core/cells.py",
         "smallest = min(range(count), key=lambda i: (len(shares[i]), i))",
         "smallest = 0",
         (f"{SHARDS}::test_each_backbone_setups_features_are_extracted_on_one_share",),
     ),
     Fault(
         "slurm position ignores the step",
-        "evalkit/core/runner.py",
+        "evalkit/core/cells.py",
         "position, off_step = divmod(task - first, step)",
         "position, off_step = task - first, 0",
         (f"{SHARDS}::test_a_stepped_slurm_array_is_indexed_by_position",),

@@ -103,6 +103,7 @@ def test_seeds_make_one_job_each(cli_env):
 def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
     from evalkit import distributed
     from evalkit.core import runner
+    from evalkit.core.spec import RunSpec
 
     torn_down = []
     monkeypatch.setattr(distributed, "teardown", lambda: torn_down.append(True))
@@ -111,7 +112,7 @@ def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
         raise EvalkitError("the job failed")
 
     monkeypatch.setattr(runner, "run_task", failing)
-    spec = runner.RunSpec(tasks="imagenet-knn", backbones="fake", data="embedded", progress=False)
+    spec = RunSpec(tasks="imagenet-knn", backbones="fake", data="embedded", progress=False)
     with pytest.raises(EvalkitError, match="the job failed"):
         list(runner.run(spec))
     assert torn_down == [True]

@@ -134,8 +134,8 @@ def test_prediction_backs_off_and_gives_the_same_logits(fake, ctx, monkeypatch):
 
 
 def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, monkeypatch):
-    from evalkit.core import runner
     from evalkit.core.costs import measured_shape
+    from evalkit.core.spec import RunSpec
 
     backbone = evalkit.load_backbone("fake")
     per_image = max(measured_shape(backbone, dtype="fp32").activation_bytes_per_image, 1)
@@ -151,7 +151,7 @@ def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, m
     )
     assert {r["provenance"]["batch_size"] for r in rows} == {64}  # half of 200 images' worth
     with pytest.raises(EvalkitError, match="--batch-size must be auto or at least 1"):
-        runner.RunSpec(tasks="imagenet-knn", backbones="fake", batch_size="big")
+        RunSpec(tasks="imagenet-knn", backbones="fake", batch_size="big")
 
 
 def test_a_training_step_that_runs_out_of_memory_is_redone_in_accumulated_pieces(monkeypatch):

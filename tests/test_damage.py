@@ -99,7 +99,8 @@ def test_cache_files_are_readable_by_the_group_as_the_umask_allows(tmp_path):
 
 def test_the_disk_check_counts_only_what_is_not_cached(cli_env, monkeypatch):
     import evalkit.core.costs as costs
-    from evalkit.core.runner import RunSpec, run
+    from evalkit.core.runner import run
+    from evalkit.core.spec import RunSpec
 
     spec = RunSpec(
         tasks=("imagenet-knn",),
@@ -126,7 +127,7 @@ def test_the_disk_check_counts_only_what_is_not_cached(cli_env, monkeypatch):
 def test_a_run_waiting_for_another_says_what_it_waits_for(tmp_path, capsys):
     import fcntl
 
-    from evalkit.core.runner import wait_for_lock
+    from evalkit.core.cells import wait_for_lock
 
     path = tmp_path / "job.lock"
     holder = open(path, "a")  # noqa: SIM115
@@ -184,7 +185,8 @@ def test_a_view_shard_changed_in_place_under_its_stamp_is_caught_on_read(cli_env
     the file, its images are decoded again, and the rows are a clean run's. Views are
     checked on every read, so no row is computed from damaged bytes."""
     from evalkit.cache.features import verify_cache
-    from evalkit.core.runner import RunSpec, run
+    from evalkit.core.runner import run
+    from evalkit.core.spec import RunSpec
 
     cache = cli_env / "cache"
 
@@ -236,7 +238,8 @@ def test_a_read_only_pixel_folder_is_read_and_never_written(cli_env, capsys, mon
     emulated, since root writes anywhere) is read where it serves, and nothing in it changes;
     features are still kept."""
     import evalkit.storage.writes
-    from evalkit.core.runner import RunSpec, run
+    from evalkit.core.runner import run
+    from evalkit.core.spec import RunSpec
 
     cache = cli_env / "cache"
 

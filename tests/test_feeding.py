@@ -150,10 +150,11 @@ def test_a_run_without_the_fill_of_new_tensors_gives_the_same_rows(cli_env, monk
     head that read memory nothing wrote would give NaN with the fill and other values
     without it."""
     import evalkit.core.runner as runner
+    from evalkit.core.spec import RunSpec
 
     def values(out: str) -> dict[str, float]:
         spec = {"tasks": (task,), "backbones": ("fake",), "data": "embedded", "out": out}
-        (result,) = list(runner.run(runner.RunSpec(**spec, no_cache=True, progress=False)))
+        (result,) = list(runner.run(RunSpec(**spec, no_cache=True, progress=False)))
         return {row["metric"]: row["value"] for row in result.rows}
 
     plain = values("plain")

@@ -298,7 +298,8 @@ def test_a_full_disk_for_views_warns_and_keeps_the_features(tmp_path, monkeypatc
 
 
 def test_the_decoder_reaches_the_feature_key_and_the_row(cli_env, tmp_path):
-    from evalkit.core.runner import RunSpec, run
+    from evalkit.core.runner import run
+    from evalkit.core.spec import RunSpec
 
     fake = load_backbone("fake")
     keys = {
@@ -322,7 +323,7 @@ def test_the_decoder_reaches_the_feature_key_and_the_row(cli_env, tmp_path):
 
 
 def test_a_bad_decoder_or_pixels_value_is_one_line(cli_env):
-    from evalkit.core.runner import RunSpec
+    from evalkit.core.spec import RunSpec
 
     with pytest.raises(EvalkitError, match="--pixels keep: expected one of auto, cache, decode"):
         RunSpec(tasks="imagenet-knn", backbones="fake", overrides=("pixels=keep",))

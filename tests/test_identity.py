@@ -15,7 +15,8 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.core.results import load_rows, natural_order, setup_key, setup_labels
-from evalkit.core.runner import RunSpec, run
+from evalkit.core.runner import run
+from evalkit.core.spec import RunSpec
 from evalkit.errors import EvalkitError
 from evalkit.publish.leaderboard import leaderboard
 

@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 import evalkit
 from evalkit.backbones import load_backbone
 from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
-from evalkit.core.catalog import TASKS
+from evalkit.core.catalog import TASKS, resolve_task
 from evalkit.core.results import load_rows, pivot_table
-from evalkit.core.runner import RunSpec, job_spec, resolve_task
-from evalkit.core.task import Task
+from evalkit.core.spec import RunSpec
+from evalkit.core.task import Task, job_spec
 from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset
 from evalkit.storage import checkpoints, identity

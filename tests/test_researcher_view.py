@@ -516,8 +516,9 @@ def test_log_mlflow_without_options_lands_where_mlflow_ui_looks(tmp_path, data_c
 
 
 def test_one_rule_picks_the_device_for_run_plan_and_the_api(monkeypatch, data_cache):
+    from evalkit.core.catalog import resolve_task
     from evalkit.core.costs import plan_run
-    from evalkit.core.runner import RunSpec, resolve_task
+    from evalkit.core.spec import RunSpec
     from evalkit.data import DataConfig
 
     monkeypatch.setenv("EVALKIT_DEVICE", "cpu")

@@ -16,8 +16,11 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from evalkit.core.catalog import resolve_task
+from evalkit.core.cells import request_spec
 from evalkit.core.results import append_row, compare, load_rows, pivot_table
-from evalkit.core.runner import RunSpec, job_spec, request_spec, resolve_task
+from evalkit.core.spec import RunSpec
+from evalkit.core.task import job_spec
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import spec_key, tree_identity
 
@@ -32,8 +35,8 @@ REUSE_SITES = {
     ("evalkit/cache/pixels.py", "pixel_store"): "data identity + view geometry/decoder + subset",
     ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",
     ("evalkit/core/runner.py", "_cell"): "request_spec (the sweep's skip)",
-    ("evalkit/core/runner.py", "request_key_of"): "request_spec, as _cell (done cells, shares)",
-    ("evalkit/core/runner.py", "study_record"): "a study's cell list: names shares, reuses nothing",
+    ("evalkit/core/cells.py", "request_key_of"): "request_spec, as _cell (done cells, shares)",
+    ("evalkit/core/cells.py", "study_record"): "a study's cell list: names shares, reuses nothing",
     ("evalkit/reproduction/sweep.py", "request_key"): "request_spec, as the runner",
     ("evalkit/protocols/finetuning.py", "checkpoint_dir"): "job_spec, as the runner",
     ("tasks/zeroshot.py", "tower_id"): "backbone_spec, or the tower's content + libraries",
@@ -97,7 +100,7 @@ def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
         assert spec_key(request_spec(other, other_task, "fake", other_ctx)) != base, change
     monkeypatch.setattr(type(task), "version", task.version + 1)
     assert checkpoint_dir(task, backbone, ctx).name != run_key
-    monkeypatch.setattr("evalkit.core.runner.library_versions", lambda *_: {"torch": "0.0"})
+    monkeypatch.setattr("evalkit.core.cells.library_versions", lambda *_: {"torch": "0.0"})
     assert spec_key(request_spec(spec, task, "fake", ctx)) != base
 
 

@@ -17,7 +17,7 @@ import pytest
 from rows_compare import stable
 
 from evalkit.cli import main
-from evalkit.core.runner import shard_asked
+from evalkit.core.cells import shard_asked
 from evalkit.errors import EvalkitError
 
 TASKS = ("imagenet-knn", "imagenet-1shot")
@@ -320,7 +320,7 @@ def test_a_negative_shard_is_one_line(cli_env):
 def test_each_backbone_setups_features_are_extracted_on_one_share():
     """4 backbone setups × 3 tasks: cut cell by cell (i mod N) every setup ran on both of 2
     shares (8 extractions) and on all of 3 (12); cut by features, each on one (4)."""
-    from evalkit.core.runner import shares_by_features
+    from evalkit.core.cells import shares_by_features
 
     cells = [(n, (f"fake{n}", 0, task)) for n in range(4) for task in ("a", "b", "c")]
     for count in (2, 3):

@@ -162,7 +162,7 @@ def test_wandb_offline_run_holds_the_rows_the_curve_the_config_and_the_predictio
     ],
 )
 def test_bad_log_values_are_one_line_errors(value, says):
-    from evalkit.core.runner import RunSpec
+    from evalkit.core.spec import RunSpec
     from evalkit.errors import EvalkitError
 
     with pytest.raises(EvalkitError, match=says):

@@ -18,7 +18,9 @@ from scipy import stats
 
 from evalkit.cli import main
 from evalkit.core.catalog import resolve_task
-from evalkit.core.runner import FAILED, RunSpec, run
+from evalkit.core.results import FAILED
+from evalkit.core.runner import run
+from evalkit.core.spec import RunSpec
 from evalkit.core.suites import BUILT_IN, expand
 from evalkit.errors import EvalkitError
 from evalkit.publish.leaderboard import leaderboard

@@ -28,6 +28,7 @@ def cmd_run(args, console) -> int:
 
     check_run_args(args)  # a typo is refused before torch and timm are imported
     from evalkit.core import runner
+    from evalkit.core.catalog import alias_note
 
     specs = zoo_specs(run_spec(args), args.zoo) if args.zoo else [run_spec(args)]
     if not is_main_process():
@@ -36,7 +37,7 @@ def cmd_run(args, console) -> int:
     if not specs:
         return 0
     for name in specs[0].tasks:
-        if note := runner.alias_note(name):
+        if note := alias_note(name):
             console.print(f"[yellow]note:[/] {note}")
 
     def show_data(line: str):
@@ -67,14 +68,14 @@ def shared_out(specs: list, args, console) -> list:
     """The specs cut to this process's share of the cells (``--shard``, or a Slurm array
     task's or Kubernetes Indexed Job pod's index), with one line saying what it runs. A
     command of one cell is never split (evalkit sweep's array tasks each run one)."""
-    from evalkit.core import runner
+    from evalkit.core import cells
 
     if args.shard is None and sum(map(cell_count, specs)) < 2:
         return specs  # (an array task of evalkit sweep: its own index says nothing here)
-    shard = runner.shard_asked(args.shard, dict(os.environ))
+    shard = cells.shard_asked(args.shard, dict(os.environ))
     if shard is None:
         return specs
-    kept, counts, record = runner.share(specs, shard)
+    kept, counts, record = cells.share(specs, shard)
     if is_main_process():
         keep_study_record(record, specs[0].out)
     console.print(
@@ -86,7 +87,7 @@ def shared_out(specs: list, args, console) -> list:
 
 
 def keep_study_record(record: dict, out: Path):
-    """The share's record of its study (``runner.study_record``) under ``<out>/shares/``,
+    """The share's record of its study (``cells.study_record``) under ``<out>/shares/``,
     for ``evalkit merge`` to account for every cell."""
     from evalkit.storage.identity import write_json
 

@@ -2,7 +2,9 @@
 what a row records, and what a run will cost before it runs.
 
 Modules: ``task`` (settings, metrics, paired tests), ``catalog`` (the built-in tasks),
-``suites`` (named sets of tasks), ``runner`` (the one driver), ``rows`` (what a row records),
+``suites`` (named sets of tasks), ``spec`` (what a run asks for: its RunSpec), ``cells`` (the
+unit of work, a (backbone setup, seed, task) cell: its keys, whether it is done, shares of a
+zoo, the per-job lock), ``runner`` (the one driver), ``rows`` (what a row records),
 ``results`` (rows files, tables, gates), ``merge`` (rows written on several machines),
 ``costs`` and ``rates`` (the plan and this machine's speed), ``numerics`` (how a run's
 arithmetic is set), ``run_options`` (the options of evalkit run, and the run they ask

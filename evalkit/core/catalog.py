@@ -36,6 +36,12 @@ def task_settings(name: str) -> tuple[str, list[str]]:
     return base.strip(), pairs
 
 
+def alias_note(name: str) -> str | None:
+    """A note when ``name`` is an alias, naming the real task."""
+    entry = TASKS.get(task_settings(name)[0])
+    return f"{name!r} is an alias of {entry.alias_of!r}" if entry.alias_of else None
+
+
 TASKS.add(
     "imagenet-linear",
     "evalkit.tasks.linear_probe:LinearProbe",

@@ -200,7 +200,7 @@ def _gaps(rows: list[dict]) -> list[dict]:
     ]
 
 
-SHARES = "shares"  # where each share keeps its study's record (runner.study_record)
+SHARES = "shares"  # where each share keeps its study's record (cells.study_record)
 
 
 def _study_records(sources) -> dict[str, dict]:

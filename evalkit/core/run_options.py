@@ -219,7 +219,7 @@ def run_spec(args):
     from dataclasses import fields
 
     from evalkit.backbones.options import parse_model_args
-    from evalkit.core.runner import RunSpec
+    from evalkit.core.spec import RunSpec
 
     given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
     given["model_args"] = parse_model_args(args.model_args)

@@ -10,33 +10,28 @@ together when it finishes, and a rerun skips a job whose metrics are all on disk
 unless ``rerun`` is set. A job that ``evalkit.core.costs`` says does not fit this
 machine is refused before it starts (``force`` runs it). Extracted features live in the feature cache, so
 a job that crashed resumes from its finished shards.
+
+What a run asks for is ``evalkit.core.spec.RunSpec``; what a cell is, its keys, whether it is
+done, its share of a zoo and its lock are ``evalkit.core.cells``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit import distributed, tracking
-from evalkit.backbones import (
-    BackboneOptions,
-    check_backbone_model,
-    load_backbone,
-    row_name,
-    row_weights_id,
-)
+from evalkit.backbones import check_backbone_model, load_backbone
 from evalkit.batching import job_limits
-from evalkit.cache.features import STORAGE, ExtractSettings
-from evalkit.core.catalog import TASKS, resolve_task, task_settings
+from evalkit.core.catalog import resolve_task
+from evalkit.core.cells import _no_backbone, job_lock, request_spec
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
 from evalkit.core.results import (
@@ -50,198 +45,16 @@ from evalkit.core.results import (
     rows_file,
 )
 from evalkit.core.rows import make_row, provenance
-from evalkit.core.suites import expand
+from evalkit.core.spec import RunSpec
 from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
-from evalkit.data import DECODERS, PIXELS, DataConfig
 from evalkit.data.check import find_data
 from evalkit.data.resolve import is_stand_in
-from evalkit.device import check_device, default_device, default_dtype, keep_freed_buffers
+from evalkit.device import keep_freed_buffers
 from evalkit.errors import EvalkitError, warn
-from evalkit.storage.identity import cache_root, library_versions, read_json, spec_key
+from evalkit.storage.identity import cache_root, read_json, spec_key
 from evalkit.storage.shards import DAMAGED
-from evalkit.storage.writes import appending, locked_file, writable
+from evalkit.storage.writes import appending, writable
 from evalkit.tracking import LogTarget
-
-RUN_SETTINGS = {"decoder": DECODERS, "pixels": PIXELS}  # also taken as --set key=value
-MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything one command asks for. ``None`` means the runner's default: device ``cuda``
-    when available, else ``cpu``; dtype ``bf16`` on CUDA, else ``fp32``; cache folder
-    ``$EVALKIT_CACHE`` or ``~/.cache/evalkit``. A backbone without weights is initialised
-    from each job's own seed."""
-
-    tasks: tuple[str, ...]
-    backbones: tuple[str, ...]
-    seeds: tuple[int, ...] = (0,)
-    overrides: tuple[str, ...] = ()  # task settings, "key=value"
-    weights: str | None = None
-    pretrained: bool = False
-    random_init: bool = False
-    model_args: dict = field(default_factory=dict, hash=False)  # backbone constructor options
-    data: str = "auto"  # auto | folder | hf | embedded
-    data_dir: Path | None = None
-    verify_data: bool = False  # data identities re-hash files whose stamp is unchanged
-    out: Path = Path("results/runs")
-    force: bool = False  # run although the plan says it does not fit
-    rerun: bool = False  # recompute jobs whose rows are on disk
-    cache_dir: Path | None = None
-    no_cache: bool = False
-    verify_cache: bool = False  # re-read every cached shard the run uses, whatever its stamp
-    batch_size: int | str = 64  # or "auto": the planner's estimate for the device's free memory
-    workers: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    cache_dtype: str | None = None  # how features are stored: default bf16 for bf16 runs
-    progress: bool = True
-    tp: int = 1
-    fsdp: bool = False
-    save_predictions: bool = False  # per-image outputs as Parquet beside the rows
-    read_only_cache: bool = False  # set by the runner when the cache cannot be written
-    log: tuple[str, ...] = ()  # experiment trackers, "wandb|mlflow|tensorboard[:key=value,...]"
-    decoder: str = "auto"  # how image files are decoded: auto | pil | tensor (evalkit.data.views)
-    pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
-    zoo: bool = False  # part of a comparison of backbones (set by --zoo; several --backbone)
-    # the (backbone, seed, task) cells this process runs (None: all): its share (``share``)
-    cells: frozenset | None = field(default=None, hash=False)
-
-    def __post_init__(self):
-        for name in ("tasks", "backbones", "seeds", "overrides", "log"):
-            value = getattr(self, name)
-            as_tuple = (value,) if isinstance(value, str | int) else tuple(value)
-            object.__setattr__(self, name, as_tuple)
-        object.__setattr__(self, "out", Path(self.out))
-        object.__setattr__(self, "tasks", expand(self.tasks))  # suite:<name> → its tasks
-        self._take_run_settings()
-        self.check()
-
-    @property
-    def is_zoo(self) -> bool:
-        """Part of a comparison of backbones: its cells keep per-image outputs for paired tests,
-        and a failing cell does not stop the others."""
-        return self.zoo or len(self.backbones) > 1
-
-    def _take_run_settings(self):
-        """``--set decoder=…`` and ``--set pixels=…`` name how the whole run reads images, not
-        a task setting: they become the spec's own fields."""
-        kept = []
-        for pair in self.overrides:
-            key, _, value = pair.partition("=")
-            if key.strip() in RUN_SETTINGS:
-                object.__setattr__(self, key.strip(), value.strip())
-            else:
-                kept.append(pair)
-        object.__setattr__(self, "overrides", tuple(kept))
-
-    def check(self):
-        """Refuse options that would fail later with a traceback or give a wrong number."""
-        if self.batch_size != "auto" and not (
-            isinstance(self.batch_size, int) and self.batch_size >= 1
-        ):
-            raise EvalkitError(f"--batch-size must be auto or at least 1, got {self.batch_size}")
-        if self.workers is not None and self.workers < 0:
-            raise EvalkitError(f"--workers must be 0 or more, got {self.workers}")
-        if self.tp < 1:
-            raise EvalkitError(f"--tp must be at least 1, got {self.tp}")
-        if self.dtype not in (None, "fp32", "bf16"):
-            raise EvalkitError(f"--dtype must be fp32 or bf16, got {self.dtype!r}")
-        if self.cache_dtype not in (None, *STORAGE):
-            raise EvalkitError(
-                f"--cache-dtype must be fp32, bf16 or fp16, got {self.cache_dtype!r}"
-            )
-        if self.device is not None:
-            check_device(self.device)
-        for name, allowed in RUN_SETTINGS.items():
-            if getattr(self, name) not in allowed:
-                raise EvalkitError(
-                    f"--{name} {getattr(self, name)}: expected one of {', '.join(allowed)}"
-                )
-        for target in self.log:
-            LogTarget.parse(target)
-        self._check_together()
-        bad_seeds = [s for s in self.seeds if not 0 <= s <= MAX_SEED]
-        if bad_seeds:
-            raise EvalkitError(f"--seed {bad_seeds[0]}: expected a whole number in 0 … {MAX_SEED}")
-
-    def _check_together(self):
-        """Options that cannot both hold: one would be silently ignored."""
-        if self.weights and len(self.backbones) > 1:
-            raise EvalkitError(
-                "--weights names one checkpoint but several backbones are given: run them "
-                "one at a time, or give each its weights in a --zoo file"
-            )
-        if self.weights and self.pretrained:
-            raise EvalkitError(
-                "--pretrained and --weights both name the weights: keep one (--weights PATH "
-                "reads a local checkpoint; --pretrained the published ones)"
-            )
-        if self.data_dir is not None and self.data == "embedded":
-            raise EvalkitError(
-                "--data-dir is not read with --data embedded (the stand-in is written under the "
-                "cache folder): drop one of them"
-            )
-
-    @property
-    def resolved_device(self) -> str:
-        return self.device or default_device()
-
-    @property
-    def resolved_dtype(self) -> str:
-        return self.dtype or default_dtype(self.resolved_device)
-
-    def backbone_options(self, seed: int) -> BackboneOptions:
-        """How to build a backbone for the job of ``seed`` (random weights come from it)."""
-        return BackboneOptions(
-            weights=self.weights,
-            pretrained=self.pretrained,
-            seed=seed,
-            device=self.resolved_device,
-            dtype=self.resolved_dtype,
-            random_init=self.random_init,
-            fsdp=self.fsdp,
-            model_kwargs=dict(self.model_args),
-        )
-
-    def data_config(self) -> DataConfig:
-        """Where the command's data is read from (embedded stand-ins under the cache folder)."""
-        root = Path(self.cache_dir or cache_root())
-        return DataConfig(
-            source=self.data,
-            root=self.data_dir,
-            cache=root,
-            verify=self.verify_data,
-            decoder=self.decoder,
-            pixels=self.pixels,
-        )
-
-    def context(
-        self, seed: int, identities: dict | None = None, batch_size: int = 0
-    ) -> TaskContext:
-        """A fresh context for one job: its own run statistics; ``identities`` (dataset
-        identities) may be shared by the jobs of one run, so each dataset is walked once;
-        ``batch_size`` is the resolved ``--batch-size auto``."""
-        root = Path(self.cache_dir or cache_root())
-        extract = ExtractSettings(
-            cache_dir=None if self.no_cache else root,
-            batch_size=batch_size or self.batch_size,
-            workers=self.workers,
-            device=self.resolved_device,
-            dtype=self.resolved_dtype,
-            cache_dtype=self.cache_dtype or self.resolved_dtype,
-            progress=self.progress,
-            verify_cache=self.verify_cache,
-            read_only=self.read_only_cache,
-        )
-        ctx = TaskContext(
-            data=self.data_config(),
-            extract=extract,
-            seed=seed,
-            device=self.resolved_device,
-        )
-        ctx.identities = identities if identities is not None else {}
-        return ctx
 
 
 @dataclass
@@ -365,219 +178,6 @@ def failed_cell(spec: RunSpec, result: JobResult, exc: Exception) -> JobResult:
     return result
 
 
-def shard_asked(text: str | None, environ: dict) -> tuple[int, int] | None:
-    """The share of a zoo's cells this process runs, as (index, count): ``--shard I/N`` (I
-    from 0), else what the engine that started it says — a Slurm array task (its position in
-    the array: ``SLURM_ARRAY_TASK_ID`` counted from ``SLURM_ARRAY_TASK_MIN`` in steps of
-    ``SLURM_ARRAY_TASK_STEP``, over ``SLURM_ARRAY_TASK_COUNT`` tasks or the array's
-    min…max) or a Kubernetes Indexed Job pod (``JOB_COMPLETION_INDEX``, over
-    ``EVALKIT_SHARDS``, the job's completions) — else None: every cell. A bad value is one
-    line naming the variable it came from."""
-    if text is not None:
-        return _parsed_shard(text, "--shard")
-    if "SLURM_ARRAY_TASK_ID" in environ:
-        return _slurm_share(environ)
-    if "JOB_COMPLETION_INDEX" in environ:
-        if "EVALKIT_SHARDS" not in environ:
-            raise EvalkitError(
-                "JOB_COMPLETION_INDEX is set (a Kubernetes Indexed Job) but not EVALKIT_SHARDS: "
-                "set it to the job's completions in the pod's env, or pass --shard I/N"
-            )
-        index, count = (
-            _env_int(environ, name) for name in ("JOB_COMPLETION_INDEX", "EVALKIT_SHARDS")
-        )
-        return _parsed_shard(f"{index}/{count}", "JOB_COMPLETION_INDEX/EVALKIT_SHARDS")
-    if "EVALKIT_SHARDS" in environ:
-        raise EvalkitError(
-            f"EVALKIT_SHARDS={environ['EVALKIT_SHARDS']} is set but not JOB_COMPLETION_INDEX, "
-            "which says which share this process runs (a Kubernetes Indexed Job sets it): "
-            "every process would run every cell; pass --shard I/N or unset EVALKIT_SHARDS"
-        )
-    return None
-
-
-SLURM = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP")
-
-
-def _slurm_share(environ: dict) -> tuple[int, int]:
-    """A Slurm array task's position in its array and the array's size. A stepped array
-    (``--array=0-8:2``) counts in steps; a list (``--array=1,5,7``) has no position that
-    Slurm's variables tell, and is refused."""
-    task, first = _env_int(environ, SLURM[0]), _env_int(environ, SLURM[1], 0)
-    step = _env_int(environ, SLURM[2], 1) or 1
-    last = _env_int(environ, "SLURM_ARRAY_TASK_MAX", None)
-    count = _env_int(environ, "SLURM_ARRAY_TASK_COUNT", None)
-    if count is None and last is None:
-        raise EvalkitError(
-            "SLURM_ARRAY_TASK_ID is set but not the array's size (SLURM_ARRAY_TASK_COUNT or "
-            "SLURM_ARRAY_TASK_MAX): pass --shard I/N"
-        )
-    spanned = (last - first) // step + 1 if last is not None else None
-    count = count if count is not None else spanned
-    position, off_step = divmod(task - first, step)
-    if count == 1 and task != 0:  # one index of a larger array submitted again
-        raise EvalkitError(
-            f"this Slurm array has one task (SLURM_ARRAY_TASK_ID={task}): an index of a larger "
-            "array submitted again does not say how many shares there are; pass --shard "
-            f"{task}/N with the first array's size N"
-        )
-    if off_step or not 0 <= position < count or (spanned is not None and spanned != count):
-        read = ", ".join(
-            f"{n}={environ[n]}"
-            for n in (*SLURM, "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT")
-            if n in environ
-        )
-        raise EvalkitError(
-            f"this Slurm array task's position cannot be told from {read}: an array of ids "
-            "that are not evenly spaced (--array=1,5,7) has none; submit --array=0-N-1 (or "
-            "A-B:STEP), or pass --shard I/N"
-        )
-    return _parsed_shard(f"{position}/{count}", "the Slurm array")
-
-
-def _env_int(environ: dict, name: str, default=...) -> int | None:
-    """An integer environment variable, or one line naming it when it is not one."""
-    if name not in environ:
-        if default is ...:
-            raise EvalkitError(f"{name} is not set")
-        return default
-    try:
-        return int(environ[name])
-    except ValueError:
-        raise EvalkitError(
-            f"{name}={environ[name]!r}: expected a whole number (it says which share of the "
-            "cells this process runs); fix the variable or pass --shard I/N"
-        ) from None
-
-
-def _parsed_shard(text: str, source: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    try:
-        shard = int(index), int(count)
-    except ValueError:
-        shard = (-1, 0)
-    if not 0 <= shard[0] < shard[1]:
-        given = f"--shard {text}" if source == "--shard" else f"{source} gives {text}"
-        raise EvalkitError(f"{given}: expected I/N with 0 ≤ I < N, e.g. --shard 0/4")
-    return shard
-
-
-def cells_of(spec: RunSpec) -> list[tuple[str, int, str]]:
-    """Every (backbone, seed, task) cell of a spec, in the order the runner runs them."""
-    backbones = spec.backbones or _no_backbone(
-        [resolve_task(t, spec.overrides) for t in spec.tasks]
-    )
-    return [(name, seed, task) for name in backbones for seed in spec.seeds for task in spec.tasks]
-
-
-def share(specs: list[RunSpec], shard: tuple[int, int]) -> tuple[list[RunSpec], dict, dict]:
-    """The specs of a zoo cut to the ``shard`` = (index, count) share of its cells (cut by
-    the features they read: ``shares_by_features``), then the cells of the share whose rows
-    are on disk are left out, so a rerun of the same array does only what is left.
-    The share is cut from every cell, not from those left, since array tasks start at
-    different times: a share cut from what one of them saw left could miss a cell another
-    took for its own. Returns the specs (each with its ``cells``; a spec with none is
-    dropped), the counts, and the study's record (``study_record``)."""
-    index, count = shard
-    everything = [(number, cell) for number, spec in enumerate(specs) for cell in cells_of(spec)]
-    identities: dict = {}  # each data set identified once, for the record and the done cells
-    read: dict = {}  # rows file → its rows: each read once however many cells it holds
-    cut = shares_by_features(everything, count)
-    record = study_record(specs, everything, cut, identities) | {"share": index}
-    share_ = [everything[i] for i in cut[index]]
-    mine = [(n, cell) for n, cell in share_ if not finished(specs[n], cell, identities, read)]
-    kept = [
-        dataclasses.replace(spec, cells=frozenset(cell for n, cell in mine if n == number))
-        for number, spec in enumerate(specs)
-    ]
-    counts = {"cells": len(everything), "share": len(share_), "mine": len(mine)}
-    return [spec for spec in kept if spec.cells], counts, record
-
-
-def shares_by_features(cells: list[tuple[int, tuple]], count: int) -> list[list[int]]:
-    """The positions in ``cells`` ((spec number, (backbone, seed, task)), in the runner's
-    order) of each of ``count`` shares. The cells of one backbone setup read the same
-    features, so they go to one share together, and each setup's features are extracted on
-    one machine only; setups are dealt largest first to the share with the fewest cells (a
-    cell is the unit of cost), and a setup is split only when there are fewer setups than
-    shares. Every process computes the same cut from the same zoo."""
-    groups: dict[tuple, list[int]] = {}
-    for position, (number, cell) in enumerate(cells):
-        groups.setdefault((number, cell[0]), []).append(position)
-    units = list(groups.values())
-    while len(units) < count and any(len(unit) > 1 for unit in units):
-        largest = max(units, key=len)
-        units.remove(largest)
-        units += [largest[: len(largest) // 2], largest[len(largest) // 2 :]]
-    shares: list[list[int]] = [[] for _ in range(count)]
-    for unit in sorted(units, key=lambda u: (-len(u), u[0])):
-        smallest = min(range(count), key=lambda i: (len(shares[i]), i))
-        shares[smallest] += unit
-    return [sorted(positions) for positions in shares]
-
-
-def study_record(specs: list[RunSpec], everything: list, cut: list, identities: dict) -> dict:
-    """What a share belongs to, kept beside its rows (``<out>/shares/``): every cell of the
-    study (``everything``, as ``share`` lists them), named as rows and failure records name
-    them, the share each cell went to (``cut``) and the count, so a merge can tell which
-    cells no merged share delivered. ``share`` adds the share's own index."""
-    described = [_described(specs[number], cell, identities) for number, cell in everything]
-    share_of = [0] * len(everything)
-    for index, positions in enumerate(cut):
-        for position in positions:
-            share_of[position] = index
-    return {
-        "study": spec_key({"cells": described}, length=16),
-        "of": len(cut),
-        "cells": described,
-        "share_of": share_of,
-    }
-
-
-def _described(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> dict:
-    """A cell as its rows will name it: the request key they carry (settings, weights and
-    data included), and for people the task, backbone, seed, options and weights."""
-    name, seed, task_name = cell
-    return {
-        "request_key": request_key_of(spec, cell, identities),
-        "task": resolve_task(task_name, spec.overrides).name,
-        "asked": task_name,
-        "backbone": name,
-        "seed": seed,
-        "options": dict(spec.model_args),
-        "weights": spec.weights,
-    }
-
-
-def request_key_of(spec: RunSpec, cell: tuple[str, int, str], identities: dict) -> str | None:
-    """The request key the rows of ``cell`` carry (task and settings, backbone and options,
-    weights, data, seed: ``request_spec``), known before its backbone is built; None where
-    its data cannot be read here."""
-    name, seed, task_name = cell
-    task = resolve_task(task_name, spec.overrides)
-    try:
-        return spec_key(request_spec(spec, task, name, spec.context(seed, identities)), length=16)
-    except EvalkitError:
-        return None
-
-
-def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> bool:
-    """Whether a cell's rows are on disk under its request's key, every metric there (known
-    before its backbone is built); ``read`` keeps each rows file's rows once read."""
-    name, seed, task_name = cell
-    path = rows_file(spec.out, task_name)
-    if not path.exists():
-        return False
-    task = resolve_task(task_name, spec.overrides)
-    key = request_key_of(spec, cell, identities)
-    if key is None:
-        return False  # its data cannot be read here: the cell runs and says why
-    if path not in read:
-        read[path] = load_rows([path])
-    rows = [r for r in read[path] if r.get("request_key") == key]
-    return rows_complete(task.metrics(), rows)
-
-
 def data_found(tasks: list[Task], spec: RunSpec) -> list[str]:
     """One line per dataset the tasks read, every split of every task opened (no image
     decoded), then each task's settings checked against its data (``Task.check_data``): all
@@ -681,22 +281,6 @@ def writable_folder(path: Path, flag: str):
         ) from None
 
 
-def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:
-    """Runs without ``--backbone``: only tasks that train their own models may."""
-    needing = [task.name for task in tasks if not task.trains_own_model]
-    if needing:
-        raise EvalkitError(
-            f"{needing[0]} needs a backbone: pass --backbone, e.g. timm/vit_tiny_patch16_224"
-        )
-    return ("none",)
-
-
-def alias_note(name: str) -> str | None:
-    """A note when ``name`` is an alias, naming the real task."""
-    entry = TASKS.get(task_settings(name)[0])
-    return f"{name!r} is an alias of {entry.alias_of!r}" if entry.alias_of else None
-
-
 def run_task(
     task: Task,
     backbone,
@@ -723,50 +307,6 @@ def run_task(
             rerun=rerun,
             predictions=predictions,
         )
-
-
-@contextlib.contextmanager
-def job_lock(out_dir: Path, key: str):
-    """An exclusive ``flock`` on ``<out>/.locks/<run key>.lock`` while one process runs the
-    job (the kernel releases it when the process dies, so a killed run blocks nothing); the
-    file is removed when the job ends, so finished runs leave no lock files behind. Under
-    torchrun the ranks of one job decide together, and no lock is taken."""
-    if distributed.current().mesh is not None:
-        yield
-        return
-    folder = Path(out_dir) / ".locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{key}.lock"
-    handle = _locked(path)
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)  # while still held: a waiter then sees a stale file
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only when no other job holds a lock there
-
-
-def _locked(path: Path):
-    """``path`` opened and exclusively locked, saying so while another process holds it; a
-    file removed by its last holder while this process waited is stale, and the lock is
-    taken again on the file now at ``path``."""
-    return locked_file(path, take=lambda handle: wait_for_lock(handle, path))
-
-
-def wait_for_lock(handle, path: Path):
-    """Take the job's lock; while another process holds it, say so in one line first, since
-    the wait may last as long as that process's job."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        warn(
-            f"waiting for another run of this job to finish (it holds {path}); its rows are "
-            "then reused"
-        )
-    fcntl.flock(handle, fcntl.LOCK_EX)
 
 
 def _run_task(
@@ -856,33 +396,3 @@ def readable_parquet(path: Path) -> bool:
         warn(f"{path} is damaged or cut off: the cell is recomputed")
         return False
     return True
-
-
-def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> dict:
-    """What a job is asked for, known before its backbone loads: the task (name, version,
-    settings), the backbone's name and options, the weights' content id (or how untrained
-    weights are seeded), dtypes, library versions, data files and seed. Rows carry its key, so
-    a sweep can tell a finished job without loading a model; the job itself still compares the
-    whole ``job_spec`` (which adds what the loaded backbone reports: preprocessing, ...)."""
-    return {
-        "task": task.name,
-        "version": task.version,
-        "config": task.config(),
-        "backbone": row_name(backbone),
-        "weights": _weights_asked(spec, backbone, ctx.seed),
-        "model_args": dict(sorted(spec.model_args.items())),
-        "dtype": ctx.extract.dtype,
-        "cache_dtype": ctx.extract.cache_dtype,
-        "decoder": ctx.data.decoder,
-        "libraries": library_versions(row_name(backbone)),
-        "data": {name: ctx.data_identity(name) for name in task.datasets()},
-        "seed": ctx.seed,
-    }
-
-
-def _weights_asked(spec: RunSpec, backbone: str, seed: int) -> str:
-    if spec.weights:
-        return row_weights_id(backbone, spec.weights)
-    if spec.pretrained:
-        return "pretrained"  # the hub file's content id is in the job's own key
-    return f"random-init:{seed}:{spec.random_init}"

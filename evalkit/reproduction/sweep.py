@@ -7,7 +7,7 @@ task and backbone may be lists). Every job is one ``evalkit run`` command: in it
 (``torchrun`` when it spans several GPUs), so a job that crashes or runs out of memory leaves
 the others running, and the rows it finished stay on disk. Jobs whose rows are already under
 the output folder with the job's request key (task and settings, backbone and options, weights
-content, dtypes, library versions, data files, seed: ``runner.request_spec``) are not started
+content, dtypes, library versions, data files, seed: ``cells.request_spec``) are not started
 again; the job itself still compares the full run key and reruns what changed.
 
 Executors: ``local`` (sequential, the default), ``slurm`` (one job array, GPUs and nodes per
@@ -228,9 +228,9 @@ def job_rows(plan: Sweep, job: Job, read: dict | None = None) -> list[dict]:
 
 
 def request_key(plan: Sweep, job: Job, identities: dict, task=None) -> str:
-    """The key ``evalkit run`` gives the rows of ``job`` (``runner.request_spec``); ``task``
+    """The key ``evalkit run`` gives the rows of ``job`` (``cells.request_spec``); ``task``
     is the job's task when the caller has resolved it already."""
-    from evalkit.core.runner import request_spec
+    from evalkit.core.cells import request_spec
     from evalkit.storage.identity import spec_key
 
     spec = job_run_spec(plan, job)
