@@ -122,7 +122,7 @@ def test_every_row_ends_as_agrees_disagrees_or_a_margin_with_its_mde():
     )
     assert resolution_text(record(True, [5.41, 25.1])).startswith("agrees with the paper; ")
     assert resolution_text(record(False, [-14.1, -1.0])).startswith("disagrees with the paper")
-    assert resolution_text(record(True, None)) == "agrees with the paper (no noise estimate)"
+    assert resolution_text(record(True, None)) == "agrees with the paper, no noise estimate"
     assert resolution_text(record(None, None)) == "undecided: no uncertainty measured"
 
 

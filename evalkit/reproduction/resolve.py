@@ -163,7 +163,7 @@ def resolution_text(record: dict) -> str:
     sequential = record.get("sequential")
     last = sequential["looks"][-1] if sequential else None
     if verdict is not None and interval is None:
-        return ("agrees" if verdict else "disagrees") + " with the paper (no noise estimate)"
+        return ("agrees" if verdict else "disagrees") + " with the paper, no noise estimate"
     if verdict is True:
         text = "agrees with the paper"
     elif verdict is False:

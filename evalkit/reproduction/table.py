@@ -42,7 +42,8 @@ def header(summary: dict) -> list[str]:
         f"what was done). {produced_by(summary)}",
         "",
         "Our effect is signed so that positive is the better direction, with its 95% interval "
-        "(the test items' standard error, and the seeds' spread where a row has several). Each "
+        "(the test items' standard error, and the seeds' spread where a row has several: then "
+        "Student's t on seeds − 1 degrees of freedom, not ±1.96). Each "
         "row ends as: agrees or disagrees with the paper, when its interval leaves out zero; "
         "else no effect larger than ±X, X the far end of the interval (an effect beyond it is "
         "ruled out at the interval's level). Each also says the smallest effect its test "
