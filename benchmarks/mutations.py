@@ -621,6 +621,34 @@ FAULTS = (
         "        return min(heads.values(), key=lambda o: o.effect)",
         ("tests/test_verdicts.py::test_row_9_needs_both_heads_beyond_noise",),
     ),
+    Fault(
+        "declared schedule ignores the prefix",
+        "evalkit/schedule.py",
+        "        f.name: getattr(task, prefix + f.name)",
+        "        f.name: getattr(task, f.name, None) or getattr(task, prefix + f.name)",
+        ("tests/test_schedule.py",),
+    ),
+    Fault(
+        "the head trainer refuses nothing",
+        "evalkit/heads/train.py",
+        "    if asked:",
+        "    if asked and False:",
+        ("tests/test_schedule.py",),
+    ),
+    Fault(
+        "a plugin may shadow a built-in",
+        "evalkit/registry.py",
+        "if taken is not None and taken.target != ep.value:",
+        "if False:",
+        ("tests/test_cli.py::test_a_plugin_named_like_a_built_in_is_refused_by_name",),
+    ),
+    Fault(
+        "deterministic mode set off",
+        "evalkit/core/numerics.py",
+        "        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)",
+        "        torch._C._set_deterministic_algorithms(False, warn_only=warn_only)",
+        ("tests/test_feeding.py::test_run_numerics_are_set_recorded_and_restored",),
+    ),
 )
 
 
