@@ -20,6 +20,7 @@ finished writes the table from their rows.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -352,12 +353,17 @@ def invocations(before: dict, kept: list[dict], records: list[dict], command: st
 OTHER_LADDER = "not measured on the ladder of the rows measured last: rerun it to compare on one"
 
 
+@functools.cache
+def scaling_rows() -> frozenset[int]:
+    """The numbers of the rows that compare two sizes of the ladder."""
+    return frozenset(e.number for e in selected(None) if e.scaling)
+
+
 def label_other_ladder(record: dict, ladder_id: dict[str, str]) -> None:
     """A kept scaling row measured on other ladder weights than the rows measured now (another
     machine's training, an older version's) says so: two sizes' gap is only comparable on
     one ladder. Rows that train their own models depend on no ladder."""
-    scaling = {e.number for e in selected(None) if e.scaling}
-    other = record["row"] in scaling and record.get("ladder_id") != ladder_id
+    other = record["row"] in scaling_rows() and record.get("ladder_id") != ladder_id
     if other and OTHER_LADDER not in record["note"]:
         record["note"] = "; ".join(n for n in (record["note"], OTHER_LADDER) if n)
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from evalkit.power import Z975
+
 LEVEL = 0.05
 POWER_Z = 0.8416212335729143  # z₀.₈: the 80% power of every stated MDE
-Z975 = 1.959963984540054
 
 
 def look_level(look: int, level: float = LEVEL) -> float:
