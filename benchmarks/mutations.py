@@ -419,7 +419,7 @@ FAULTS = (
     ),
     Fault(
         "explorer's flips one way only",
-        "evalkit/publish/explore.py",
+        "evalkit/publish/explore_outputs.py",
         '"wrong-to-right": ("wrong → right (A wrong, B right)", False, True),',
         '"wrong-to-right": ("wrong → right (A wrong, B right)", True, False),',
         (
@@ -428,21 +428,21 @@ FAULTS = (
     ),
     Fault(
         "calibration bin's mistakes in file order",
-        "evalkit/publish/explore.py",
+        "evalkit/publish/explore_calibration.py",
         '"mistakes": mistakes(members),',
         '"mistakes": members[~members["right"]],',
         (f"{EXPLORE}::test_the_calibration_page_shows_each_confidence_bins_surest_mistakes",),
     ),
     Fault(
         "dense worst images best first",
-        "evalkit/publish/explore.py",
+        "evalkit/publish/explore_dense.py",
         '"score", ascending=higher_is_better, kind="stable", na_position="last"',
         '"score", ascending=not higher_is_better, kind="stable", na_position="last"',
         (f"{EXPLORE}::test_a_dense_setups_page_shows_its_worst_images_first",),
     ),
     Fault(
         "cue-conflict keeps stimuli whose shape is their texture",
-        "evalkit/publish/explore.py",
+        "evalkit/publish/explore_cue_conflict.py",
         'frame = frame[(frame["set"] == "cue-conflict") & (frame["category"] != frame["texture"])]',
         'frame = frame[frame["set"] == "cue-conflict"]',
         (f"{EXPLORE}::test_the_cue_conflict_page_says_which_cue_decided_each_stimulus",),

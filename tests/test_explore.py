@@ -14,7 +14,9 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.core.results import predictions_file, rows_file
-from evalkit.publish.explore import CUES, PAGE, outputs
+from evalkit.publish.explore_cue_conflict import CUES
+from evalkit.publish.explore_outputs import outputs
+from evalkit.publish.explore_pages import PAGE
 
 
 def run_pair(cli_env) -> Path:

@@ -7,4 +7,7 @@ files into boards of cells), ``board_pairs`` (each pair's paired test on the sam
 ``board_ranks`` (ranks, their intervals, tiers and the tests across tasks), ``rendering`` (every
 format of a board, and its snapshots), ``card``, ``export`` (grouping and writing) with ``eee``
 (Every Eval Ever records) and ``mteb_results`` (MTEB's results layout), and ``explore`` (a
-static site of the images behind the numbers)."""
+static site of the images behind the numbers) with ``explore_pages`` (what its pages share:
+setups, thumbnails, cards, paging), ``explore_outputs`` (per-image files in one shape) and a
+module per kind of page: ``explore_classification`` (mistakes, pairs' flips),
+``explore_calibration``, ``explore_cue_conflict`` and ``explore_dense``."""
