@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from benchmarks.bench_extraction import TensorImages
 from benchmarks.common import peak_rss_mb, report
 from evalkit.backbones import BackboneOptions, load_backbone
-from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.heads.decoders import LinearSegmentation, UperNetSegmentation
 from evalkit.protocols.grids import tap_layers
 

@@ -18,7 +18,8 @@ import torch
 
 from benchmarks.common import best_time, report
 from evalkit import load_backbone
-from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 
 
 class TensorImages(torch.utils.data.Dataset):

@@ -61,7 +61,8 @@ def synthetic(n: int, d: int, classes: int, seed: int = 0):
 def resnet_features():
     """Features of a seeded random timm/resnet18 on the embedded stand-in (train, val)."""
     from evalkit import load_backbone
-    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.extraction import extract_features
+    from evalkit.cache.settings import ExtractSettings, FeatureRequest
     from evalkit.data import DataConfig
     from evalkit.data.resolve import open_dataset
     from evalkit.storage.identity import cache_root

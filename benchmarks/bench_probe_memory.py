@@ -44,7 +44,7 @@ def write_cache(folder: Path, n: int, dim: int, seed: int, storage=torch.float32
 def probe(folder: Path, mode: str, max_iter: int = 5) -> dict:
     """Run the probe on the cached train split, score the held-out test split, and report
     peak RSS."""
-    from evalkit.cache.features import FeatureSet
+    from evalkit.cache.feature_set import FeatureSet
     from evalkit.heads.linear import fit_logistic, hits
     from evalkit.protocols.classification import ProbeData, percent, stratified_holdout
     from evalkit.tasks.linear_probe import LinearProbe

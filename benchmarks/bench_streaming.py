@@ -74,7 +74,7 @@ def video_steps(feats) -> None:
 
 
 def child(kind: str, folder: str) -> dict:
-    from evalkit.cache.features import FeatureSet
+    from evalkit.cache.feature_set import FeatureSet
 
     feats = FeatureSet(sorted(Path(folder).glob("shard-*.safetensors")), from_cache=True)
     (lit_steps if kind == "lit" else video_steps)(feats)

@@ -256,7 +256,7 @@ FAULTS = (
     ),
     Fault(
         "cache key without the dtype",
-        "evalkit/cache/features.py",
+        "evalkit/cache/keys.py",
         '        "dtype": dtype,\n        "libraries"',
         '        "libraries"',
         ("tests/test_keys.py",),

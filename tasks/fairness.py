@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalkit.cache.features import FeatureRequest
+from evalkit.cache.settings import FeatureRequest
 from evalkit.core.task import (
     POSITIVE,
     Metric,

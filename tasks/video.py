@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.backbones.base import POOLS
-from evalkit.cache.features import FeatureRequest
+from evalkit.cache.settings import FeatureRequest
 from evalkit.core.task import (
     LAYERS,
     NON_NEGATIVE,

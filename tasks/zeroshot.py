@@ -29,7 +29,8 @@ import torch
 
 from evalkit import distributed
 from evalkit.backbones.base import POOLS, TextTower, text_tower
-from evalkit.cache.features import FeatureRequest, backbone_spec
+from evalkit.cache.keys import backbone_spec
+from evalkit.cache.settings import FeatureRequest
 from evalkit.core.task import (
     LAYERS,
     NON_NEGATIVE,

@@ -18,7 +18,7 @@ def data_cache(tmp_path_factory):
 
 @pytest.fixture()
 def ctx(data_cache, tmp_path):
-    from evalkit.cache.features import ExtractSettings
+    from evalkit.cache.settings import ExtractSettings
     from evalkit.core.task import TaskContext
     from evalkit.data import DataConfig
 

@@ -139,7 +139,7 @@ from dataclasses import dataclass
 from evalkit.data import DataKind
 from evalkit.data.resolve import open_dataset
 from evalkit.core.task import Metric, Task, resolve_pool
-from evalkit.cache.features import FeatureRequest
+from evalkit.cache.settings import FeatureRequest
 from evalkit.backbones.base import BackboneInfo, Features, Preprocess
 
 
@@ -254,7 +254,8 @@ class Clips(torch.utils.data.Dataset):
 
 
 def test_clips_go_through_the_image_path_and_cache_per_clip(fake, tmp_path):
-    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.extraction import extract_features
+    from evalkit.cache.settings import ExtractSettings, FeatureRequest
 
     clips = Clips(frames=4)
     settings = ExtractSettings(cache_dir=tmp_path, batch_size=3, shard_size=4, progress=False)

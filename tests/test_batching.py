@@ -29,13 +29,13 @@ def failing_above(limit: int, original, error=None):
 
 
 def test_extraction_backs_off_and_gives_the_same_features_and_numbers(tmp_path, monkeypatch, capfd):
-    from evalkit.cache import features
+    from evalkit.cache import extraction
 
     fitted = evalkit.run(
         "imagenet-knn", "fake", out=tmp_path / "a", cache_dir=tmp_path / "ca", **KNN
     )
-    forward, calls = failing_above(16, features._forward_once)
-    monkeypatch.setattr(features, "_forward_once", forward)
+    forward, calls = failing_above(16, extraction._forward_once)
+    monkeypatch.setattr(extraction, "_forward_once", forward)
     backed = evalkit.run(
         "imagenet-knn", "fake", out=tmp_path / "b", cache_dir=tmp_path / "cb", **KNN
     )

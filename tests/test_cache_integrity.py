@@ -9,7 +9,8 @@ import shutil
 import pytest
 import torch
 
-from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.cli import main
 from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset

@@ -184,7 +184,7 @@ def test_a_view_shard_changed_in_place_under_its_stamp_is_caught_on_read(cli_env
     (bit rot, a faulty copy), is caught when the next backbone reads it: one warning names
     the file, its images are decoded again, and the rows are a clean run's. Views are
     checked on every read, so no row is computed from damaged bytes."""
-    from evalkit.cache.features import verify_cache
+    from evalkit.cache.entries import verify_cache
     from evalkit.core.runner import run
     from evalkit.core.spec import RunSpec
 

@@ -9,13 +9,10 @@ import time
 import pytest
 import torch
 
-from evalkit.cache.features import (
-    ExtractSettings,
-    FeatureRequest,
-    cache_key,
-    extract_features,
-    list_cache,
-)
+from evalkit.cache.entries import list_cache
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.keys import cache_key
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset
 
@@ -102,7 +99,8 @@ SCRIPT = textwrap.dedent("""
     from evalkit.storage import shards
     from evalkit.data import DataConfig
     from evalkit.data.resolve import open_dataset
-    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.extraction import extract_features
+    from evalkit.cache.settings import ExtractSettings, FeatureRequest
     ready, data_cache, cache, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     if ready != "-":  # after the third shard is on disk: say so, then wait to be killed
         save = shards.save_shard

@@ -18,7 +18,9 @@ from PIL import Image
 from evalkit.backbones import BackboneOptions, load_backbone
 from evalkit.backbones.base import Preprocess, build_transform, model_input
 from evalkit.cache import pixels as pixel_cache
-from evalkit.cache.features import ExtractSettings, FeatureRequest, cache_key, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.keys import cache_key
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.data.folder import ImageFolder
 from evalkit.data.views import TENSOR_BOUND_LEVELS, EvalView, Normalised, eval_view
 from evalkit.errors import EvalkitError
@@ -254,7 +256,7 @@ def test_a_damaged_view_shard_is_decoded_again(tmp_path, capsys, decodes):
 def test_without_workers_a_thread_decodes_ahead_with_the_same_features(tmp_path, monkeypatch):
     """``--workers 0``: one thread decodes a few batches ahead of the forward; the features
     are the ones decoded in turn with the forward (the thread changes when, never what)."""
-    from evalkit.cache import features as module
+    from evalkit.cache import feed as module
 
     folder = class_folder(tmp_path / "data", count=10)
     ahead = extract(load_backbone("fake"), folder, None)
@@ -266,7 +268,7 @@ def test_without_workers_a_thread_decodes_ahead_with_the_same_features(tmp_path,
 def test_images_read_by_several_threads_give_the_features_read_in_turn(tmp_path, monkeypatch):
     """``--workers 0`` on a reader of independent files: its images are read by a few threads
     at once; the features are those of the loader reading them one after another."""
-    from evalkit.cache import features as module
+    from evalkit.cache import feed as module
 
     folder = class_folder(tmp_path / "data", count=10)
     calls, real = [], module.read_in_threads
@@ -336,7 +338,7 @@ def test_pixel_bytes_are_what_plan_counts():
 
 
 def test_the_cache_commands_list_verify_and_clear_the_views(tmp_path):
-    from evalkit.cache.features import clear_cache, list_cache, verify_cache
+    from evalkit.cache.entries import clear_cache, list_cache, verify_cache
 
     folder = class_folder(tmp_path / "data", count=8)
     extract(load_backbone("fake"), folder, tmp_path / "cache")
@@ -390,15 +392,15 @@ def test_the_decoder_has_one_default_and_reaches_every_opened_view(tmp_path):
 
 def test_the_pixel_cache_says_when_several_processes_switch_it_off(tmp_path, monkeypatch, capsys):
     from evalkit import distributed
-    from evalkit.cache import features
+    from evalkit.cache import extraction
 
     folder = class_folder(tmp_path / "data", count=4)
     dataset = ImageFolder(folder, load_backbone("fake").transform())
     settings = ExtractSettings(cache_dir=tmp_path / "cache", progress=False)
     args = (dataset, settings, FeatureRequest(), "id", "val", None, 4)
-    assert features._pixels(*args) is not None  # one process: kept
+    assert extraction._pixels(*args) is not None  # one process: kept
     monkeypatch.setattr(distributed, "current", lambda: distributed.Layout(dp_size=2))
-    assert features._pixels(*args) is None and features._pixels(*args) is None
+    assert extraction._pixels(*args) is None and extraction._pixels(*args) is None
     said = capsys.readouterr().err.splitlines()
     assert said == [
         "warning: the pixel cache is off under 2 processes (ranks would have to agree on which "

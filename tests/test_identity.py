@@ -324,7 +324,7 @@ def test_an_empty_leaderboard_answers_before_the_heavy_imports(tmp_path):
 
 
 def test_a_timm_backbones_feature_key_names_no_open_clip():
-    from evalkit.cache.features import FORMAT_VERSION
+    from evalkit.cache.keys import FORMAT_VERSION
     from evalkit.storage.identity import library_versions
 
     assert set(library_versions("timm/vit_tiny_patch16_224")) == {"torch", "timm"}

@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 
 import evalkit
 from evalkit.backbones import load_backbone
-from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.core.catalog import TASKS, resolve_task
 from evalkit.core.results import load_rows, pivot_table
 from evalkit.core.spec import RunSpec

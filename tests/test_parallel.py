@@ -390,7 +390,8 @@ DECODE_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 from evalkit import distributed as mesh, load_backbone
-from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset
 

@@ -9,7 +9,8 @@ import torch
 
 from evalkit.backbones import load_backbone
 from evalkit.backbones.options import BackboneOptions
-from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.core.costs import measured_shape, unfit
 from evalkit.core.task import PlanInputs, extraction_stage
 from evalkit.data import DataConfig

@@ -29,8 +29,8 @@ ROOT = Path(__file__).parents[1]
 # Every place that turns a spec into a key for reuse, and what it keys on. A new call of
 # spec_key in the package fails the census below until it is listed here with its basis.
 REUSE_SITES = {
-    ("evalkit/cache/features.py", "cache_key"): "feature_spec: backbone_spec + data + request",
-    ("evalkit/cache/features.py", "backbone_key"): "backbone_spec: a setup's entries (disk check)",
+    ("evalkit/cache/keys.py", "cache_key"): "feature_spec: backbone_spec + data + request",
+    ("evalkit/cache/keys.py", "backbone_key"): "backbone_spec: a setup's entries (disk check)",
     ("evalkit/cache/pixels.py", "subset_key"): "the subset's indices, in feature and pixel keys",
     ("evalkit/cache/pixels.py", "pixel_store"): "data identity + view geometry/decoder + subset",
     ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",

@@ -28,7 +28,8 @@ def test_safetensors_full_disk_error_is_one_line(fake, data_cache, tmp_path, mon
     import safetensors.torch
     from safetensors import SafetensorError
 
-    from evalkit.cache.features import ExtractSettings, FeatureRequest, extract_features
+    from evalkit.cache.extraction import extract_features
+    from evalkit.cache.settings import ExtractSettings, FeatureRequest
     from evalkit.data import DataConfig
     from evalkit.data.resolve import open_dataset
 

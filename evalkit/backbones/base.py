@@ -5,7 +5,7 @@ A backbone owns its preprocessing (``info.preprocess``) and returns ``Features``
 vectors of the requested layers and, for dense tasks, per-layer patch grids, following timm's
 ``forward_intermediates`` semantics (layer -1 is the last block, after the final norm). Video
 enters through the same path: the feature extractor folds a clip's frames into the batch and
-unfolds them after (``evalkit.cache.features``), so an adapter only ever sees images.
+unfolds them after (``evalkit.cache.extraction``), so an adapter only ever sees images.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def add_cache(sub) -> None:
 
 
 def cmd_cache(args, console) -> int:
-    from evalkit.cache.features import clear_cache
+    from evalkit.cache.entries import clear_cache
     from evalkit.storage.identity import cache_root
 
     root = args.cache_dir or cache_root()
@@ -38,7 +38,7 @@ def cmd_cache(args, console) -> int:
 def _list(root: Path, console):
     from rich.table import Table
 
-    from evalkit.cache.features import list_cache
+    from evalkit.cache.entries import list_cache
 
     table = Table("key", "backbone", "split", "pool", "layers", "n", "shards", "complete", "MB")
     for e in list_cache(root):
@@ -62,7 +62,7 @@ def _verify(root: Path, args, console) -> int:
     the next run recomputes it)."""
     from rich.table import Table
 
-    from evalkit.cache.features import verify_cache
+    from evalkit.cache.entries import verify_cache
     from evalkit.storage.identity import recheck_content_ids
     from evalkit.storage.writes import writable
 

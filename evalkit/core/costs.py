@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import torch
 
-from evalkit.cache.features import backbone_key, cached_bytes, list_cache
+from evalkit.cache.entries import cached_bytes, list_cache
+from evalkit.cache.keys import backbone_key
 from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
 from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
 from evalkit.device import default_device, default_dtype, free_bytes

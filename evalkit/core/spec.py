@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.backbones import BackboneOptions
-from evalkit.cache.features import STORAGE, ExtractSettings
+from evalkit.cache.settings import STORAGE, ExtractSettings
 from evalkit.core.suites import expand
 from evalkit.core.task import TaskContext
 from evalkit.data import DECODERS, PIXELS, DataConfig

@@ -18,14 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evalkit.cache.features import (
-    STORAGE,
-    ExtractSettings,
-    FeatureRequest,
-    FeatureSet,
-    backbone_spec,
-    extract_features,
-)
+from evalkit.cache.extraction import extract_features
+from evalkit.cache.feature_set import FeatureSet
+from evalkit.cache.keys import backbone_spec
+from evalkit.cache.settings import STORAGE, ExtractSettings, FeatureRequest
 from evalkit.data import DataConfig
 from evalkit.data.resolve import data_identity
 from evalkit.data.views import decoder_of

@@ -14,7 +14,8 @@ from typing import NamedTuple
 import torch
 
 from evalkit.backbones.base import POOLS, build_transform
-from evalkit.cache.features import FeatureRequest, FeatureSet
+from evalkit.cache.feature_set import FeatureSet
+from evalkit.cache.settings import FeatureRequest
 from evalkit.core.task import LAYERS, Stage, Task, extraction_stage, one_of, resolve_pool, setting
 from evalkit.data.feeding import loader_options, loader_workers
 from evalkit.data.resolve import open_dataset

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from evalkit.cache.features import FeatureRequest, FeatureSet
+from evalkit.cache.feature_set import FeatureSet
+from evalkit.cache.settings import FeatureRequest
 from evalkit.core.task import BYTES, NON_NEGATIVE, POSITIVE, Stage, Task, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.train import train

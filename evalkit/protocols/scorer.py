@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.cache.features import FeatureRequest
+from evalkit.cache.settings import FeatureRequest
 from evalkit.core.task import resolve_pool
 from evalkit.data.resolve import open_dataset
 from evalkit.heads.linear import fit_logistic
