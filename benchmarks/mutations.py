@@ -279,14 +279,14 @@ FAULTS = (
     # kills it): a fault here that survives names the test still missing.
     Fault(
         "compare averages every seed",
-        "evalkit/core/results.py",
+        "evalkit/core/gate.py",
         "kept[key] = shared or ran_base | ran_new",
         "kept[key] = ran_base | ran_new",
         (f"{GATE}::test_seed_sets_that_differ_are_compared_on_the_seeds_both_ran",),
     ),
     Fault(
         "labels name a default setting",
-        "evalkit/core/results.py",
+        "evalkit/core/labels.py",
         "defaults is None or _text(own.get(k)) != defaults.get(k)",
         "defaults is None or True",
         (f"{IDENTITY}::test_a_setups_default_run_has_one_label_whatever_its_siblings",),

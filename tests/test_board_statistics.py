@@ -791,7 +791,7 @@ def test_paired_compare_corrects_every_tested_metric_as_one_family(tmp_path):
     """Two tasks, each with six images NEW gets wrong and BASE right (McNemar's p = 2/2^6):
     Holm over the two tested metrics doubles each p past 0.05, so neither fails the gate;
     each metric corrected alone would fail both."""
-    from evalkit.core.results import compare
+    from evalkit.core.gate import compare
     from evalkit.publish.board_pairs import paired_compare
     from evalkit.publish.board_reading import folder_rows
 

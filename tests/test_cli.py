@@ -171,7 +171,7 @@ def test_table_and_compare(cli_env, capsys):
 
 @given(base=st.floats(-1e6, 1e6), share=st.floats(0, 100), delta=st.floats(-1e6, 1e6))
 def test_a_relative_tolerance_is_a_share_of_the_baseline(base, share, delta):
-    from evalkit.core.results import Tolerances
+    from evalkit.core.gate import Tolerances
 
     rule = Tolerances(0.0, {"t:m*": f"{share}%", "t:*": 2.5})
     assert rule.allowed("t", "metric", base) == pytest.approx(abs(base) * share / 100)

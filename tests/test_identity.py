@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from evalkit.cli import main
-from evalkit.core.results import load_rows, natural_order, setup_key, setup_labels
+from evalkit.core.labels import setup_key, setup_labels
+from evalkit.core.results import load_rows
 from evalkit.core.runner import run
 from evalkit.core.spec import RunSpec
+from evalkit.core.tables import natural_order
 from evalkit.errors import EvalkitError
 from evalkit.publish.leaderboard import leaderboard
 
@@ -358,7 +360,7 @@ def test_a_setups_default_run_has_one_label_whatever_its_siblings(tmp_path, caps
     """Plain fake on the stand-in and on a folder, and fake with pool=mean on the stand-in:
     the plain runs share one label (one table row holding both cells); the other is named by
     the setting it changed."""
-    from evalkit.core.results import spec_labels
+    from evalkit.core.labels import spec_labels
 
     rows = [
         label_row("imagenet (stand-in)"),

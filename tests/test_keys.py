@@ -20,8 +20,9 @@ from evalkit.backbones import load_backbone
 from evalkit.cache.extraction import extract_features
 from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.core.catalog import TASKS, resolve_task
-from evalkit.core.results import load_rows, pivot_table
+from evalkit.core.results import load_rows
 from evalkit.core.spec import RunSpec
+from evalkit.core.tables import pivot_table
 from evalkit.core.task import Task, job_spec
 from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset

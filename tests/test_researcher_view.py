@@ -327,7 +327,7 @@ def test_a_spread_over_job_seeds_and_one_over_a_tasks_own_draws_are_told_apart(t
     """A few-shot row's ± is over its own draws in one job, a two-seed linear probe's over job
     seeds: each cell says which, the table's legend names both, and the leaderboard's seeds
     column says it counts job seeds, with a note on the draws beside it."""
-    from evalkit.core.results import aggregate, format_value
+    from evalkit.core.tables import aggregate, format_value
     from evalkit.publish.rendering import SPREADS, notes, task_header
 
     def row(task, seed, value, **extra):
@@ -356,7 +356,7 @@ def test_a_spread_over_job_seeds_and_one_over_a_tasks_own_draws_are_told_apart(t
 
 
 def test_a_cell_names_its_interval_and_its_count():
-    from evalkit.core.results import format_value
+    from evalkit.core.tables import format_value
 
     one = {"mean": 24.22, "std": 2.19, "interval": "se", "n": 384, "seeds": 1}
     assert format_value(one) == "24.22 ± 2.19 (se, n=384)"
@@ -379,7 +379,7 @@ def test_the_csv_holds_numbers(three_classes, capsys):
 
 
 def test_a_stand_in_number_and_a_real_one_never_aggregate():
-    from evalkit.core.results import aggregate
+    from evalkit.core.tables import aggregate
 
     row = {
         "task": "t",

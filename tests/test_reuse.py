@@ -18,8 +18,10 @@ from safetensors.torch import save_file
 
 from evalkit.core.catalog import resolve_task
 from evalkit.core.cells import request_spec
-from evalkit.core.results import append_row, compare, load_rows, pivot_table
+from evalkit.core.gate import compare
+from evalkit.core.results import append_row, load_rows
 from evalkit.core.spec import RunSpec
+from evalkit.core.tables import pivot_table
 from evalkit.core.task import job_spec
 from evalkit.errors import EvalkitError
 from evalkit.storage.identity import spec_key, tree_identity

@@ -98,7 +98,7 @@ def test_a_job_is_its_own_inputs_whatever_seeds_share_its_command(cli_env, capsy
     )
     assert seed0["weights_id"] != alone["top1/k=1"]["weights_id"]
 
-    from evalkit.core.results import aggregate
+    from evalkit.core.tables import aggregate
 
     # seed 1 again, with seed 0's weights (as the first-seed rule wrote it): not merged
     foreign = {**alone["top1/k=1"], "weights_id": seed0["weights_id"], "value": 99.0}

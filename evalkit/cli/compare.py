@@ -94,14 +94,8 @@ def add_compare(sub) -> None:
 def cmd_compare(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.core.results import (
-        FAILING,
-        Tolerances,
-        compare,
-        github_annotations,
-        junit_xml,
-        load_rows,
-    )
+    from evalkit.core.gate import FAILING, Tolerances, compare, github_annotations, junit_xml
+    from evalkit.core.results import load_rows
 
     for path in (args.base, args.new):
         if not path.exists():
@@ -205,7 +199,7 @@ def refuse_empty_gate(records: list[dict], args):
 
 
 def judged_paired(records: list[dict], args) -> list[dict]:
-    from evalkit.core.results import on_shared_seeds
+    from evalkit.core.gate import on_shared_seeds
     from evalkit.publish.board_pairs import paired_compare
     from evalkit.publish.board_reading import folder_rows
 

@@ -55,14 +55,8 @@ def named_outputs(run_dir: Path, task: str) -> list[tuple[str, str, str, Path]]:
     """(heading, backbone, setup label, file) of each per-image file of ``task`` under
     ``run_dir``, headed as the other views name the cell (``fake [dim=64] (random init) on
     imagenet (stand-in), seed 0``); a file no row speaks for keeps its own name."""
-    from evalkit.core.results import (
-        dataset_label,
-        load_rows,
-        predictions_file,
-        rows_file,
-        run_spec,
-        spec_labels,
-    )
+    from evalkit.core.labels import dataset_label, run_spec, spec_labels
+    from evalkit.core.results import load_rows, predictions_file, rows_file
 
     slug = task.replace("/", "_")
     files = sorted((run_dir / "predictions").glob(f"{slug}--*.parquet"))

@@ -112,7 +112,7 @@ def cell_name(job, spec) -> str:
 
 
 def cell_setup(job, spec) -> str:
-    from evalkit.core.results import setup_label
+    from evalkit.core.labels import setup_label
 
     parts = [f"{k}={v}" for k, v in sorted(spec.model_args.items())]
     parts += [f"weights {Path(spec.weights).name}"] if spec.weights else []
@@ -236,7 +236,7 @@ def warn_random_init(backbone, console):
 
 
 def summary_cells(row, setup: str, *, skipped: bool) -> list[str]:
-    from evalkit.core.results import number, own_spread
+    from evalkit.core.tables import number, own_spread
 
     spread = f" ± {number(own_spread(row))}" if own_spread(row) is not None else ""
     return [

@@ -33,7 +33,8 @@ def add_table(sub) -> None:
 
 
 def cmd_table(args, console) -> int:
-    from evalkit.core.results import load_rows, pivot_table
+    from evalkit.core.results import load_rows
+    from evalkit.core.tables import pivot_table
 
     rows = load_rows(args.paths)
     if not rows:
@@ -84,7 +85,7 @@ def records_text(rows, fmt: str) -> str:
 
     import pandas as pd
 
-    from evalkit.core.results import aggregate
+    from evalkit.core.tables import aggregate
 
     records = [
         {
@@ -116,7 +117,7 @@ def legend(frame) -> str:
     column has no paper numbers beside it."""
     import re
 
-    from evalkit.core.results import INTERVALS
+    from evalkit.core.tables import INTERVALS
 
     cells = " ".join(str(v) for v in frame.values.ravel())
     shown = []
@@ -155,7 +156,8 @@ def detail_table(rows):
     random init), data (a hub dataset's resolved commit), evalkit version, device, time, run key."""
     import pandas as pd
 
-    from evalkit.core.results import dataset_label, number
+    from evalkit.core.labels import dataset_label
+    from evalkit.core.tables import number
 
     lines = [
         {

@@ -5,7 +5,9 @@ Modules: ``task`` (settings, metrics, paired tests), ``catalog`` (the built-in t
 ``suites`` (named sets of tasks), ``spec`` (what a run asks for: its RunSpec), ``cells`` (the
 unit of work, a (backbone setup, seed, task) cell: its keys, whether it is done, shares of a
 zoo, the per-job lock), ``runner`` (the one driver), ``rows`` (what a row records),
-``results`` (rows files, tables, gates), ``merge`` (rows written on several machines),
+``results`` (rows and their files), ``labels`` (which rows are one run, and its name in
+every view), ``tables`` (rows aggregated over seeds, and printed), ``gate`` (baseline against
+new rows), ``merge`` (rows written on several machines),
 ``costs`` and ``rates`` (the plan and this machine's speed), ``numerics`` (how a run's
 arithmetic is set), ``run_options`` (the options of evalkit run, and the run they ask
 for) and ``preflight`` (what a run refuses before torch is imported)."""

@@ -20,19 +20,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit.core.results import (
-    FAILED,
+from evalkit.core.labels import (
     cell_key,
     dataset_label,
-    file_rows,
     row_cell,
-    rows_files,
-    rows_text,
     run_spec,
     setup_key,
     setup_labels,
     spec_labels,
 )
+from evalkit.core.results import FAILED, file_rows, rows_files, rows_text
 from evalkit.errors import EvalkitError
 from evalkit.storage.writes import appending, replacing
 

@@ -18,19 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from evalkit.core.results import (
-    FAILED,
-    aggregate,
-    cell_key,
-    dataset_label,
-    file_rows,
-    format_value,
-    natural_order,
-    predictions_file,
-    row_cell,
-    rows_files,
-    run_spec,
-)
+from evalkit.core.labels import cell_key, dataset_label, row_cell, run_spec
+from evalkit.core.results import FAILED, file_rows, predictions_file, rows_files
+from evalkit.core.tables import aggregate, format_value, natural_order
 from evalkit.errors import EvalkitError
 
 

@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 
 from evalkit import __version__
-from evalkit.core.results import Row, dataset_label, load_rows, setup_key, setup_labels
+from evalkit.core.labels import dataset_label, setup_key, setup_labels
+from evalkit.core.results import Row, load_rows
 from evalkit.errors import EvalkitError
 from evalkit.storage.writes import replacing
 

@@ -35,7 +35,8 @@ import uuid
 from pathlib import Path
 
 from evalkit.core.catalog import TASKS
-from evalkit.core.results import Row, dataset_label
+from evalkit.core.labels import dataset_label
+from evalkit.core.results import Row
 from evalkit.errors import EvalkitError
 from evalkit.metrics import BOOTSTRAP_DRAWS
 

@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from evalkit.core.results import dataset_label, run_spec, spec_labels
+from evalkit.core.labels import dataset_label, run_spec, spec_labels
 from evalkit.errors import EvalkitError
 from evalkit.publish.board_reading import Cell, folder_rows, output_files, task_label
 from evalkit.publish.explore_calibration import calibration_page, confidence_bins_of

@@ -16,7 +16,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from evalkit.core.results import Row, dataset_label, load_rows, setup_key, setup_labels
+from evalkit.core.labels import dataset_label, setup_key, setup_labels
+from evalkit.core.results import Row, load_rows
 from evalkit.errors import EvalkitError
 from evalkit.publish import eee, mteb_results
 from evalkit.storage.writes import replacing

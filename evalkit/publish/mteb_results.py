@@ -25,7 +25,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from evalkit.core.results import Row, dataset_label
+from evalkit.core.labels import dataset_label
+from evalkit.core.results import Row
 from evalkit.publish.eee import OWN_DEVELOPER
 
 MTEB_VERSION = "2.26.24"
