@@ -554,9 +554,9 @@ FAULTS = (
     ),
     Fault(
         "the leaderboard imports a built-in task for its paired test",
-        "evalkit/publish/board_pairs.py",
-        "    if target in DECLARED:",
-        "    if target in DECLARED and not target:",
+        "evalkit/core/catalog.py",
+        "    if target in declared:",
+        "    if target in declared and not target:",
         (f"{LIGHT}::test_result_command_imports_no_model_library[leaderboard]",),
     ),
     Fault(
@@ -648,6 +648,44 @@ FAULTS = (
         "        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)",
         "        torch._C._set_deterministic_algorithms(False, warn_only=warn_only)",
         ("tests/test_feeding.py::test_run_numerics_are_set_recorded_and_restored",),
+    ),
+    Fault(
+        "mixup draws from the batch pick's stream",
+        "tasks/distillation.py",
+        'generator(ctx.seed, "mixup", step, micro)',
+        'generator(ctx.seed, "batch", step, micro)',
+        ("tests/test_architecture.py::test_each_draw_name_means_one_draw",),
+    ),
+    Fault(
+        "a nameless draw is taken",
+        "evalkit/seeds.py",
+        "if not isinstance(name, str) or not name:",
+        "if False:",
+        ("tests/test_architecture.py::test_no_draw_is_taken_without_a_name",),
+    ),
+    Fault(
+        "random weights keep the bare seed's id",
+        "evalkit/backbones/base.py",
+        'material += f":draw={draw}" if draw else ""',
+        'material += ""',
+        ("tests/test_keys.py::test_random_weights_drawn_under_named_draws_have_their_own_id",),
+    ),
+    Fault(
+        "rows do not record the seed rule",
+        "evalkit/core/task.py",
+        '        "seed_rule": SEED_RULE,\n',
+        "",
+        ("tests/test_keys.py::test_the_run_key_covers_task_backbone_data_and_seed",),
+    ),
+    Fault(
+        "errors reads every task's outputs as classification",
+        "evalkit/cli/errors.py",
+        'return declared_by(task, DECLARED, "error_tables", classification_tables)',
+        "return classification_tables",
+        (
+            "tests/test_fairness.py::test_celeba_fairness_meets_each_level_where_it_was_fitted",
+            "tests/test_model_vs_human.py::test_model_vs_human_scores_every_set_and_the_people",
+        ),
     ),
 )
 

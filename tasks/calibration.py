@@ -37,6 +37,7 @@ from evalkit.protocols.calibration import (
     reliability,
 )
 from evalkit.protocols.classification import percent
+from evalkit.protocols.error_tables import classification_tables
 from evalkit.protocols.linear_classifier import LinearClassifier
 from evalkit.protocols.paired_tests import calibration_test
 from evalkit.protocols.predictions import class_name, image_ids
@@ -60,6 +61,7 @@ class Calibration(LinearClassifier):
     version = 3  # 2: ImageNet-C stand-in, noise drawn by evalkit.seeds; 3: per-image ids, names
 
     paired_test = staticmethod(calibration_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(classification_tables)  # declared in error_tables.DECLARED too
 
     @property
     def reference(self) -> dict:

@@ -30,6 +30,7 @@ from evalkit.data.resolve import open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.heads.decoders import DEPTH_HEADS, DPTDepth, LinearDepth
 from evalkit.metrics import DEPTH_METRICS, depth_errors, eval_crop, mean_stderr
+from evalkit.protocols.error_tables import depth_tables
 from evalkit.protocols.finetuning import dense_end_to_end
 from evalkit.protocols.grids import (
     DenseSettings,
@@ -60,6 +61,7 @@ PICTURES = 4
 @dataclass(frozen=True)
 class Depth(DenseSettings):
     name: str = "waymo-depth-dpt"
+    error_tables = staticmethod(depth_tables)  # declared in error_tables.DECLARED too
     dataset: str = setting("waymo", one_of(*DEPTH))
     head: str = setting("dpt", one_of(*DEPTH_HEADS))
     # keep: the short side is image_size and the frame keeps its aspect (Waymo's 3:2)

@@ -169,7 +169,7 @@ class Student:
     def train(self, train, ctx) -> Classifier:
         task = self.task
         cfg = config(task.student, image=task.student_image, patch=task.student_patch)
-        seed_global(ctx.seed)
+        seed_global(ctx.seed, "student-weights")
         model = Classifier(build(cfg, seed=ctx.seed), len(self.teacher.classes))
         schedule = declared_schedule(task, ctx.seed, checkpoint_every=10**9)
         # Mixing rolls the whole batch by one: each rank also loads the item before its share,
@@ -179,7 +179,7 @@ class Student:
 
         def batch(step: int, micro: int):
             images, pairs = views(step, micro)
-            mixed, lam = self.mix(images, (ctx.seed, step, micro))
+            mixed, lam = self.mix(images, generator(ctx.seed, "mixup", step, micro))
             return self.to_student(mixed)[lead:], self.targets(mixed, pairs, lam)[lead:]
 
         fit(
@@ -192,11 +192,12 @@ class Student:
         )
         return model
 
-    def mix(self, images: torch.Tensor, key: tuple) -> tuple[torch.Tensor, float]:
-        """Mixup with the batch rolled by one (consistent mode): a ~ Beta(1, 1) = U(0, 1)."""
+    def mix(self, images: torch.Tensor, draw: torch.Generator) -> tuple[torch.Tensor, float]:
+        """Mixup with the batch rolled by one (consistent mode): a ~ Beta(1, 1) = U(0, 1), from
+        ``draw``, a stream of its own (not the batch pick's)."""
         if not (self.task.mixup and self.task.mode == "consistent"):
             return images, 1.0
-        a = torch.rand((), generator=generator(*key)).item()
+        a = torch.rand((), generator=draw).item()
         lam = max(a, 1 - a)
         return lam * images + (1 - lam) * images.roll(1, 0), lam
 

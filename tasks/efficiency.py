@@ -86,7 +86,9 @@ class EfficiencyAblation(Task):
         schedule = declared_schedule(self, ctx.seed)
 
         def batch(step: int, micro: int):
-            pick = torch.randint(0, len(y), (self.batch_size,), generator=generator(ctx.seed, step))
+            pick = torch.randint(
+                0, len(y), (self.batch_size,), generator=generator(ctx.seed, "batch", step)
+            )
             return x[pick], y[pick]
 
         names = list(VARIANTS[self.switch])
@@ -140,7 +142,7 @@ class EfficiencyAblation(Task):
         return config(self.size, image=self.image, patch=self.patch, **VARIANTS[self.switch][name])
 
     def model(self, name: str, classes: int, seed: int) -> torch.nn.Module:
-        seed_global(seed)
+        seed_global(seed, "model-weights")
         return Classifier(build(self.model_config(name), seed=seed), classes)
 
     def utilisation(self, name: str, images_per_s: float, ctx) -> dict:

@@ -43,6 +43,7 @@ from evalkit.heads.debias import fit_rto
 from evalkit.heads.fairness import expected_accuracy, fit_parity, parity_gap
 from evalkit.heads.linear import fit_logistic
 from evalkit.protocols.classification import ProbeData, stratified_holdout
+from evalkit.protocols.error_tables import fairness_tables
 from evalkit.protocols.linear_classifier import FrozenLinearClassifier
 
 LEVELS = Rule(
@@ -60,6 +61,7 @@ def subgroups(group: str) -> dict[int, str]:
 @dataclass(frozen=True)
 class Fairness(FrozenLinearClassifier):
     name: str = "celeba-fairness-smiling"
+    error_tables = staticmethod(fairness_tables)  # declared in error_tables.DECLARED too
     dataset: str = "celeba"
     attribute: str = "Smiling"  # the target attribute
     group: str = "Male"

@@ -21,6 +21,7 @@ from evalkit.core.task import BYTES, POSITIVE, Metric, Stage, setting
 from evalkit.errors import EvalkitError
 from evalkit.heads.linear import ridge_fewshot_hits
 from evalkit.protocols.classification import SCORED_SETS, FrozenClassification
+from evalkit.protocols.error_tables import few_shot_tables
 from evalkit.protocols.paired_tests import few_shot_test
 from evalkit.protocols.predictions import class_name, image_ids
 from evalkit.seeds import derived_seed, generator
@@ -39,6 +40,7 @@ class FewShot(FrozenClassification):
     version = 3
 
     paired_test = staticmethod(few_shot_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(few_shot_tables)  # declared in error_tables.DECLARED too
 
     def metrics(self) -> list[str]:
         return ["top1"]
@@ -107,7 +109,7 @@ def shot_seeds(seed: int, draws: int) -> list[int]:
 
 def kshot_indices(labels: torch.Tensor, shots: int, *, seed: int) -> torch.Tensor:
     """The first ``shots`` of a seeded permutation of each class (fewer if a class is small)."""
-    gen = generator(seed)
+    gen = generator(seed, "shot-pick")
     picks = []
     for cls in labels.unique():
         idx = torch.nonzero(labels == cls).squeeze(1)

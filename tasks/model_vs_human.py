@@ -37,6 +37,7 @@ from evalkit.data.model_vs_human import (
 from evalkit.data.resolve import data_kind, dataset_root, open_dataset
 from evalkit.errors import EvalkitError
 from evalkit.protocols.classification import predict
+from evalkit.protocols.error_tables import human_alignment_tables
 from evalkit.protocols.human_alignment import (
     AGAINST_PEOPLE,
     category_classes,
@@ -89,6 +90,7 @@ class ModelVsHuman(LinearClassifier):
         return names + [f"ood_accuracy/{s}" for s in self.sets]  # people's: where trials are
 
     paired_test = staticmethod(human_alignment_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(human_alignment_tables)  # declared in error_tables.DECLARED too
 
     def datasets(self) -> tuple[str, ...]:
         return (STIMULI,) if self.classifier == "own" else (self.dataset, STIMULI)

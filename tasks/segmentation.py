@@ -33,6 +33,7 @@ from evalkit.data.dense_layouts import ADE_CLASSES, IGNORE, SlidingWindows, scal
 from evalkit.data.resolve import open_dataset
 from evalkit.heads.decoders import SEGMENTATION_HEADS, LinearSegmentation, UperNetSegmentation
 from evalkit.metrics import confusion_matrix, miou_bootstrap_stderr, segmentation_scores
+from evalkit.protocols.error_tables import segmentation_tables
 from evalkit.protocols.finetuning import FinetuneSettings, dense_end_to_end, finetune_extra
 from evalkit.protocols.grids import (
     DenseSettings,
@@ -82,6 +83,7 @@ class Segmentation(FinetuneSettings, DenseSettings):
     trains_in_loop = True
 
     paired_test = staticmethod(segmentation_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(segmentation_tables)  # declared in error_tables.DECLARED too
 
     @property
     def reference(self) -> dict:

@@ -159,12 +159,14 @@ def train_run(task, size: str, data: tuple, qk_norm: bool, lr: float, ctx) -> di
     x, y, classes = data
     cfg = task.model_config(size, qk_norm)
     vit = build(cfg, seed=ctx.seed)
-    model = seeded_build(lambda: Classifier(vit, classes), ctx.seed)
+    model = seeded_build(lambda: Classifier(vit, classes), ctx.seed, "model-weights")
     stats = AttentionStats(model.vit)
     schedule = declared_schedule(task, ctx.seed, lr=lr)
 
     def batch(step: int, micro: int):
-        pick = torch.randint(0, len(y), (task.batch_size,), generator=generator(ctx.seed, step))
+        pick = torch.randint(
+            0, len(y), (task.batch_size,), generator=generator(ctx.seed, "batch", step)
+        )
         return x[pick], y[pick]
 
     log, diverged = [], None

@@ -42,6 +42,7 @@ from evalkit.heads.linear import Standardizer
 from evalkit.heads.temporal import HEADS, HeadConfig, build_head
 from evalkit.heads.train import ShardedOrder, ShardReader, train
 from evalkit.metrics import accuracy_stderr, reported_ks
+from evalkit.protocols.error_tables import classification_tables
 from evalkit.protocols.paired_tests import classification_test
 from evalkit.protocols.predictions import save_classifications
 from evalkit.schedule import declared_schedule
@@ -78,6 +79,7 @@ class VideoClassification(Task):
     version = 4  # 4: epoch order drawn by evalkit.seeds; 3: an undecodable view drops its clip
 
     paired_test = staticmethod(classification_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(classification_tables)  # declared in error_tables.DECLARED too
 
     @property
     def reference(self) -> dict:
@@ -189,7 +191,9 @@ class VideoClassification(Task):
         resident = len(feats) * self.frames * dim * 4 <= self.resident_gb * 2**30
         clips = ShardReader(feats, 2 * order.window, resident=resident)
         cfg = HeadConfig(self.head, self.width, self.depth)
-        model = seeded_build(lambda: build_head(cfg, dim, classes, self.frames), ctx.seed)
+        model = seeded_build(
+            lambda: build_head(cfg, dim, classes, self.frames), ctx.seed, "head-weights"
+        )
         model = model.to(device)
 
         def step_loss(batch: torch.Tensor) -> torch.Tensor:

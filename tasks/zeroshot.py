@@ -70,6 +70,7 @@ from evalkit.heads.zeroshot import (
     templates,
 )
 from evalkit.metrics import accuracy_stderr, reported_ks
+from evalkit.protocols.error_tables import classification_tables
 from evalkit.protocols.paired_tests import classification_test
 from evalkit.protocols.predictions import save_classifications
 from evalkit.schedule import declared_schedule
@@ -113,6 +114,7 @@ class ZeroShot(Task):
     version = 2  # 2: prompts follow the tower; ImageNet val scored over all its classes
 
     paired_test = staticmethod(classification_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(classification_tables)  # declared in error_tables.DECLARED too
 
     def config(self) -> dict:
         """The settings, and the content of the files they name: a templates file or a saved
@@ -343,7 +345,9 @@ class Lit(ZeroShot):
         dim = feats.take([0]).shape[-1]
         resident = len(feats) * dim * 4 <= self.resident_gb * 2**30
         images = ShardReader(feats, 2 * order.window, resident=resident)
-        model = seeded_build(lambda: LitModel(self.tower_config(backbone, request, dim)), ctx.seed)
+        model = seeded_build(
+            lambda: LitModel(self.tower_config(backbone, request, dim)), ctx.seed, "tower-weights"
+        )
         model = model.to(ctx.device)
         words, steps = tokenizer(self.context), iter(range(self.steps))
 

@@ -6,6 +6,7 @@ import-linter cannot express (torch.distributed, the evalkit.tasks mapping, file
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -97,7 +98,10 @@ def test_seeds_make_one_job_each(cli_env):
         out="s",
         overrides=["seeds=1"],
     )
-    assert [r["seed"] for r in rows] == [0, 1] and rows[0]["value"] != rows[1]["value"]
+    # each seed draws its own weights and its own shots (a one-shot probe on a random backbone
+    # may score chance under both, so the values alone cannot tell)
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert rows[0]["weights_id"] != rows[1]["weights_id"] and rows[0]["seeds"] != rows[1]["seeds"]
 
 
 def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
@@ -563,9 +567,9 @@ def test_derived_seeds_are_stable_named_and_match_the_files_they_made():
     built-in family's initial values and prepared ImageNet-C files keep the seeds they had."""
     from evalkit.seeds import derived_seed, generator
 
-    assert derived_seed(7) == 7 and torch.equal(
-        torch.rand(3, generator=generator(7)),
-        torch.rand(3, generator=torch.Generator().manual_seed(7)),
+    assert torch.equal(
+        torch.rand(3, generator=generator(7, "x")),
+        torch.rand(3, generator=torch.Generator().manual_seed(derived_seed(7, "x"))),
     )
     assert derived_seed(0, "epoch", 1) != derived_seed(0, "epoch", 2) != derived_seed(1, "epoch", 1)
     # the formulas the built-in family's parameters and ImageNet-C's images used before the rule
@@ -588,3 +592,113 @@ def test_every_protocol_names_the_modules_that_implement_it():
         paths = re.findall(r"`((?:evalkit|tasks)/[\w/]+\.py)`", first)
         missing += [p for p in paths if not (ROOT / p).exists()]
     assert not unnamed and not missing, (unnamed, missing)
+
+
+SEED_CALLS = {"derived_seed": 1, "generator": 1, "numpy_generator": 1, "seed_global": 1}
+SEED_CALLS |= {"seeded": 1, "seeded_build": 2}  # the position of the draw's name
+
+
+# Every draw's name and the modules taking it. A name in several modules is the same kind of
+# draw in jobs that never meet (a head's weights in a dense, video or fine-tuning job; a
+# training batch in the ladder, the stability or the efficiency ablation): a name added, or
+# taken by one more module, is added here on purpose. A variable name is listed as written.
+DRAWS = {
+    "<WEIGHTS_DRAW>": {"backbones/fake", "backbones/open_clip_backbone", "backbones/timm_backbone"},
+    "<corruption>": {"data/prepare/imagenet_c"},
+    "<name>": {"data/corruptions", "models/vit22b"},
+    "augment": {"training/loop"},
+    "batch": {"training/loop", "tasks/efficiency", "tasks/stability"},
+    "captions": {"tasks/zeroshot"},
+    "epoch": {"heads/train"},
+    "head-batches": {"heads/train"},
+    "head-dropout": {"heads/train"},
+    "head-weights": {"protocols/finetuning", "protocols/grids", "tasks/video"},
+    "holdout": {"protocols/classification"},
+    "mixup": {"tasks/distillation"},
+    "model-weights": {"training/pretrain", "tasks/efficiency", "tasks/stability"},
+    "shot-pick": {"tasks/fewshot"},
+    "shots": {"tasks/fewshot"},
+    "student-weights": {"tasks/distillation"},
+    "tower-weights": {"tasks/zeroshot"},
+}
+
+
+def draw_names() -> dict[str, set[str]]:
+    """Each name the code gives a draw (a literal, or ``<expression>``) → its modules."""
+    found = {}
+    for path in python_files("evalkit", "tasks"):
+        if path.name == "seeds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            at = SEED_CALLS.get(node.func.id if isinstance(node.func, ast.Name) else func)
+            if at is not None and len(node.args) > at:
+                name = node.args[at]
+                key = name.value if isinstance(name, ast.Constant) else f"<{ast.unparse(name)}>"
+                module = str(path.relative_to(ROOT).with_suffix("")).removeprefix("evalkit/")
+                found.setdefault(key, set()).add(module)
+    return found
+
+
+def test_each_draw_name_means_one_draw():
+    """The census of draw names: two draws of one job under one name would be one stream (a
+    batch pick and its mixup coefficient were), so a name is taken by a new module only on
+    purpose, here."""
+    assert draw_names() == DRAWS
+
+
+def test_no_draw_is_taken_without_a_name():
+    """Every call of the seed rule names its draw (a string, or a constant holding one), in
+    the package, the tasks and the benchmarks; and the rule itself refuses a nameless draw, so
+    one added later fails where it runs too."""
+    from evalkit.seeds import derived_seed, generator, seeded
+
+    nameless = []
+    for path in python_files("evalkit", "tasks", "benchmarks"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            func = node.func.id if isinstance(node.func, ast.Name) else func
+            at = SEED_CALLS.get(func)
+            if at is None or path.name == "seeds.py" and func == "derived_seed":
+                continue
+            named = len(node.args) > at and isinstance(node.args[at], ast.Constant | ast.Name)
+            if not named or isinstance(node.args[at], ast.Constant) and not node.args[at].value:
+                nameless.append(f"{path.relative_to(ROOT)}:{node.lineno} {func}")
+    assert not nameless, nameless
+    for call in (lambda: derived_seed(3), lambda: generator(3, ""), lambda: seeded(3, None)):
+        with (
+            pytest.raises(
+                TypeError, match="a draw needs a name|required positional argument: .name."
+            ),
+            contextlib.ExitStack() as stack,
+        ):
+            made = call()
+            if hasattr(made, "__enter__"):
+                stack.enter_context(made)
+
+
+def test_draws_with_distinct_names_are_independent_streams():
+    """Two names under one seed give streams that look independent: no shared values, and
+    correlations, as across different seeds, within what chance gives 200,000 draws (5 standard
+    errors). A head's initial weights and its batch order came from one stream before draws
+    were named."""
+    from evalkit.seeds import generator
+
+    n = 200_000
+    streams = {
+        name: torch.rand(n, generator=generator(0, name), dtype=torch.float64)
+        for name in ("head-weights", "head-batches", "head-dropout", "mixup", "batch")
+    }
+    names = sorted(streams)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            x, y = streams[a], streams[b]
+            assert not torch.isin(x[:1000], y).any(), (a, b)
+            r = torch.corrcoef(torch.stack([x, y]))[0, 1].item()
+            assert abs(r) < 5 / n**0.5, (a, b, r)
+            lagged = torch.corrcoef(torch.stack([x[1:], y[:-1]]))[0, 1].item()
+            assert abs(lagged) < 5 / n**0.5, (a, b, lagged)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from evalkit.errors import EvalkitError
+from evalkit.seeds import generator
 
 
 def student(kind="distilled", **settings):
@@ -35,13 +36,13 @@ def test_distillation_loss_by_hand():
 
 def test_mixup_keeps_the_larger_share_and_mixes_labels_alike():
     images = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 3, 2, 2)
-    mixed, lam = student().mix(images, (0, 7, 0))
+    mixed, lam = student().mix(images, generator(0, "mixup", 7, 0))
     assert 0.5 <= lam <= 1
     assert torch.allclose(mixed, lam * images + (1 - lam) * images.roll(1, 0))
     pairs = torch.tensor([[0, 0], [1, 1], [0, 2], [1, 3]])
     labels = student("label_only").targets(mixed, pairs, lam)[:, :2]
     assert torch.allclose(labels[1], torch.tensor([1 - lam, lam]))
-    unmixed, one = student(mode="cached").mix(images, (0, 7, 0))
+    unmixed, one = student(mode="cached").mix(images, generator(0, "mixup", 7, 0))
     assert one == 1.0 and torch.equal(unmixed, images)
 
 

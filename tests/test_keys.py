@@ -126,7 +126,8 @@ def test_the_run_key_covers_task_backbone_data_and_seed(cli_env):
     ctx = RunSpec(**BASE).context(0)
     spec = job_spec(Nothing(), load_backbone("fake").info, ctx)
     assert set(spec) == {
-        *("task", "version", "config", "backbone", "cache_dtype", "decoder", "data", "seed")
+        *("task", "version", "config", "backbone", "cache_dtype", "decoder", "data", "seed"),
+        "seed_rule",
     }
     assert set(spec["backbone"]) == {
         "name",
@@ -305,3 +306,16 @@ def test_a_warm_cache_is_verified_once(fake, data_cache, tmp_path, monkeypatch):
     victim.write_bytes(victim.read_bytes()[:-9])  # touched since: checked again, recomputed
     extract_features(fake, dataset, request=FeatureRequest(), settings=settings, split="val")
     assert checked == [victim]
+
+
+def test_random_weights_drawn_under_named_draws_have_their_own_id(cli_env):
+    """A random backbone's weights now come from the draw named ``backbone-weights``: their id
+    differs from the one weights drawn from the bare seed had (seed rule 1), so features cached
+    from those are never read for these; the built-in family's draws were always named and its
+    ids stay as they were."""
+    from evalkit.backbones.base import WEIGHTS_DRAW, random_init_id
+
+    info = load_backbone("fake").info
+    assert info.weights_id == random_init_id("fake:[]", 0, draw=WEIGHTS_DRAW)
+    assert info.weights_id != random_init_id("fake:[]", 0)
+    assert random_init_id("x", 0, {"depth": 2}, "d") != random_init_id("x", 0, {"depth": 2})

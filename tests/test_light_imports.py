@@ -97,3 +97,17 @@ def test_every_built_in_task_declares_the_paired_test_the_results_read():
         declared = entry.load().paired_test
         declared = default_paired_test if declared is Task.paired_test else declared
         assert declared is DECLARED[target], f"{target} declares {declared.__qualname__}"
+
+
+def test_every_built_in_task_declares_the_error_tables_evalkit_errors_reads():
+    """``evalkit errors`` reads a built-in task's tables from ``error_tables.DECLARED`` by the
+    class the catalog names, without importing it: every class there declares that very
+    function, and a class keeping no per-image outputs declares none."""
+    from evalkit.core.catalog import TASKS
+    from evalkit.protocols.error_tables import DECLARED
+
+    targets = {entry.target: entry for entry in TASKS.entries() if entry.summary != "(plugin)"}
+    assert set(DECLARED) <= set(targets)
+    for target, entry in targets.items():
+        declared = getattr(entry.load(), "error_tables", None)
+        assert declared is DECLARED.get(target), f"{target} declares {declared}"

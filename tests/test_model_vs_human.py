@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from evalkit.cli.errors import error_tables
+from evalkit.cli.errors import declared_tables
 from evalkit.errors import EvalkitError
 from evalkit.metrics import accuracy_difference, error_consistency, shape_bias
 
@@ -247,7 +247,9 @@ def test_model_vs_human_scores_every_set_and_the_people(ctx, tmp_path):
     assert rows["shape_fraction"].value == pytest.approx(
         (conflict["decision"] == conflict["category"]).sum() / len(cue)
     )
-    tables = dict(error_tables(saved, 3))  # evalkit errors reads these outputs too
+    tables = dict(
+        declared_tables("model-vs-human")(saved, 3)
+    )  # evalkit errors reads these outputs too
     wrong = saved[~saved["correct"]]
     top = tables["most confused categories"].iloc[0]
     assert top["images"] == wrong.groupby(["category", "decision"]).size().max()

@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 
 from evalkit.cli import main
-from evalkit.cli.errors import error_tables
 from evalkit.core.runner import resolve_task
 from evalkit.data.shifted import LabelSpace, check_names_file
 from evalkit.errors import EvalkitError
+from evalkit.protocols.error_tables import classification_tables
 from evalkit.protocols.predictions import save_classifications
 
 WNIDS = ("n01440764", "n01443537", "n01484850")  # tench, goldfish, great white shark
@@ -124,7 +124,7 @@ def test_saved_predictions_of_an_objectnet_style_space_name_both_sides():
     assert rows["correct"] == [True, False]
     import pandas as pd
 
-    _, mistakes = error_tables(pd.DataFrame(rows), top=5)
+    _, mistakes = classification_tables(pd.DataFrame(rows), top=5)
     assert mistakes[1].iloc[0][["label_name", "predicted"]].tolist() == ["jay", "tench"]
 
 

@@ -197,8 +197,15 @@ def count_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def random_init_id(name: str, seed: int, options: dict | None = None) -> str:
+WEIGHTS_DRAW = "backbone-weights"  # the draw a random-init adapter's weights come from
+
+
+def random_init_id(name: str, seed: int, options: dict | None = None, draw: str = "") -> str:
     """The id of seeded random weights; constructor options change the weights, so they are
-    part of it (an option-free id is the same as it always was)."""
+    part of it, and so is the name of the draw they come from (``evalkit.seeds``): weights
+    drawn under the rule before draws were named have another id, so their cached features
+    are never read for these. Option-free, draw-free ids (the built-in family's, whose draws
+    were always named by parameter) are the same as they always were."""
     material = f"{name}:{seed}" + (f":{sorted(options.items())}" if options else "")
+    material += f":draw={draw}" if draw else ""
     return "random-init:" + hashlib.sha256(material.encode()).hexdigest()[:16]

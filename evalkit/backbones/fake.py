@@ -13,6 +13,7 @@ import time
 import torch
 
 from evalkit.backbones.base import (
+    WEIGHTS_DRAW,
     BackboneInfo,
     Features,
     Preprocess,
@@ -30,7 +31,7 @@ from evalkit.seeds import generator
 class FakeNet(torch.nn.Module):
     def __init__(self, dim: int = 32, depth: int = 3, patch: int = 8, seed: int = 0):
         super().__init__()
-        gen = generator(seed)
+        gen = generator(seed, WEIGHTS_DRAW)
         self.patch = patch
         self.embed = torch.nn.Parameter(torch.randn(3 * patch * patch, dim, generator=gen) / patch)
         self.layers = torch.nn.ParameterList(
@@ -62,7 +63,9 @@ class FakeBackbone:
         self.model = FakeNet(seed=opts.seed, **kwargs).to(opts.device).requires_grad_(False)
         self.info = BackboneInfo(
             name="fake",
-            weights_id=random_init_id(f"fake:{sorted(kwargs.items())}", opts.seed),
+            weights_id=random_init_id(
+                f"fake:{sorted(kwargs.items())}", opts.seed, draw=WEIGHTS_DRAW
+            ),
             embed_dim=self.model.embed.shape[1],
             patch_size=self.model.patch,
             depth=len(self.model.layers),

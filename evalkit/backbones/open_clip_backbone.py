@@ -14,6 +14,7 @@ import functools
 import torch
 
 from evalkit.backbones.base import (
+    WEIGHTS_DRAW,
     BackboneInfo,
     Features,
     Preprocess,
@@ -125,7 +126,7 @@ def build(variant: str, opts: BackboneOptions) -> OpenClipBackbone:
 def _create(open_clip, variant: str, opts: BackboneOptions):
     arch, _, tag = variant.partition(":")
     with torch.random.fork_rng():
-        seed_global(opts.seed)
+        seed_global(opts.seed, WEIGHTS_DRAW)
         with rejected_options(f"open_clip/{arch}", opts.model_kwargs):
             model = open_clip.create_model(arch, pretrained=None, **opts.model_kwargs)
     if opts.pretrained:
@@ -135,7 +136,9 @@ def _create(open_clip, variant: str, opts: BackboneOptions):
             f"open_clip/{variant} names hub weights: add --pretrained (or drop :{tag})"
         )
     if opts.weights is None:
-        return model, random_init_id(f"open_clip/{variant}", opts.seed, opts.model_kwargs)
+        return model, random_init_id(
+            f"open_clip/{variant}", opts.seed, opts.model_kwargs, WEIGHTS_DRAW
+        )
     load_strict(model, read_state_dict(opts.weights), source=opts.weights)
     return model, checkpoints.weights_id(opts.weights)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from evalkit.backbones.base import (
+    WEIGHTS_DRAW,
     BackboneInfo,
     Features,
     Preprocess,
@@ -136,11 +137,11 @@ def _create(timm, variant: str, opts: BackboneOptions):
     if opts.pretrained:
         return _from_hub(timm, variant, kwargs, opts.revision)
     with torch.random.fork_rng():
-        seed_global(opts.seed)
+        seed_global(opts.seed, WEIGHTS_DRAW)
         with rejected_options(f"timm/{variant}", opts.model_kwargs):
             model = timm.create_model(variant, pretrained=False, **kwargs)
     if opts.weights is None:
-        return model, random_init_id(f"timm/{variant}", opts.seed, opts.model_kwargs)
+        return model, random_init_id(f"timm/{variant}", opts.seed, opts.model_kwargs, WEIGHTS_DRAW)
     head = model.pretrained_cfg.get("classifier") or "head"
     heads = (head,) if isinstance(head, str) else tuple(head)
     # a model built with a head must get the checkpoint's head, never keep a random one

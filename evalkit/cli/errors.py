@@ -1,5 +1,6 @@
-"""``evalkit errors``: the eval items a setup got wrong, from its per-image outputs, as tables
-per family (classification, few-shot, fairness, model-vs-human, depth)."""
+"""``evalkit errors``: the eval items a setup got wrong, from its per-image outputs, as the
+tables its task declares (``evalkit.protocols.error_tables``): classification, few-shot,
+fairness, model-vs-human, segmentation, depth."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def cmd_errors(args, console) -> int:
         outputs = [o for o in outputs if args.backbone in (o[1], o[2])]
     if not outputs:
         raise EvalkitError(no_outputs_message(args, named_outputs(args.run_dir, args.task)))
+    tables_of = declared_tables(args.task)
     for heading, _, _, path in outputs:
         frame = pd.read_parquet(path)
-        tables = [(title, rows) for title, rows in error_tables(frame, args.top) if len(rows)]
+        tables = [(title, rows) for title, rows in tables_of(frame, args.top) if len(rows)]
         if not tables:
             console.print(
                 f"{escape(heading)}: {len(frame)} images, nothing to show (no mistakes)",
@@ -93,83 +95,10 @@ def no_outputs_message(args, every: list) -> str:
     )
 
 
-def error_tables(frame, top: int):
-    """(title, DataFrame) pairs of what a task got most wrong, by what its per-image outputs
-    hold: dense tasks their images of lowest mIoU or highest depth error; model-vs-human its
-    confused categories and weakest sets; few-shot the images most seeds missed; fairness the
-    subgroups and images of lowest expected accuracy; classification (probes, kNN, zero-shot,
-    video, calibration) its confused classes and most confident mistakes."""
-    from evalkit.metrics import DEPTH_METRICS
+def declared_tables(task: str):
+    """The tables ``task`` declares for its per-image outputs, read without importing a
+    built-in task; a task declaring none gets the classification tables."""
+    from evalkit.core.catalog import declared_by
+    from evalkit.protocols.error_tables import DECLARED, classification_tables
 
-    if "miou" in frame:
-        return [
-            ("images of lowest mIoU", frame.nsmallest(top, "miou")[["image", "miou", "pixel_acc"]])
-        ]
-    if depth := [m for m in DEPTH_METRICS if m in frame]:
-        return [(f"images of highest {depth[0]}", frame.nlargest(top, depth[0])[["image", *depth]])]
-    if {"category", "decision"} <= set(frame.columns):
-        return human_alignment_tables(frame, top)
-    if "correct_share" in frame:
-        return few_shot_tables(frame, top)
-    if {"group", "score", "accuracy"} <= set(frame.columns):
-        return fairness_tables(frame, top)
-    return classification_tables(frame, top)
-
-
-def human_alignment_tables(frame, top: int):
-    wrong = frame[~frame["correct"]]
-    pairs = wrong.groupby(["category", "decision"]).size().rename("images")
-    sets = frame.groupby("set")["correct"].mean().rename("accuracy").nsmallest(top).reset_index()
-    return [
-        ("most confused categories", pairs.nlargest(top).reset_index()),
-        ("sets of lowest accuracy", sets),
-    ]
-
-
-def few_shot_tables(frame, top: int):
-    label = "label_name" if "label_name" in frame else "label"  # older files: class numbers
-    missed = frame.nsmallest(top, "correct_share")[["image", label, "correct_share"]]
-    classes = frame.groupby(label)["correct_share"].mean().nsmallest(top).reset_index()
-    return [("images most draws got wrong", missed), ("classes of lowest share right", classes)]
-
-
-def fairness_tables(frame, top: int):
-    groups = frame.groupby(["group", "target"])["accuracy"].mean().rename("expected accuracy")
-    worst = frame.nsmallest(top, "accuracy")[["image", "group", "target", "score", "accuracy"]]
-    return [
-        ("subgroups of lowest expected accuracy", groups.nsmallest(top).reset_index()),
-        ("images of lowest expected accuracy", worst),
-    ]
-
-
-def classification_tables(frame, top: int):
-    label_names = frame["label_name"] if "label_name" in frame else frame["label"].astype(str)
-    if "prediction_name" in frame:  # predictions and labels named in the space scored
-        predicted = frame["prediction_name"]
-    else:  # files without names (calibration; files written before they had names)
-        names = dict(zip(frame["label"], label_names, strict=False))
-        predicted = [names.get(p, str(p)) for p in frame["prediction"]]
-    frame = frame.assign(label_name=list(label_names), predicted=list(predicted))
-    wrong = frame[~frame["correct"]]
-    pairs = (
-        wrong.groupby(["label_name", "predicted"])
-        .size()
-        .rename("images")
-        .nlargest(top)
-        .reset_index()
-    )
-    columns = ["image", "label_name", "predicted"]
-    if "top5_probabilities" in frame:
-        wrong = wrong.assign(probability=[p[0] for p in wrong["top5_probabilities"]])
-        kind = frame["score_kind"].iloc[0] if len(frame) else "probability"
-        title, score = f"most confident mistakes (probability: {kind})", "probability"
-    elif "confidence" in frame:
-        title, score = "most confident mistakes (softmax confidence)", "confidence"
-    else:  # files written before predictions carried probabilities: the task's raw score
-        wrong = wrong.assign(top_score=[s[0] for s in wrong["top5_scores"]])
-        title = "highest-scored mistakes (top_score: the task's raw score, not a probability)"
-        score = "top_score"
-    return [
-        ("most confused classes", pairs),
-        (title, wrong.nlargest(top, score)[[*columns, score]]),
-    ]
+    return declared_by(task, DECLARED, "error_tables", classification_tables)

@@ -36,6 +36,23 @@ def task_settings(name: str) -> tuple[str, list[str]]:
     return base.strip(), pairs
 
 
+def declared_by(task: str | None, declared: dict, attribute: str, default):
+    """What ``task`` declares as ``attribute`` (its paired test, its error tables): for a
+    built-in task read from ``declared`` (catalog class → value) without importing the task
+    and torch, for any other built and asked; ``default`` for a task not known here."""
+    try:
+        target = TASKS.get(task_settings(task)[0]).target if task else None
+    except EvalkitError:
+        target = None
+    if target in declared:
+        return declared[target]
+    try:
+        built = resolve_task(task) if task else None
+    except EvalkitError:
+        built = None
+    return default if built is None else getattr(built, attribute, default)
+
+
 def alias_note(name: str) -> str | None:
     """A note when ``name`` is an alias, naming the real task."""
     entry = TASKS.get(task_settings(name)[0])

@@ -21,6 +21,7 @@ from evalkit.core.results import load_rows, rows_file
 from evalkit.core.spec import RunSpec
 from evalkit.core.task import Task, TaskContext, rows_complete
 from evalkit.errors import EvalkitError, warn
+from evalkit.seeds import SEED_RULE
 from evalkit.storage.identity import library_versions, spec_key
 from evalkit.storage.writes import locked_file
 
@@ -267,6 +268,7 @@ def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> 
         "libraries": library_versions(row_name(backbone)),
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
+        "seed_rule": SEED_RULE,
     }
 
 

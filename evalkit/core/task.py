@@ -26,6 +26,7 @@ from evalkit.data import DataConfig
 from evalkit.data.resolve import data_identity
 from evalkit.data.views import decoder_of
 from evalkit.errors import EvalkitError, did_you_mean
+from evalkit.seeds import SEED_RULE
 from evalkit.significance import PerImageTest, default_paired_test
 from evalkit.storage.writes import replacing
 
@@ -322,6 +323,7 @@ def job_spec(task: Task, info, ctx: TaskContext) -> dict:
         "decoder": ctx.data.decoder,
         "data": {name: ctx.data_identity(name) for name in task.datasets()},
         "seed": ctx.seed,
+        "seed_rule": SEED_RULE,
     }
 
 

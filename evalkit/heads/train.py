@@ -27,7 +27,7 @@ from evalkit.tracking import curve
 
 def batch_order(n: int, cfg: Schedule) -> list[torch.Tensor]:
     """Index batches for every step: reshuffled each epoch from the job's seed."""
-    draws = generator(cfg.seed)
+    draws = generator(cfg.seed, "head-batches")
     batches, pool = [], torch.empty(0, dtype=torch.long)
     while len(batches) < cfg.steps:
         if len(pool) < cfg.batch_size:
@@ -70,7 +70,7 @@ def train(
     ``order(step)`` gives each step's indices (default: ``batch_order`` over ``n`` rows).
     Returns the loss of every step; what the steps draw (dropout) comes from the seed alone."""
     refuse_unhonoured(cfg)
-    with seeded(cfg.seed):
+    with seeded(cfg.seed, "head-dropout"):
         module.train()
         optimizer = torch.optim.AdamW(
             module.parameters(), lr=cfg.lr, betas=(0.9, cfg.b2), weight_decay=cfg.weight_decay

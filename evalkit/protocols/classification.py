@@ -26,6 +26,7 @@ from evalkit.heads import linear
 from evalkit.heads.linear import Standardizer, hits
 from evalkit.heads.logistic import FeatureRows
 from evalkit.progress import ProgressBar
+from evalkit.protocols.error_tables import classification_tables
 from evalkit.protocols.paired_tests import classification_test
 from evalkit.seeds import generator
 
@@ -65,6 +66,7 @@ class FrozenClassification(Task):
     layers: tuple[int, ...] = setting((-1,), LAYERS)
 
     paired_test = staticmethod(classification_test)  # declared in paired_tests.DECLARED too
+    error_tables = staticmethod(classification_tables)  # declared in error_tables.DECLARED too
 
     def split_features(self, backbone, ctx):
         """Cached features of the train and eval splits, with the backbone's eval transform,
@@ -270,7 +272,7 @@ def holdout_count(n: int, fraction: float) -> int:
 def stratified_holdout(labels: torch.Tensor, fraction: float, *, seed: int):
     """Seeded split of indices: ``fraction`` of each class (at least one, if the class has
     two or more examples) held out."""
-    gen = generator(seed)
+    gen = generator(seed, "holdout")
     fit, held = [], []
     for cls in labels.unique():
         idx = torch.nonzero(labels == cls).squeeze(1)

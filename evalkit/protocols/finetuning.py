@@ -129,7 +129,7 @@ def end_to_end(
         ctx.stats["data"][name] = ctx.data_identity(name)
     tower = backbone if frozen else trainable_copy(backbone)
     dims = probe_dims(tower, task, layers=layers, pool=pool, dense=dense)
-    head = seeded_build(lambda: head_factory(dims), ctx.seed)
+    head = seeded_build(lambda: head_factory(dims), ctx.seed, "head-weights")
     model = EndToEnd(tower, head, layers=layers, pool=pool, dense=dense, frozen=frozen)
     model = model.to(ctx.device)
     out = None if frozen else checkpoint_dir(task, backbone, ctx)

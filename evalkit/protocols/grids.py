@@ -100,7 +100,7 @@ class DenseSettings(Task):
     def new_head(self, feats: CachedGrids, ctx) -> torch.nn.Module:
         """This task's head for these grids, initialised from the seed alone."""
         dims = [g.shape[1] for g in feats.take([0])]
-        return seeded_build(lambda: self.build_head(dims), ctx.seed).to(ctx.device)
+        return seeded_build(lambda: self.build_head(dims), ctx.seed, "head-weights").to(ctx.device)
 
     def head_schedule(self, seed: int) -> Schedule:
         """The head's schedule, for the head trainer and for the backbone-in-the-loop mode

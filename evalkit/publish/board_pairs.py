@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evalkit.errors import EvalkitError
 from evalkit.power import difference_text, mde, sight
 from evalkit.protocols.paired_tests import DECLARED
 from evalkit.publish.board_reading import Board, Cell, board_task, members, per_image
@@ -275,23 +274,10 @@ def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, di
 def declared_test(task: str | None, metric: str, columns: set[str]):
     """The paired test ``task`` declares for ``metric`` on outputs with ``columns``; for a
     task not known here, the default one (a per-image column of the metric's name). A built-in
-    task's is read from ``paired_tests.DECLARED`` without importing the task (and torch); any
-    other is built and asked."""
-    from evalkit.core.catalog import TASKS, resolve_task, task_settings
+    task's is read from ``paired_tests.DECLARED`` without importing the task (and torch)."""
+    from evalkit.core.catalog import declared_by
 
-    try:
-        target = TASKS.get(task_settings(task)[0]).target if task else None
-    except EvalkitError:
-        target = None
-    if target in DECLARED:
-        return DECLARED[target](metric, columns)
-    try:
-        declared = resolve_task(task) if task else None
-    except EvalkitError:
-        declared = None
-    if declared is None:
-        return default_paired_test(metric, columns)
-    return declared.paired_test(metric, columns)
+    return declared_by(task, DECLARED, "paired_test", default_paired_test)(metric, columns)
 
 
 def not_numbers(*sides: np.ndarray) -> str | None:

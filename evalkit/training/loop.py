@@ -119,12 +119,14 @@ def sampled_batches(
                 f"batch size {batch_size} must be a multiple of the {layout.dp_size} "
                 "data-parallel ranks"
             )
-        pick = torch.randint(0, len(dataset), (batch_size,), generator=generator(seed, step, micro))
+        pick = torch.randint(
+            0, len(dataset), (batch_size,), generator=generator(seed, "batch", step, micro)
+        )
         share = batch_size // layout.dp_size
         items = []
         start = layout.dp_rank * share
         for position in (p % batch_size for p in range(start - lead, start + share)):
-            seed_global(seed, step, micro, position)
+            seed_global(seed, "augment", step, micro, position)
             items.append(dataset[int(pick[position])])
         if collate is not None:
             return collate(items)

@@ -26,7 +26,7 @@ from evalkit.data.resolve import data_identity, open_dataset
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.models.vit22b import SIZES, ViT, build, config
 from evalkit.schedule import Schedule
-from evalkit.seeds import seed_global
+from evalkit.seeds import SEED_RULE, seed_global
 from evalkit.storage.checkpoints import save_checkpoint
 from evalkit.storage.identity import library_versions, read_json, spec_key, write_json
 from evalkit.training.loop import fit, full_state, sampled_batches
@@ -109,7 +109,7 @@ def _train_size(size: str, dataset, name: str, spec: PretrainSpec, data: DataCon
     if done is not None:  # trained before: keep its provenance (and its training time)
         return done
     cfg = config(size, image=spec.image, patch=spec.patch)
-    seed_global(schedule.seed)
+    seed_global(schedule.seed, "model-weights")
     model = Classifier(build(cfg, seed=schedule.seed), len(dataset.classes)).to(spec.device)
     model = shard(model, fsdp=spec.fsdp)
     multilabel = name == "jft"
@@ -198,6 +198,7 @@ def size_spec(size: str, dataset: str, spec: PretrainSpec, data: DataConfig) -> 
         "dataset": dataset,
         "data": data_identity(dataset, data),
         "libraries": library_versions(),
+        "seed_rule": SEED_RULE,
     }
 
 
