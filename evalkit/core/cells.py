@@ -222,21 +222,26 @@ def request_key_of(spec: RunSpec, cell: tuple[str, int, str], identities: dict) 
         return None
 
 
-def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> bool:
-    """Whether a cell's rows are on disk under its request's key, every metric there (known
-    before its backbone is built); ``read`` keeps each rows file's rows once read."""
-    name, seed, task_name = cell
-    path = rows_file(spec.out, task_name)
+def cell_rows(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> list:
+    """The newest row of each metric of ``cell`` on disk under its request's key (known before
+    its backbone is built); none where its data cannot be read here. ``read`` keeps each rows
+    file's rows once read."""
+    path = rows_file(spec.out, cell[2])
     if not path.exists():
-        return False
-    task = resolve_task(task_name, spec.overrides)
+        return []
     key = request_key_of(spec, cell, identities)
     if key is None:
-        return False  # its data cannot be read here: the cell runs and says why
+        return []  # its data cannot be read here: the cell runs and says why
     if path not in read:
         read[path] = load_rows([path])
-    rows = [r for r in read[path] if r.get("request_key") == key]
-    return rows_complete(task.metrics(), rows)
+    return list({r["metric"]: r for r in read[path] if r.get("request_key") == key}.values())
+
+
+def finished(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read: dict) -> bool:
+    """Whether every metric of ``cell`` has its row on disk under the cell's request key: what
+    ``--shard``, ``evalkit sweep`` and ``evalkit reproduce`` skip."""
+    task = resolve_task(cell[2], spec.overrides)
+    return rows_complete(task.metrics(), cell_rows(spec, cell, identities, read))
 
 
 def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:

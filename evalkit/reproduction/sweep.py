@@ -201,42 +201,38 @@ def job_task(plan: Sweep, job: Job, spec=None):
 
 
 def finished(plan: Sweep, job: Job, read: dict | None = None) -> bool:
-    """Rows of every metric of ``job`` are already under the plan's output folder."""
-    from evalkit.core.task import rows_complete
+    """Rows of every metric of ``job`` are already under the plan's output folder: the cell's
+    own rule (``cells.finished``), on the ``RunSpec`` of the job's run line."""
+    from evalkit.core.cells import finished as cell_finished
 
-    expected = job_task(plan, job).metrics()
-    return rows_complete(expected, job_rows(plan, job, read))
+    read = {} if read is None else read
+    return cell_finished(
+        job_run_spec(plan, job), job_cell(job), read.setdefault("identities", {}), read
+    )
 
 
 def job_rows(plan: Sweep, job: Job, read: dict | None = None) -> list[dict]:
-    """The newest row of each metric of ``job`` under the plan's output folder: rows whose
-    request key is the one the job's run would give them (task and settings, backbone and
-    options, weights content, dtypes, libraries, data files, seed). ``read`` keeps each rows
-    file read, and each dataset walked, once."""
-    from evalkit.core.results import load_rows, rows_file
+    """The newest row of each metric of ``job`` under the plan's output folder whose request
+    key is the one the job's run would give them (``cells.cell_rows``). ``read`` keeps each
+    rows file read, and each dataset walked, once."""
+    from evalkit.core.cells import cell_rows
 
-    task = job_task(plan, job)
-    path = rows_file(plan.out, task.name)
-    if not path.exists():
-        return []
     read = {} if read is None else read
-    if path not in read:
-        read[path] = load_rows([path])
-    key = request_key(plan, job, read.setdefault("identities", {}), task)
-    newest = {r["metric"]: r for r in read[path] if r.get("request_key") == key}
-    return list(newest.values())
+    return cell_rows(
+        job_run_spec(plan, job), job_cell(job), read.setdefault("identities", {}), read
+    )
 
 
-def request_key(plan: Sweep, job: Job, identities: dict, task=None) -> str:
-    """The key ``evalkit run`` gives the rows of ``job`` (``cells.request_spec``); ``task``
-    is the job's task when the caller has resolved it already."""
-    from evalkit.core.cells import request_spec
-    from evalkit.storage.identity import spec_key
+def request_key(plan: Sweep, job: Job, identities: dict) -> str | None:
+    """The key ``evalkit run`` gives the rows of ``job`` (``cells.request_key_of``)."""
+    from evalkit.core.cells import request_key_of
 
-    spec = job_run_spec(plan, job)
-    task = task or job_task(plan, job, spec)
-    ctx = spec.context(job.seed, identities)
-    return spec_key(request_spec(spec, task, job.backbone, ctx), length=16)
+    return request_key_of(job_run_spec(plan, job), job_cell(job), identities)
+
+
+def job_cell(job: Job) -> tuple[str, int, str]:
+    """The (backbone, seed, task) cell ``job`` runs, as the runner names it."""
+    return (job.backbone, job.seed, job.task)
 
 
 def job_run_spec(plan: Sweep, job: Job):
