@@ -5,7 +5,6 @@ checkpoints, text towers, tables and comparisons, rows files and training folder
 from __future__ import annotations
 
 import ast
-import dataclasses
 import io
 import os
 import tarfile
@@ -35,12 +34,9 @@ REUSE_SITES = {
     ("evalkit/cache/keys.py", "backbone_key"): "backbone_spec: a setup's entries (disk check)",
     ("evalkit/cache/pixels.py", "subset_key"): "the subset's indices, in feature and pixel keys",
     ("evalkit/cache/pixels.py", "pixel_store"): "data identity + view geometry/decoder + subset",
-    ("evalkit/core/runner.py", "run_task"): "job_spec (the run key)",
-    ("evalkit/core/runner.py", "_cell"): "request_spec (the sweep's skip)",
-    ("evalkit/core/cells.py", "request_key_of"): "request_spec, as _cell (done cells, shares)",
+    ("evalkit/core/task.py", "run_key"): "job_spec: rows' run key, a fine-tuned model's folder",
+    ("evalkit/core/cells.py", "request_key"): "request_spec: rows' request key (runner, sweep)",
     ("evalkit/core/cells.py", "study_record"): "a study's cell list: names shares, reuses nothing",
-    ("evalkit/reproduction/sweep.py", "request_key"): "request_spec, as the runner",
-    ("evalkit/protocols/finetuning.py", "checkpoint_dir"): "job_spec, as the runner",
     ("tasks/zeroshot.py", "tower_id"): "backbone_spec, or the tower's content + libraries",
     ("evalkit/heads/zeroshot.py", "key"): "tower_id + names + templates",
     ("evalkit/heads/zeroshot.py", "names_id"): "a record of class names, not a reuse key",
@@ -69,8 +65,11 @@ def _spec_key_calls():
 
 def test_every_reuse_site_is_enumerated():
     listed = {(file, name.split("/")[0]) for file, name in REUSE_SITES}
-    unlisted = _spec_key_calls() - listed - {("evalkit/storage/identity.py", "spec_key")}
-    assert not unlisted, f"a new reuse key: list it in REUSE_SITES with its basis: {unlisted}"
+    found = _spec_key_calls() - {("evalkit/storage/identity.py", "spec_key")}
+    assert not found - listed, (
+        f"a new reuse key: list it in REUSE_SITES with its basis: {found - listed}"
+    )
+    assert not listed - found, f"listed but no longer a reuse key: {listed - found}"
 
 
 def _context(spec: RunSpec, seed=0):
@@ -85,7 +84,8 @@ def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
     every input the run key moves with, library versions included."""
     from evalkit.protocols.finetuning import checkpoint_dir
 
-    spec = RunSpec(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
+    flat = dict(tasks="imagenet-linear", backbones="fake", data="embedded", progress=False)
+    spec = RunSpec.of(**flat)
     backbone, task, ctx = _context(spec)
     run_key = spec_key(job_spec(task, backbone.info, ctx), 16)
     assert checkpoint_dir(task, backbone, ctx).name == run_key
@@ -97,7 +97,7 @@ def test_the_sites_key_on_the_runners_spec(cli_env, monkeypatch):
         {"overrides": ("max_iter=7",)},
         {"seeds": (4,)},
     ):
-        other = dataclasses.replace(spec, **change)
+        other = RunSpec.of(**flat, **change)
         _, other_task, other_ctx = _context(other, other.seeds[0])
         assert spec_key(request_spec(other, other_task, "fake", other_ctx)) != base, change
     monkeypatch.setattr(type(task), "version", task.version + 1)

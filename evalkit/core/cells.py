@@ -217,7 +217,7 @@ def request_key_of(spec: RunSpec, cell: tuple[str, int, str], identities: dict) 
     name, seed, task_name = cell
     task = resolve_task(task_name, spec.overrides)
     try:
-        return spec_key(request_spec(spec, task, name, spec.context(seed, identities)), length=16)
+        return request_key(spec, task, name, spec.context(seed, identities))
     except EvalkitError:
         return None
 
@@ -252,6 +252,12 @@ def _no_backbone(tasks: list[Task]) -> tuple[str, ...]:
             f"{needing[0]} needs a backbone: pass --backbone, e.g. timm/vit_tiny_patch16_224"
         )
     return ("none",)
+
+
+def request_key(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> str:
+    """The key of ``request_spec``: what a cell's rows carry as ``request_key``, the one place
+    it is made."""
+    return spec_key(request_spec(spec, task, backbone, ctx), length=16)
 
 
 def request_spec(spec: RunSpec, task: Task, backbone: str, ctx: TaskContext) -> dict:

@@ -31,7 +31,7 @@ from evalkit import distributed, tracking
 from evalkit.backbones import check_backbone_model, load_backbone
 from evalkit.batching import job_limits
 from evalkit.core.catalog import resolve_task
-from evalkit.core.cells import _no_backbone, job_lock, request_spec
+from evalkit.core.cells import _no_backbone, job_lock, request_key
 from evalkit.core.costs import auto_batch_size, unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
 from evalkit.core.results import (
@@ -46,12 +46,12 @@ from evalkit.core.results import (
 )
 from evalkit.core.rows import make_row, provenance
 from evalkit.core.spec import RunSpec
-from evalkit.core.task import Task, TaskContext, job_spec, rows_complete
+from evalkit.core.task import Task, TaskContext, rows_complete, run_key
 from evalkit.data.check import find_data
 from evalkit.data.resolve import is_stand_in
 from evalkit.device import keep_freed_buffers
 from evalkit.errors import EvalkitError, warn
-from evalkit.storage.identity import cache_root, read_json, spec_key
+from evalkit.storage.identity import cache_root, read_json
 from evalkit.storage.shards import DAMAGED
 from evalkit.storage.writes import appending, writable
 from evalkit.tracking import LogTarget
@@ -148,7 +148,7 @@ def _guarded(spec: RunSpec, task: Task, name: str, seeded, identities) -> JobRes
 def _cell(spec: RunSpec, task: Task, name: str, seeded, identities) -> JobResult:
     seed, backbone, batch = seeded
     ctx = spec.context(seed, identities, batch)
-    ctx.request_key = spec_key(request_spec(spec, task, name, ctx), length=16)
+    ctx.request_key = request_key(spec, task, name, ctx)
     with tracked_job(spec, task, backbone.info, ctx) as log:
         rows, skipped = run_task(
             task,
@@ -295,7 +295,7 @@ def run_task(
     when their run key — the whole ``job_spec`` — matches (and, with ``predictions``, when
     the per-image Parquet file is there too). Identical jobs started at once on one ``--out``
     run one after the other: the later finds the earlier's rows and skips."""
-    key = spec_key(job_spec(task, backbone.info, ctx), length=16)
+    key = run_key(task, backbone.info, ctx)
     with job_lock(out_dir, key):
         return _run_task(
             task,

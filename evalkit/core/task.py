@@ -28,6 +28,7 @@ from evalkit.data.views import decoder_of
 from evalkit.errors import EvalkitError, did_you_mean
 from evalkit.seeds import SEED_RULE
 from evalkit.significance import PerImageTest, default_paired_test
+from evalkit.storage.identity import spec_key
 from evalkit.storage.writes import replacing
 
 
@@ -325,6 +326,12 @@ def job_spec(task: Task, info, ctx: TaskContext) -> dict:
         "seed": ctx.seed,
         "seed_rule": SEED_RULE,
     }
+
+
+def run_key(task: Task, info, ctx: TaskContext) -> str:
+    """The key of ``job_spec``: a job's rows' ``run_key`` and the name of what it keeps (a
+    fine-tuned model), made here only."""
+    return spec_key(job_spec(task, info, ctx), length=16)
 
 
 def rows_complete(expected: list[str], rows: list[dict]) -> bool:

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import torch
 
-from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, job_spec, setting
+from evalkit.core.task import NON_NEGATIVE, POSITIVE, SHARE, Stage, run_key, setting
 from evalkit.errors import EvalkitError
 from evalkit.schedule import Schedule, declared_schedule
-from evalkit.storage.identity import spec_key
 from evalkit.training.finetune import (
     EndToEnd,
     backbone_module,
@@ -184,7 +183,7 @@ def checkpoint_dir(task, backbone, ctx) -> Path | None:
     so a checkpoint is resumed only by the job that wrote it."""
     if ctx.extract.writable_cache is None:
         return None
-    key = spec_key(job_spec(task, backbone.info, ctx), 16)
+    key = run_key(task, backbone.info, ctx)
     return Path(ctx.extract.writable_cache) / "finetune" / key
 
 
