@@ -36,10 +36,18 @@ def stand_in_root(cli_env) -> Path:
 
 
 def flip_counts(results: Path) -> dict[str, int]:
-    """Right → wrong and wrong → right from the two per-image files, A the better on the
-    board (its rows' top-1; the second file on a tie, as the site's stable order keeps it)."""
-    frames = [pd.read_parquet(p) for p in sorted((results / "predictions").glob("*.parquet"))]
-    a, b = (frame.set_index("image")["correct"] for frame in frames)
+    """Right → wrong and wrong → right from the two per-image files, A plain ``fake`` (the
+    setup without options), B ``fake [dim=16]``: each file found by its rows' run key, not by
+    its name's place in a listing (the key is a hash)."""
+    import json
+
+    rows = [json.loads(line) for line in (results / "imagenet-knn.jsonl").open()]
+    keys = {r["run_key"]: bool(r.get("backbone_options")) for r in rows}
+    files = sorted(
+        (results / "predictions").glob("*.parquet"),
+        key=lambda p: keys[p.stem.rpartition("--")[2]],
+    )
+    a, b = (pd.read_parquet(p).set_index("image")["correct"] for p in files)
     b = b.loc[a.index]
     return {"right-to-wrong": int((a & ~b).sum()), "wrong-to-right": int((~a & b).sum())}
 

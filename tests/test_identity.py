@@ -360,20 +360,20 @@ def test_a_setups_default_run_has_one_label_whatever_its_siblings(tmp_path, caps
     """Plain fake on the stand-in and on a folder, and fake with pool=mean on the stand-in:
     the plain runs share one label (one table row holding both cells); the other is named by
     the setting it changed."""
-    from evalkit.core.labels import spec_labels
+    from evalkit.core.labels import repeat_labels
 
     rows = [
         label_row("imagenet (stand-in)"),
         label_row("folder:/data/own"),
         label_row("imagenet (stand-in)", pool="mean"),
     ]
-    labels = sorted(spec_labels(rows).values())
+    labels = sorted(repeat_labels(rows).values())
     assert labels == [PLAIN, PLAIN, "fake [pool=mean] (random init)"]
-    alone = spec_labels(rows[:2])  # without the sibling: the same labels
+    alone = repeat_labels(rows[:2])  # without the sibling: the same labels
     assert sorted(alone.values()) == [PLAIN, PLAIN]
     old = {**rows[0], "config": {**rows[0]["config"], "old_setting": True}}  # since removed
     old["config_hash"] = "an-older-one"
-    labels = list(spec_labels([old, rows[0]]).values())
+    labels = list(repeat_labels([old, rows[0]]).values())
     assert len(set(labels)) == 2 and not any("old_setting" in label for label in labels)
     (tmp_path / "imagenet-knn.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["table", str(tmp_path)]) == 0
@@ -389,8 +389,8 @@ def test_errors_heads_each_block_by_its_setup_and_takes_the_printed_label(dims_z
     assert main(["errors", "R", "--task", "imagenet-knn", "--top", "1"]) == 0
     heads = [x for x in capsys.readouterr().out.splitlines() if x.startswith("fake")]
     assert heads == [
-        "fake [dim=128] (random init) on imagenet (stand-in), seed 0: 384 images",
         "fake [dim=64] (random init) on imagenet (stand-in), seed 0: 384 images",
+        "fake [dim=128] (random init) on imagenet (stand-in), seed 0: 384 images",
     ]
     picked = ["errors", "R", "--task", "imagenet-knn", "--backbone", "fake [dim=64] (random init)"]
     assert main(picked) == 0

@@ -57,13 +57,13 @@ def named_outputs(run_dir: Path, task: str) -> list[tuple[str, str, str, Path]]:
     """(heading, backbone, setup label, file) of each per-image file of ``task`` under
     ``run_dir``, headed as the other views name the cell (``fake [dim=64] (random init) on
     imagenet (stand-in), seed 0``); a file no row speaks for keeps its own name."""
-    from evalkit.core.labels import dataset_label, run_spec, spec_labels
+    from evalkit.core.labels import dataset_label, repeat_key, repeat_labels
     from evalkit.core.results import load_rows, predictions_file, rows_file
 
     slug = task.replace("/", "_")
     files = sorted((run_dir / "predictions").glob(f"{slug}--*.parquet"))
     every = load_rows([run_dir]) if rows_file(run_dir, task).is_file() else []
-    labels = spec_labels(every)  # chosen over the whole folder, as the table chooses them
+    labels = repeat_labels(every)  # chosen over the whole folder, as the table chooses them
     by_name = {
         predictions_file(
             run_dir, row["task"], row["backbone"], row.get("seed", 0), row.get("run_key")
@@ -76,10 +76,13 @@ def named_outputs(run_dir: Path, task: str) -> list[tuple[str, str, str, Path]]:
         if row is None:
             found.append((path.name, "", "", path))
             continue
-        label = labels[run_spec(row)]
+        label = labels[repeat_key(row)]
         heading = f"{label} on {dataset_label(row)}, seed {row.get('seed', 0)}"
         found.append((heading, row["backbone"], label, path))
-    return found
+    from evalkit.core.tables import natural_order
+
+    # by heading, numbers read as numbers: the file names' run keys would order them by hash
+    return sorted(found, key=lambda item: natural_order(item[0]))
 
 
 def no_outputs_message(args, every: list) -> str:

@@ -1,5 +1,5 @@
 """The regression gate (``evalkit compare``, docs/regression.md): baseline and new rows matched by
-run spec on the seeds both ran, each metric's change against its tolerance, and the verdicts as
+repeat key (the run, seeds apart) on the seeds both ran, each metric's change against its tolerance, and the verdicts as
 text, a JUnit report and GitHub Actions annotations.
 """
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from evalkit.core.labels import run_spec, spec_labels
+from evalkit.core.labels import repeat_key, repeat_labels
 from evalkit.core.results import Row
 from evalkit.core.tables import aggregate
 from evalkit.errors import EvalkitError
@@ -68,7 +68,7 @@ def compare(
     if not isinstance(tolerance, Tolerances):
         tolerance = Tolerances(tolerance)
 
-    labels = spec_labels([*base, *new])  # one naming for both sides: what differs shows
+    labels = repeat_labels([*base, *new])  # one naming for both sides: what differs shows
     base, new, seeds = on_shared_seeds(base, new)
 
     def index(rows):
@@ -106,14 +106,14 @@ def compare(
 
 
 def on_shared_seeds(base: list[Row], new: list[Row]) -> tuple[list[Row], list[Row], dict]:
-    """Both sides' rows cut, per (run spec, metric), to the seeds both ran, and what each
+    """Both sides' rows cut, per (repeat key, metric), to the seeds both ran, and what each
     comparison is made on: ``"0, 1"`` where the seed sets agree, ``"base seeds 0, 1; new seed
     0: compared on seed 0"`` where they differ. Sides with no seed in common keep all their
     rows (their means are compared) and say so."""
     found: dict[tuple, list[set]] = defaultdict(lambda: [set(), set()])
     for side, rows in enumerate((base, new)):
         for row in rows:
-            found[(run_spec(row), row["metric"])][side].add(row.get("seed", 0))
+            found[(repeat_key(row), row["metric"])][side].add(row.get("seed", 0))
     kept: dict[tuple, set] = {}
     said = {}
     for key, (ran_base, ran_new) in found.items():
@@ -122,7 +122,7 @@ def on_shared_seeds(base: list[Row], new: list[Row]) -> tuple[list[Row], list[Ro
         said[key] = _seeds_said(ran_base, ran_new, shared)
 
     def cut(rows):
-        return [r for r in rows if r.get("seed", 0) in kept[(run_spec(r), r["metric"])]]
+        return [r for r in rows if r.get("seed", 0) in kept[(repeat_key(r), r["metric"])]]
 
     return cut(base), cut(new), said
 

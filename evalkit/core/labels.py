@@ -1,5 +1,5 @@
-"""Which rows are repeats of one run and what every view calls it. Rows are grouped by run spec —
-task, backbone, weights id, backbone options, settings and data — and two specs of one backbone
+"""Which rows are repeats of one run and what every view calls it. Rows are grouped by repeat key —
+task, backbone, weights id, backbone options, settings and data — and two runs of one backbone
 never merge: each is labelled with what sets it apart (its weights id, the options and settings
 that differ). A cell's key matches failure and study records to the rows of the same cell.
 """
@@ -41,10 +41,10 @@ def weights_group(row: Row) -> str:
     return "random init" if row.get("random_init") else row.get("weights_id", "")
 
 
-def run_spec(row: Row) -> tuple:
+def repeat_key(row: Row) -> tuple:
     """What makes rows comparable: task, backbone, weights, backbone options, settings and the
-    data. Rows differing in anything else (seed, time, machine) are repeats of one run spec;
-    a stand-in number and a real one never aggregate."""
+    data. Rows differing in anything else (seed, time, machine) are repeats of one run, and
+    share this key; a stand-in number and a real one never aggregate."""
     backbone, weights, options = setup_key(row)
     return (row["task"], backbone, weights, options, row.get("config_hash", ""), dataset_label(row))
 
@@ -108,8 +108,8 @@ def setup_label(name: str, parts: list[str], random_init: bool) -> str:
 UNLABELLED_SETTINGS = ("dataset",)  # views show the data beside the label (column or board)
 
 
-def spec_labels(rows: list[Row]) -> dict[tuple, str]:
-    """Run spec → how views name it: its setup's label (``setup_labels``) with the task
+def repeat_labels(rows: list[Row]) -> dict[tuple, str]:
+    """Repeat key (``repeat_key``) → how views name the run: its setup's label (``setup_labels``) with the task
     settings it ran away from the task's defaults, where that setup ran the task in more than
     one way (``timm/x [pool=mean]`` beside plain ``timm/x``). Chosen per task over every data
     set at once, so a setup's default run has one label on every board, whatever runs beside
@@ -118,7 +118,7 @@ def spec_labels(rows: list[Row]) -> dict[tuple, str]:
     variants: dict[tuple, dict[tuple, Row]] = defaultdict(dict)
     for row in rows:  # the task as registered: views may rename it per data set
         task = (row.get("config") or {}).get("name") or row["task"]
-        variants[(task, setup_key(row))][run_spec(row)] = row
+        variants[(task, setup_key(row))][repeat_key(row)] = row
     labels = {}
     for (task, setup), specs in variants.items():
         parts, random_init = setups[setup]

@@ -23,11 +23,11 @@ from pathlib import Path
 from evalkit.core.labels import (
     cell_key,
     dataset_label,
+    repeat_key,
+    repeat_labels,
     row_cell,
-    run_spec,
     setup_key,
     setup_labels,
-    spec_labels,
 )
 from evalkit.core.results import FAILED, file_rows, rows_files, rows_text
 from evalkit.errors import EvalkitError
@@ -92,7 +92,7 @@ def _check_rows(pairs: list[tuple[dict, Path]]):
     task, settings, data and seed measured two ways."""
     by_id: dict[tuple, tuple[dict, Path]] = {}
     by_measure: dict[tuple, tuple[dict, Path]] = {}
-    labels = spec_labels([row for row, _ in pairs])  # named as every view names the setup
+    labels = repeat_labels([row for row, _ in pairs])  # named as every view names the setup
     for row, file in pairs:
         first = by_id.setdefault(_row_id(row), (row, file))
         if not _same_value(first[0]["value"], row["value"]):
@@ -107,7 +107,7 @@ def _check_rows(pairs: list[tuple[dict, Path]]):
         for what in ("task_version", "data_id"):
             if other.get(what) != row.get(what):
                 raise EvalkitError(
-                    f"{row['task']} {row['metric']} of {labels[run_spec(row)]} (seed "
+                    f"{row['task']} {row['metric']} of {labels[repeat_key(row)]} (seed "
                     f"{row.get('seed', 0)}) was measured with another {what} in "
                     f"{by_measure[measure][1]} than in {file}: they cannot share a table; "
                     "rerun one of them"

@@ -1,4 +1,4 @@
-"""Paper-style tables from rows: one record per run spec and metric, aggregated over seeds as
+"""Paper-style tables from rows: one record per repeat key (a run, seeds apart) and metric, aggregated over seeds as
 mean ± std, or, for a single row that carries its own spread (few-shot's draws), value ± its own
 std (or ± its standard error over the test items); how a value and its interval are printed, and
 the pivot table ``evalkit table`` prints.
@@ -12,17 +12,17 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from evalkit.core.labels import run_spec, spec_labels
+from evalkit.core.labels import repeat_key, repeat_labels
 from evalkit.core.results import Row
 
 
 def aggregate(rows: list[Row], labels: dict[tuple, str] | None = None) -> list[dict[str, Any]]:
-    """One record per run spec and metric: mean and spread over seeds; ``labels`` names the
-    specs when they were chosen over more rows than these (``spec_labels``)."""
-    labels = labels or spec_labels(rows)
+    """One record per repeat key and metric: mean and spread over seeds; ``labels`` names the
+    specs when they were chosen over more rows than these (``repeat_labels``)."""
+    labels = labels or repeat_labels(rows)
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for row in rows:
-        groups[(run_spec(row), row["metric"])].append(row)
+        groups[(repeat_key(row), row["metric"])].append(row)
     out = []
     for (spec, metric), members in groups.items():
         for part_spec, part in _one_weights_per_seed(spec, members):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evalkit.core.labels import cell_key, dataset_label, row_cell, run_spec
+from evalkit.core.labels import cell_key, dataset_label, repeat_key, row_cell
 from evalkit.core.results import FAILED, file_rows, predictions_file, rows_files
 from evalkit.core.tables import aggregate, format_value, natural_order
 from evalkit.errors import EvalkitError
@@ -144,9 +144,9 @@ def _short_hash(value) -> str:
 
 
 def members(rows: list[dict], spec: tuple, metric: str) -> list[dict]:
-    """The rows of one aggregated record: its run spec (task, backbone, weights, options,
+    """The rows of one aggregated record: its repeat key (task, backbone, weights, options,
     settings, data) and metric, every seed."""
-    return [r for r in rows if r["metric"] == metric and run_spec(r) == spec[:6]]
+    return [r for r in rows if r["metric"] == metric and repeat_key(r) == spec[:6]]
 
 
 def task_label(task: str, data: str) -> str:

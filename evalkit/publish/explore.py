@@ -9,7 +9,7 @@ images"): classification-type heads (linear probe, kNN, few-shot, zero-shot, LiT
 model-vs-human (also each cue-conflict stimulus's shape or texture decision) and the dense
 tasks, segmentation and depth, whose files keep a score per image and no right or wrong (each
 setup's worst images on the board's headline metric). Setups are named by the labels every view
-prints (``spec_labels``). Long lists are paged (``PAGE`` images a page) and the filters are
+prints (``repeat_labels``). Long lists are paged (``PAGE`` images a page) and the filters are
 pre-rendered pages, so a page of a 50,000-image set costs what a page of 384 does.
 
 This module finds the boards and their setups and writes the site, a board at a time, and its
@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from evalkit.core.labels import dataset_label, run_spec, spec_labels
+from evalkit.core.labels import dataset_label, repeat_key, repeat_labels
 from evalkit.errors import EvalkitError
 from evalkit.publish.board_reading import Cell, folder_rows, output_files, task_label
 from evalkit.publish.explore_calibration import calibration_page, confidence_bins_of
@@ -85,7 +85,7 @@ def boards(paths, task: str | None = None) -> dict[str, list[Setup]]:
     board's headline metric (the first the task reports). Each setup shows its lowest seed's
     file, the one every setup has."""
     rows = folder_rows(paths)
-    labels = spec_labels(rows)
+    labels = repeat_labels(rows)
     headline: dict[str, str] = {}
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
@@ -93,7 +93,7 @@ def boards(paths, task: str | None = None) -> dict[str, list[Setup]]:
             continue
         board = task_label(row["task"], dataset_label(row))
         if headline.setdefault(board, row["metric"]) == row["metric"]:
-            grouped[(board, run_spec(row))].append(row)
+            grouped[(board, repeat_key(row))].append(row)
     found: dict[str, list[Setup]] = defaultdict(list)
     for (board, spec), members in grouped.items():
         setup = _setup(board, labels[spec], members)

@@ -1,4 +1,4 @@
-"""What every page of ``evalkit explore``'s site is made of: a setup (one run spec of a board
+"""What every page of ``evalkit explore``'s site is made of: a setup (one run of a board
 and its per-image file), the thumbnails shared by every page, the page itself (style inline,
 nothing fetched), image cards, paging (``PAGE`` cards a page, pre-rendered, so a page of a
 50,000-image set costs what a page of 384 does) and a board's table on the index.
@@ -23,7 +23,7 @@ QUALITY = 80  # JPEG quality of the thumbnails
 
 @dataclass(eq=False)  # hashed by identity: a page set per setup
 class Setup:
-    """One run spec of a board: its label, headline value and one per-image file."""
+    """One run of a board: its label, headline value and one per-image file."""
 
     board: str
     label: str
