@@ -164,3 +164,19 @@ def test_the_main_job_baseline_is_the_gates_own_row():
         r for r in load_rows([gate]) if r["backbone"] == "timm/vit_tiny_patch16_224"
     ]
     assert {r["metric"] for r in main_job} == {"top1", "top5"}
+
+
+def test_the_readme_prints_the_main_jobs_baseline_numbers():
+    """The README says what the main job prints: the numbers of ``results/baselines/main-job``
+    (which ``.ci/package-check`` holds the installed wheel to), so a rebaseline that forgets
+    the README fails here."""
+    import re
+
+    from evalkit.core.results import load_rows
+
+    rows = {r["metric"]: r for r in load_rows([ROOT / "results" / "baselines" / "main-job"])}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = re.search(r"prints ([\d.]+) ± ([\d.]+) top-1 and ([\d.]+) ± ([\d.]+) top-5", readme)
+    assert said, "the README no longer says what the main job prints"
+    expected = [rows[m][k] for m in ("top1", "top5") for k in ("value", "stderr")]
+    assert [float(x) for x in said.groups()] == [round(v, 2) for v in expected]
