@@ -33,12 +33,12 @@ def load_backbone(spec: str, **options):
 def run(tasks, backbones, **options) -> list[dict]:
     """Run each task on each backbone; returns the result rows (also appended under ``out``).
 
-    ``tasks`` and ``backbones`` are a name or a list of names; ``options`` are the fields of
-    ``evalkit.core.spec.RunSpec`` (``seeds``, ``overrides``, ``weights``, ``model_args``, ``data``,
-    ``data_dir``, ``out``, ``device``, ``dtype``, ...), the same as the command line's options.
+    ``tasks`` and ``backbones`` are a name or a list of names; ``options`` are the flat options
+    of ``evalkit.core.spec.RunSpec.of`` (``seeds``, ``overrides``, ``weights``, ``model_args``,
+    ``data``, ``data_dir``, ``out``, ``device``, ``dtype``, ...), the same as the command line's.
     """
     from evalkit.core.runner import run as run_spec
     from evalkit.core.spec import RunSpec
 
-    spec = RunSpec(tasks=tasks, backbones=backbones, **options)
+    spec = RunSpec.of(tasks=tasks, backbones=backbones, **options)
     return [row for job in run_spec(spec) for row in job.rows]

@@ -116,7 +116,7 @@ def test_the_process_layout_is_torn_down_when_a_job_fails(cli_env, monkeypatch):
         raise EvalkitError("the job failed")
 
     monkeypatch.setattr(runner, "run_task", failing)
-    spec = RunSpec(tasks="imagenet-knn", backbones="fake", data="embedded", progress=False)
+    spec = RunSpec.of(tasks="imagenet-knn", backbones="fake", data="embedded", progress=False)
     with pytest.raises(EvalkitError, match="the job failed"):
         list(runner.run(spec))
     assert torn_down == [True]

@@ -151,7 +151,7 @@ def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, m
     )
     assert {r["provenance"]["batch_size"] for r in rows} == {64}  # half of 200 images' worth
     with pytest.raises(EvalkitError, match="--batch-size must be auto or at least 1"):
-        RunSpec(tasks="imagenet-knn", backbones="fake", batch_size="big")
+        RunSpec.of(tasks="imagenet-knn", backbones="fake", batch_size="big")
 
 
 def test_a_training_step_that_runs_out_of_memory_is_redone_in_accumulated_pieces(monkeypatch):

@@ -102,7 +102,7 @@ def test_the_disk_check_counts_only_what_is_not_cached(cli_env, monkeypatch):
     from evalkit.core.runner import run
     from evalkit.core.spec import RunSpec
 
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks=("imagenet-knn",),
         backbones=("fake",),
         data="embedded",
@@ -193,7 +193,7 @@ def test_a_view_shard_changed_in_place_under_its_stamp_is_caught_on_read(cli_env
     def knn(out: str, **options) -> dict[str, float]:
         spec = {"tasks": ("imagenet-knn",), "data": "embedded", "out": cli_env / out}
         spec |= {"cache_dir": cache, "progress": False, "pixels": "cache"} | options
-        (result,) = list(run(RunSpec(**spec)))
+        (result,) = list(run(RunSpec.of(**spec)))
         return {r["metric"]: r["value"] for r in result.rows}
 
     second = {"backbones": ("fake",), "model_args": {"dim": 16}}
@@ -246,7 +246,7 @@ def test_a_read_only_pixel_folder_is_read_and_never_written(cli_env, capsys, mon
     def knn(**options) -> dict[str, float]:
         spec = {"tasks": ("imagenet-knn",), "backbones": ("fake",), "data": "embedded"}
         spec |= {"out": cli_env / "R", "cache_dir": cache, "progress": False, "pixels": "cache"}
-        (result,) = list(run(RunSpec(**(spec | options))))
+        (result,) = list(run(RunSpec.of(**(spec | options))))
         return {r["metric"]: r["value"] for r in result.rows}
 
     knn()  # keeps the views

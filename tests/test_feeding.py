@@ -154,7 +154,7 @@ def test_a_run_without_the_fill_of_new_tensors_gives_the_same_rows(cli_env, monk
 
     def values(out: str) -> dict[str, float]:
         spec = {"tasks": (task,), "backbones": ("fake",), "data": "embedded", "out": out}
-        (result,) = list(runner.run(RunSpec(**spec, no_cache=True, progress=False)))
+        (result,) = list(runner.run(RunSpec.of(**spec, no_cache=True, progress=False)))
         return {row["metric"]: row["value"] for row in result.rows}
 
     plain = values("plain")

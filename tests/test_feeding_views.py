@@ -316,10 +316,10 @@ def test_the_decoder_reaches_the_feature_key_and_the_row(cli_env, tmp_path):
         for d in ("pil", "tensor")
     }
     assert len(keys) == 2
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks="imagenet-knn", backbones="fake", data="embedded", overrides=("decoder=pil",)
     )
-    assert spec.decoder == "pil" and spec.overrides == ()
+    assert spec.data.decoder == "pil" and spec.overrides == ()
     (result,) = run(spec)
     assert {row["decoder"] for row in result.rows} == {"pil"}
 
@@ -330,7 +330,7 @@ def test_a_bad_decoder_or_pixels_value_is_one_line(cli_env):
     with pytest.raises(EvalkitError, match="--pixels keep: expected one of auto, cache, decode"):
         RunSpec(tasks="imagenet-knn", backbones="fake", overrides=("pixels=keep",))
     with pytest.raises(EvalkitError, match="--decoder gpu: expected one of auto, pil, tensor"):
-        RunSpec(tasks="imagenet-knn", backbones="fake", decoder="gpu")
+        RunSpec.of(tasks="imagenet-knn", backbones="fake", decoder="gpu")
 
 
 def test_pixel_bytes_are_what_plan_counts():

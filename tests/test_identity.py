@@ -81,7 +81,7 @@ def test_a_leaderboard_over_two_datasets_ranks_within_each(two_setups, data_cach
     from evalkit.data.resolve import data_kind, dataset_root
 
     imagenet = dataset_root(data_kind("imagenet"), DataConfig(source="embedded", cache=data_cache))
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks=("imagenet-linear",),
         backbones=("fake",),
         data="embedded",
@@ -162,7 +162,7 @@ def test_the_check_before_work_covers_every_task_whatever_their_order(tmp_path, 
     """A folder with no train split fails a suite that ends with a zero-shot task (which reads
     val only) before any backbone is built; so do settings the data cannot serve."""
     val_only(tmp_path, ("a", "b"), monkeypatch)
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks=("zeroshot-imagenet", "imagenet-knn"),
         backbones=("fake",),
         data_dir=tmp_path / "data",
@@ -170,7 +170,7 @@ def test_the_check_before_work_covers_every_task_whatever_their_order(tmp_path, 
     )
     with pytest.raises(EvalkitError, match="imagenet/train"):
         list(run(spec))
-    too_many = RunSpec(
+    too_many = RunSpec.of(
         tasks=("imagenet-linear", "imagenet-knn[ks=100000]"),
         backbones=("fake",),
         data="embedded",
@@ -185,7 +185,7 @@ def test_the_check_before_work_reads_what_an_earlier_task_reads(tmp_path, monkey
     train and val) still has the earlier task's missing train split found before any
     backbone is built: the check reads every task's splits, not the last one's."""
     val_only(tmp_path, ("a",), monkeypatch)
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks=("imagenet-knn", "zeroshot-imagenet"),
         backbones=("fake",),
         data_dir=tmp_path / "data",
@@ -283,7 +283,7 @@ def test_rerun_replaces_a_jobs_rows(cli_env):
 def test_options_that_cannot_hold_together_are_refused_up_front(options, says):
     spec = {"tasks": ("imagenet-knn",), "backbones": ("fake",)} | options
     with pytest.raises(EvalkitError, match=says):
-        RunSpec(**spec)
+        RunSpec.of(**spec)
 
 
 def test_boards_and_columns_read_numbers_as_numbers():

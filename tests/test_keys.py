@@ -28,7 +28,7 @@ from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset
 from evalkit.storage import checkpoints, identity
 
-# Every RunSpec field either reaches the run key or is listed here with why it may not.
+# Every RunSpec option either reaches the run key or is listed here with why it may not.
 NOT_IN_KEY = {
     "out": "where rows go",
     "force": "runs what the plan says does not fit; does not change a number",
@@ -77,16 +77,16 @@ def test_every_run_option_reaches_the_key_or_says_why_not(cli_env, tmp_path):
         "decoder": {"decoder": "pil"},
         "weights": {"backbones": "vit22b/test", "weights": str(vit22b_checkpoint(tmp_path))},
     }
-    fields = {f.name for f in dataclasses.fields(RunSpec)}
-    assert fields == set(variants) | set(NOT_IN_KEY), "classify the new RunSpec field"
-    base = job_key(RunSpec(**BASE))
+    options = set(RunSpec.option_names())
+    assert options == set(variants) | set(NOT_IN_KEY), "classify the new RunSpec option"
+    base = job_key(RunSpec.of(**BASE))
     (tmp_path / "elsewhere" / "imagenet" / "train" / "a").mkdir(parents=True)
     for field, change in variants.items():
         if field == "weights":
-            plain = job_key(RunSpec(**{**BASE, "backbones": "vit22b/test"}))
-            assert job_key(RunSpec(**{**BASE, **change})) != plain, field
+            plain = job_key(RunSpec.of(**{**BASE, "backbones": "vit22b/test"}))
+            assert job_key(RunSpec.of(**{**BASE, **change})) != plain, field
         else:
-            assert job_key(RunSpec(**{**BASE, **change})) != base, field
+            assert job_key(RunSpec.of(**{**BASE, **change})) != base, field
 
 
 def vit22b_checkpoint(tmp_path):
@@ -123,7 +123,7 @@ class Nothing(Task):
 
 
 def test_the_run_key_covers_task_backbone_data_and_seed(cli_env):
-    ctx = RunSpec(**BASE).context(0)
+    ctx = RunSpec.of(**BASE).context(0)
     spec = job_spec(Nothing(), load_backbone("fake").info, ctx)
     assert set(spec) == {
         *("task", "version", "config", "backbone", "cache_dtype", "decoder", "data", "seed"),

@@ -131,11 +131,11 @@ def test_the_command_line_asks_for_progress_when_output_is_redirected(monkeypatc
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal
     args = build_parser().parse_args(["run", "--task", "imagenet-linear", "--backbone", "fake"])
-    assert run_spec(args).progress is True
+    assert run_spec(args).extract.progress is True
     quiet = build_parser().parse_args(
         ["run", "--task", "imagenet-knn", "--backbone", "fake", "--quiet"]
     )
-    assert run_spec(quiet).progress is False
+    assert run_spec(quiet).extract.progress is False
 
 
 def test_plan_states_an_expected_time(capsys, data_cache):

@@ -133,7 +133,7 @@ def test_a_failed_cell_is_recorded_and_the_zoo_goes_on(cli_env, monkeypatch, cap
 
 
 def test_zero_shot_is_not_applicable_to_a_backbone_without_a_text_tower(cli_env):
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks=("imagenet-knn", "zeroshot-imagenet"), backbones=("fake",), data="embedded"
     )
     results = list(run(spec))
@@ -399,7 +399,7 @@ def test_per_image_outputs_recompute_every_familys_metric(
     cli_env, monkeypatch, task, metric, settings
 ):
     monkeypatch.setenv("EVALKIT_EMBEDDED_SCENES", "24,6")  # a small scene set: ADE20k's
-    spec = RunSpec(
+    spec = RunSpec.of(
         tasks=(task,),
         backbones=("fake",),
         data="embedded",

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from evalkit.data import DEFAULT_DECODER
 from evalkit.data.views import Normalised, eval_view, normalise
 from evalkit.errors import EvalkitError
 
@@ -120,7 +121,7 @@ def build_transform(
     *,
     train: bool = False,
     square: bool = False,
-    decoder: str = "auto",
+    decoder: str = DEFAULT_DECODER,
     normalised: bool = False,
 ):
     """How a backbone's images are prepared. Evaluation: resize the shorter side to

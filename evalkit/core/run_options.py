@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from evalkit.data import DECODERS, PIXELS
+from evalkit.data import DECODERS, PIXELS, DataOptions
 from evalkit.errors import EvalkitError
 
 
@@ -77,7 +77,9 @@ def add_jobs_arguments(run) -> None:
 def add_data_arguments(run) -> None:
     """Where data comes from and where rows and features go."""
     run.add_argument(
-        "--data", default="auto", help="auto | folder | hf | embedded (built-in stand-in data)"
+        "--data",
+        default=DataOptions.source,
+        help="auto | folder | hf | embedded (built-in stand-in data)",
     )
     run.add_argument("--data-dir", type=data_root, help="dataset root (default: $EVALKIT_DATA)")
     run.add_argument(
@@ -120,7 +122,7 @@ def add_data_arguments(run) -> None:
     run.add_argument(
         "--pixels",
         choices=PIXELS,
-        default="auto",
+        default=DataOptions.pixels,
         help="keep each split's decoded, cropped images in the cache for the next backbone of "
         "the same geometry: auto (where they take at most a quarter of the free disk), cache, "
         "decode (never); also --set pixels=…",
@@ -152,7 +154,7 @@ def add_execution_arguments(run) -> None:
     run.add_argument(
         "--decoder",
         choices=DECODERS,
-        default="auto",
+        default=DataOptions.decoder,
         help="how image files are decoded and resized: tensor (JPEGs by torchvision on uint8, "
         "within 2 levels of PIL per pixel; other files by PIL), pil, or auto (tensor where the "
         "resize is bicubic or bilinear); also --set decoder=…",
@@ -215,18 +217,16 @@ def add_log_argument(parser) -> None:
 
 
 def run_spec(args):
-    """The command line as a ``RunSpec``: argument names are its field names."""
-    from dataclasses import fields
-
+    """The command line as a ``RunSpec``: argument names are its flat option names."""
     from evalkit.backbones.options import parse_model_args
     from evalkit.core.spec import RunSpec
 
-    given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
+    given = {name: getattr(args, name) for name in RunSpec.option_names() if hasattr(args, name)}
     given["model_args"] = parse_model_args(args.model_args)
     given["seeds"] = tuple(args.seed or (0,))
     given["progress"] = not args.quiet
     given["zoo"] = False  # a zoo file's specs are made by zoo_specs
-    return RunSpec(**given)
+    return RunSpec.of(**given)
 
 
 def data_root(text: str) -> Path:

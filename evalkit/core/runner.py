@@ -51,7 +51,7 @@ from evalkit.data.check import find_data
 from evalkit.data.resolve import is_stand_in
 from evalkit.device import keep_freed_buffers
 from evalkit.errors import EvalkitError, warn
-from evalkit.storage.identity import cache_root, read_json
+from evalkit.storage.identity import read_json
 from evalkit.storage.shards import DAMAGED
 from evalkit.storage.writes import appending, writable
 from evalkit.tracking import LogTarget
@@ -220,7 +220,7 @@ def seeded_backbones(spec: RunSpec, name: str, on_backbone: Callable | None):
 
 def _batch_size(spec: RunSpec, backbone) -> int:
     """The planner's batch size for ``--batch-size auto``, else 0 (the spec's own)."""
-    if spec.batch_size != "auto":
+    if spec.extract.batch_size != "auto":
         return 0
     return auto_batch_size(backbone, spec.resolved_device, spec.resolved_dtype, spec.tp)
 
@@ -251,9 +251,9 @@ def read_only_cache(spec: RunSpec) -> RunSpec:
     """``spec`` as given when its cache is writable; when the cache folder exists but cannot
     be written (a team's cache on a read-only mount), ``spec`` reading it read-only, with one
     warning. A path that is a file, or a folder that cannot be made, is a one-line error."""
-    if spec.no_cache:
+    if spec.extract.no_cache:
         return spec
-    root = Path(spec.cache_dir or cache_root())
+    root = spec.extract.root
     if not root.is_dir() or writable(root):
         writable_folder(root, "--cache-dir")
         return spec
@@ -263,7 +263,7 @@ def read_only_cache(spec: RunSpec) -> RunSpec:
         f"the feature cache {root} is read-only: what it holds is read; what it lacks is "
         "computed in memory for this run and not kept"
     )
-    return dataclasses.replace(spec, read_only_cache=True)
+    return dataclasses.replace(spec, extract=dataclasses.replace(spec.extract, read_only=True))
 
 
 def writable_folder(path: Path, flag: str):

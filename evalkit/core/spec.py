@@ -1,25 +1,45 @@
 """The run's settings: ``RunSpec``, everything one command asks for (tasks, backbones, seeds,
-options), checked when it is made, with the defaults it leaves to the runner (device, dtype,
-cache folder) and the ``TaskContext`` it gives each job. ``RUN_SETTINGS`` are the ``--set``
-keys that name how the whole run reads images; ``MAX_SEED`` the largest seed a run takes.
+options, how data is read (``DataOptions``) and how features are extracted
+(``ExtractOptions``)), checked when it is made, with the defaults it leaves to the runner
+(device, dtype, cache folder) and the ``TaskContext`` it gives each job. ``RunSpec.of`` makes
+one from the flat options of ``evalkit.run`` and the command line; ``NESTED`` says where each
+of those that is not its own field goes. ``RUN_SETTINGS`` are the ``--set`` keys that name how
+the whole run reads images; ``MAX_SEED`` the largest seed a run takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from evalkit.backbones import BackboneOptions
-from evalkit.cache.settings import STORAGE, ExtractSettings
+from evalkit.cache.settings import STORAGE, ExtractOptions
 from evalkit.core.suites import expand
 from evalkit.core.task import TaskContext
-from evalkit.data import DECODERS, PIXELS, DataConfig
+from evalkit.data import DECODERS, PIXELS, DataConfig, DataOptions
 from evalkit.device import check_device, default_device, default_dtype
 from evalkit.errors import EvalkitError
-from evalkit.storage.identity import cache_root
 from evalkit.tracking import LogTarget
 
 RUN_SETTINGS = {"decoder": DECODERS, "pixels": PIXELS}  # also taken as --set key=value
+
+# The flat options of evalkit.run and the command line that live in a nested setting:
+# option -> (RunSpec field, name in that field's settings)
+NESTED = {
+    "data": ("data", "source"),
+    "data_dir": ("data", "root"),
+    "verify_data": ("data", "verify"),
+    "decoder": ("data", "decoder"),
+    "pixels": ("data", "pixels"),
+    "cache_dir": ("extract", "cache_dir"),
+    "no_cache": ("extract", "no_cache"),
+    "verify_cache": ("extract", "verify_cache"),
+    "batch_size": ("extract", "batch_size"),
+    "workers": ("extract", "workers"),
+    "cache_dtype": ("extract", "cache_dtype"),
+    "progress": ("extract", "progress"),
+    "read_only_cache": ("extract", "read_only"),
+}
 
 
 MAX_SEED = 2**31 - 1  # every generator seeded from it (torch, numpy, derived seeds) takes it
@@ -40,31 +60,41 @@ class RunSpec:
     pretrained: bool = False
     random_init: bool = False
     model_args: dict = field(default_factory=dict, hash=False)  # backbone constructor options
-    data: str = "auto"  # auto | folder | hf | embedded
-    data_dir: Path | None = None
-    verify_data: bool = False  # data identities re-hash files whose stamp is unchanged
+    data: DataOptions = DataOptions()
     out: Path = Path("results/runs")
     force: bool = False  # run although the plan says it does not fit
     rerun: bool = False  # recompute jobs whose rows are on disk
-    cache_dir: Path | None = None
-    no_cache: bool = False
-    verify_cache: bool = False  # re-read every cached shard the run uses, whatever its stamp
-    batch_size: int | str = 64  # or "auto": the planner's estimate for the device's free memory
-    workers: int | None = None
+    extract: ExtractOptions = ExtractOptions()
     device: str | None = None
     dtype: str | None = None
-    cache_dtype: str | None = None  # how features are stored: default bf16 for bf16 runs
-    progress: bool = True
     tp: int = 1
     fsdp: bool = False
     save_predictions: bool = False  # per-image outputs as Parquet beside the rows
-    read_only_cache: bool = False  # set by the runner when the cache cannot be written
     log: tuple[str, ...] = ()  # experiment trackers, "wandb|mlflow|tensorboard[:key=value,...]"
-    decoder: str = "auto"  # how image files are decoded: auto | pil | tensor (evalkit.data.views)
-    pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
     zoo: bool = False  # part of a comparison of backbones (set by --zoo; several --backbone)
     # the (backbone, seed, task) cells this process runs (None: all): its share (``share``)
     cells: frozenset | None = field(default=None, hash=False)
+
+    @classmethod
+    def of(cls, **options) -> RunSpec:
+        """A spec from flat options, as ``evalkit.run`` and the command line give them: each
+        of ``NESTED`` into its setting, the others as they are."""
+        nested = {"data": {}, "extract": {}}
+        own = {}
+        for name, value in options.items():
+            if name in NESTED:
+                home, key = NESTED[name]
+                nested[home][key] = value
+            else:
+                own[name] = value
+        return cls(
+            **own, data=DataOptions(**nested["data"]), extract=ExtractOptions(**nested["extract"])
+        )
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """Every flat option ``of`` takes."""
+        return [f.name for f in fields(cls) if f.name not in ("data", "extract")] + list(NESTED)
 
     def __post_init__(self):
         for name in ("tasks", "backbones", "seeds", "overrides", "log"):
@@ -84,38 +114,39 @@ class RunSpec:
 
     def _take_run_settings(self):
         """``--set decoder=…`` and ``--set pixels=…`` name how the whole run reads images, not
-        a task setting: they become the spec's own fields."""
+        a task setting: they become the spec's data options."""
         kept = []
         for pair in self.overrides:
             key, _, value = pair.partition("=")
             if key.strip() in RUN_SETTINGS:
-                object.__setattr__(self, key.strip(), value.strip())
+                object.__setattr__(self, "data", replace(self.data, **{key.strip(): value.strip()}))
             else:
                 kept.append(pair)
         object.__setattr__(self, "overrides", tuple(kept))
 
     def check(self):
         """Refuse options that would fail later with a traceback or give a wrong number."""
-        if self.batch_size != "auto" and not (
-            isinstance(self.batch_size, int) and self.batch_size >= 1
+        extract = self.extract
+        if extract.batch_size != "auto" and not (
+            isinstance(extract.batch_size, int) and extract.batch_size >= 1
         ):
-            raise EvalkitError(f"--batch-size must be auto or at least 1, got {self.batch_size}")
-        if self.workers is not None and self.workers < 0:
-            raise EvalkitError(f"--workers must be 0 or more, got {self.workers}")
+            raise EvalkitError(f"--batch-size must be auto or at least 1, got {extract.batch_size}")
+        if extract.workers is not None and extract.workers < 0:
+            raise EvalkitError(f"--workers must be 0 or more, got {extract.workers}")
         if self.tp < 1:
             raise EvalkitError(f"--tp must be at least 1, got {self.tp}")
         if self.dtype not in (None, "fp32", "bf16"):
             raise EvalkitError(f"--dtype must be fp32 or bf16, got {self.dtype!r}")
-        if self.cache_dtype not in (None, *STORAGE):
+        if extract.cache_dtype not in (None, *STORAGE):
             raise EvalkitError(
-                f"--cache-dtype must be fp32, bf16 or fp16, got {self.cache_dtype!r}"
+                f"--cache-dtype must be fp32, bf16 or fp16, got {extract.cache_dtype!r}"
             )
         if self.device is not None:
             check_device(self.device)
         for name, allowed in RUN_SETTINGS.items():
-            if getattr(self, name) not in allowed:
+            if getattr(self.data, name) not in allowed:
                 raise EvalkitError(
-                    f"--{name} {getattr(self, name)}: expected one of {', '.join(allowed)}"
+                    f"--{name} {getattr(self.data, name)}: expected one of {', '.join(allowed)}"
                 )
         for target in self.log:
             LogTarget.parse(target)
@@ -136,7 +167,7 @@ class RunSpec:
                 "--pretrained and --weights both name the weights: keep one (--weights PATH "
                 "reads a local checkpoint; --pretrained the published ones)"
             )
-        if self.data_dir is not None and self.data == "embedded":
+        if self.data.root is not None and self.data.source == "embedded":
             raise EvalkitError(
                 "--data-dir is not read with --data embedded (the stand-in is written under the "
                 "cache folder): drop one of them"
@@ -165,15 +196,7 @@ class RunSpec:
 
     def data_config(self) -> DataConfig:
         """Where the command's data is read from (embedded stand-ins under the cache folder)."""
-        root = Path(self.cache_dir or cache_root())
-        return DataConfig(
-            source=self.data,
-            root=self.data_dir,
-            cache=root,
-            verify=self.verify_data,
-            decoder=self.decoder,
-            pixels=self.pixels,
-        )
+        return DataConfig(**vars(self.data), cache=self.extract.root)
 
     def context(
         self, seed: int, identities: dict | None = None, batch_size: int = 0
@@ -181,21 +204,9 @@ class RunSpec:
         """A fresh context for one job: its own run statistics; ``identities`` (dataset
         identities) may be shared by the jobs of one run, so each dataset is walked once;
         ``batch_size`` is the resolved ``--batch-size auto``."""
-        root = Path(self.cache_dir or cache_root())
-        extract = ExtractSettings(
-            cache_dir=None if self.no_cache else root,
-            batch_size=batch_size or self.batch_size,
-            workers=self.workers,
-            device=self.resolved_device,
-            dtype=self.resolved_dtype,
-            cache_dtype=self.cache_dtype or self.resolved_dtype,
-            progress=self.progress,
-            verify_cache=self.verify_cache,
-            read_only=self.read_only_cache,
-        )
         ctx = TaskContext(
             data=self.data_config(),
-            extract=extract,
+            extract=self.extract.settings(self.resolved_device, self.resolved_dtype, batch_size),
             seed=seed,
             device=self.resolved_device,
         )

@@ -1,5 +1,6 @@
-"""The data contract: what a dataset is (``Dataset``), how a run reads data (``DataConfig``),
-and the registered kinds (``DATASETS``); ``resolve`` finds and opens them.
+"""The data contract: what a dataset is (``Dataset``), how a run reads data (``DataOptions``
+as asked for, ``DataConfig`` with its cache folder), and the registered kinds (``DATASETS``);
+``resolve`` finds and opens them.
 
 A *dataset kind* (``DataKind``) says where a dataset lives under the data root, which layout a
 user must provide, how to write its embedded stand-in, and which reader opens a split. Kinds are
@@ -31,6 +32,7 @@ from evalkit.registry import Registry
 
 SOURCES = ("auto", "folder", "hf", "embedded")
 DECODERS = ("auto", "pil", "tensor")  # how image files become evaluation views
+DEFAULT_DECODER = "auto"  # tensor where its bound of PIL holds, else pil (evalkit.data.views)
 PIXELS = ("auto", "cache", "decode")  # keep views where they fit | always | never
 
 
@@ -50,13 +52,21 @@ class Dataset(Protocol):
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataOptions:
+    """How a command asks its data to be read, before it knows its cache folder."""
+
     source: str = "auto"  # auto: class folders, or parquet files when a split holds them
     root: Path | None = None
-    cache: Path = Path(".cache/evalkit")  # embedded stand-ins are written here
     verify: bool = False  # identities re-hash every file, not trusting memos of unchanged ones
-    decoder: str = "auto"  # how image files become evaluation views: auto | pil | tensor
+    decoder: str = DEFAULT_DECODER  # how image files become evaluation views: auto | pil | tensor
     pixels: str = "auto"  # decoded views kept for the next backbone: auto | cache | decode
+
+
+@dataclass(frozen=True)
+class DataConfig(DataOptions):
+    """How a run reads data: its ``DataOptions`` and the folder embedded stand-ins go to."""
+
+    cache: Path = Path(".cache/evalkit")
 
     def __post_init__(self):
         for name, value, allowed in (

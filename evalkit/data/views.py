@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from evalkit.data import DECODERS
+from evalkit.data import DECODERS, DEFAULT_DECODER
 from evalkit.data.folder import load_rgb, pixel_limit
 from evalkit.device import threads
 from evalkit.errors import EvalkitError
@@ -59,7 +59,7 @@ class EvalView:
     side: int
     interpolation: str = "bicubic"
     square: bool = False
-    decoder: str = "auto"
+    decoder: str = DEFAULT_DECODER
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
