@@ -16,6 +16,7 @@ from rows_compare import stable
 
 from evalkit.cli import main
 from evalkit.data.folder import ImageFolder
+from evalkit.data.resolve import Reading
 from evalkit.storage import identity
 
 ZOO = '[[backbone]]\nname = "fake"\n\n[[backbone]]\nname = "fake"\nmodel_args = { dim = 16 }\n'
@@ -75,7 +76,7 @@ def test_a_second_look_hashes_nothing_and_verify_data_catches_a_kept_stamp(tmp_p
 
     def look(verify=False):
         dataset = ImageFolder(tmp_path / "d")
-        dataset.verify_content = verify
+        dataset.reading = Reading(verify=verify)
         return dataset.identity()
 
     assert look(verify=True) == look()  # hashed or remembered: one identity

@@ -22,6 +22,7 @@ from evalkit.cache.extraction import extract_features
 from evalkit.cache.keys import cache_key
 from evalkit.cache.settings import ExtractSettings, FeatureRequest
 from evalkit.data.folder import ImageFolder
+from evalkit.data.resolve import Reading
 from evalkit.data.views import TENSOR_BOUND_LEVELS, EvalView, Normalised, eval_view
 from evalkit.errors import EvalkitError
 
@@ -191,7 +192,7 @@ def decodes(monkeypatch) -> list[Path]:
 
 def extract(backbone, folder: Path, cache: Path | None, pixels: str = "auto", decoder="auto"):
     dataset = ImageFolder(folder, _decoding(backbone, decoder))
-    dataset.pixels = pixels  # as open_dataset marks it from DataConfig.pixels
+    dataset.reading = Reading(pixels=pixels)  # as open_dataset marks it from DataConfig.pixels
     settings = ExtractSettings(
         cache_dir=cache, batch_size=4, shard_size=4, progress=False, workers=0
     )

@@ -25,7 +25,7 @@ from evalkit.core.spec import RunSpec
 from evalkit.core.tables import pivot_table
 from evalkit.core.task import Task, job_spec
 from evalkit.data import DataConfig
-from evalkit.data.resolve import open_dataset
+from evalkit.data.resolve import Reading, open_dataset
 from evalkit.storage import checkpoints, identity
 
 # Every RunSpec option either reaches the run key or is listed here with why it may not.
@@ -197,7 +197,7 @@ def test_same_size_overwrite_changes_the_identity(tmp_path):
         from evalkit.data.folder import ImageFolder
 
         ds = ImageFolder(tmp_path)
-        ds.verify_content = verify
+        ds.reading = Reading(verify=verify)
         return ds.identity()
 
     for path in tmp_path.rglob("*.bmp"):  # old enough for their digests to be remembered

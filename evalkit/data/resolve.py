@@ -1,14 +1,16 @@
 """The one resolver every task calls: a dataset's name and the run's ``DataConfig`` → its root
 (the embedded stand-in, ``--data-dir``, ``$EVALKIT_DATA``, a folder of one's own or a hub
-dataset) and its splits opened there, carrying the run's reading settings (decoder, content
-check, kept views) and the root its per-image ids are relative to."""
+dataset) and its splits opened there, each carrying how it was asked to be read (``Reading``:
+content check, digest memos, kept views, and the root its per-image ids are relative to); the
+decoder is in its transform."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from evalkit.data import DATASETS, DataConfig, DataKind, Dataset
+from evalkit.data import DATASETS, DataConfig, DataKind, DataOptions, Dataset
 from evalkit.errors import EvalkitError
 
 
@@ -48,12 +50,27 @@ def hub_source(name: str | None) -> str | None:
     return data_kind(name).name if isinstance(name, str) and name.startswith(HUB) else None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How ``open_dataset`` asked a split to be read, carried on it as ``dataset.reading``. A
+    dataset opened by its reader directly reads as ``Reading()``."""
+
+    verify: bool = False  # its identity hashes every file again, whatever its memoised stamp
+    memo_dir: Path | None = None  # where the digests are remembered (None: the default cache's)
+    pixels: str = DataOptions.pixels  # whether its decoded views are kept (``PIXELS``)
+    root: Path | None = None  # what its per-image ids are relative to
+
+
+def reading_of(dataset) -> Reading:
+    return getattr(dataset, "reading", Reading())
+
+
 def open_dataset(name: str, split: str, config: DataConfig, **options) -> Dataset:
     """One split of dataset ``name`` from where ``config`` says, read with ``options`` (a
     transform, an image size, ...: whatever that kind's reader takes). This is where the run's
     reading settings reach the data, so no task can forget them: an evaluation view decodes by
-    ``config.decoder``, and the dataset carries ``config.verify``, ``config.pixels`` and its
-    root (per-image files name images relative to it, the same on every copy of the data)."""
+    ``config.decoder``, and the dataset carries the rest as its ``Reading``, its root included
+    (per-image files name images relative to it, the same on every copy of the data)."""
     from evalkit.data.views import with_decoder
 
     if options.get("transform") is not None:
@@ -61,23 +78,18 @@ def open_dataset(name: str, split: str, config: DataConfig, **options) -> Datase
     kind = data_kind(name)
     root = dataset_root(kind, config)
     dataset = kind.open_split(root, split, source=config.source, **options)
-    dataset.verify_content = config.verify
-    dataset.pixels = config.pixels
-    dataset.data_root = root
-    dataset.memo_dir = identity_memos(config)
+    dataset.reading = Reading(
+        verify=config.verify, memo_dir=identity_memos(config), pixels=config.pixels, root=root
+    )
     return dataset
-
-
-def verifies_content(dataset) -> bool:
-    """Whether ``open_dataset`` asked this dataset's identity to hash every file again, even
-    those whose stamp (size, mtime, inode) is the one their memoised digest was made under."""
-    return getattr(dataset, "verify_content", False)
 
 
 def identity_options(dataset) -> dict:
     """How this dataset's identity is computed, as ``open_dataset`` asked: whether every file
-    is hashed again (``verify_content``), and which cache remembers the digests."""
-    return {"content": verifies_content(dataset), "memo_dir": getattr(dataset, "memo_dir", None)}
+    is hashed again, even those whose stamp (size, mtime, inode) is the one their memoised
+    digest was made under, and which cache remembers the digests."""
+    reading = reading_of(dataset)
+    return {"content": reading.verify, "memo_dir": reading.memo_dir}
 
 
 def identity_memos(config: DataConfig) -> Path:
@@ -87,7 +99,7 @@ def identity_memos(config: DataConfig) -> Path:
 
 def pixels_setting(dataset) -> str:
     """Whether ``open_dataset`` asked for this dataset's views to be kept (``PIXELS``)."""
-    return getattr(dataset, "pixels", "auto")
+    return reading_of(dataset).pixels
 
 
 def data_identity(name: str, config: DataConfig) -> str:

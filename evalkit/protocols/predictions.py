@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from evalkit.data.resolve import reading_of
 from evalkit.heads.zeroshot import label_space_hits, restricted
 from evalkit.metrics import topk_hits
 
@@ -95,7 +96,7 @@ def image_ids(dataset) -> list[str]:
         images = getattr(dataset, "images", None)
     if images is None:
         return [str(i) for i in range(len(dataset))]
-    root = getattr(dataset, "data_root", None) or getattr(dataset, "root", None)
+    root = reading_of(dataset).root or getattr(dataset, "root", None)
     return [relative_id(path, root) for path in images]
 
 
