@@ -134,12 +134,12 @@ def test_prediction_backs_off_and_gives_the_same_logits(fake, ctx, monkeypatch):
 
 
 def test_auto_batch_size_is_the_planner_estimate_for_the_free_memory(tmp_path, monkeypatch):
-    from evalkit.core.costs import measured_shape
+    from evalkit.core.shapes import measured_shape
     from evalkit.core.spec import RunSpec
 
     backbone = evalkit.load_backbone("fake")
     per_image = max(measured_shape(backbone, dtype="fp32").activation_bytes_per_image, 1)
-    monkeypatch.setattr("evalkit.core.costs.free_bytes", lambda device: 2 * 100 * per_image)
+    monkeypatch.setattr("evalkit.core.shapes.free_bytes", lambda device: 2 * 100 * per_image)
     rows = evalkit.run(
         "imagenet-knn",
         "fake",

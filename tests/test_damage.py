@@ -98,7 +98,7 @@ def test_cache_files_are_readable_by_the_group_as_the_umask_allows(tmp_path):
 
 
 def test_the_disk_check_counts_only_what_is_not_cached(cli_env, monkeypatch):
-    import evalkit.core.costs as costs
+    import evalkit.core.budget as budget
     from evalkit.core.runner import run
     from evalkit.core.spec import RunSpec
 
@@ -115,7 +115,7 @@ def test_the_disk_check_counts_only_what_is_not_cached(cli_env, monkeypatch):
     class Usage:
         free = 1024  # far less than the features would take
 
-    monkeypatch.setattr(costs.shutil, "disk_usage", lambda _: Usage())
+    monkeypatch.setattr(budget.shutil, "disk_usage", lambda _: Usage())
     rerun = RunSpec(**{**vars(spec), "rerun": True})
     (result,) = list(run(rerun))
     assert result.status == "done"

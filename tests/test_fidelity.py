@@ -328,10 +328,12 @@ def test_the_probe_is_planned_resident_where_half_the_gpu_holds_it(
 
 def test_a_run_that_does_not_fit_is_refused_unless_forced(cli_env, capsys, monkeypatch):
 
-    from evalkit.core import costs
+    from evalkit.core import budget
 
-    tiny = costs.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
-    monkeypatch.setattr(costs.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny))
+    tiny = budget.Budget(host=1000, device=None, disk=10**12)  # a machine with 1000 bytes of RAM
+    monkeypatch.setattr(
+        budget.Budget, "here", classmethod(lambda cls, device, cache, ranks=1: tiny)
+    )
     args = [
         "run",
         "--task",

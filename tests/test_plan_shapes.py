@@ -11,7 +11,8 @@ from evalkit.backbones import load_backbone
 from evalkit.backbones.options import BackboneOptions
 from evalkit.cache.extraction import extract_features
 from evalkit.cache.settings import ExtractSettings, FeatureRequest
-from evalkit.core.costs import measured_shape, unfit
+from evalkit.core.costs import unfit
+from evalkit.core.shapes import measured_shape
 from evalkit.core.task import PlanInputs, extraction_stage
 from evalkit.data import DataConfig
 from evalkit.data.resolve import open_dataset
@@ -45,7 +46,7 @@ def test_predicted_feature_bytes_match_what_extraction_writes(
 
 
 def test_a_cnn_is_sized_from_its_own_activations(ctx):
-    from evalkit.core.costs import shape_of
+    from evalkit.core.shapes import shape_of
 
     resnet = load_backbone("timm/resnet18", BackboneOptions(random_init=True))
     measured = measured_shape(resnet, dtype="fp32")
@@ -61,12 +62,12 @@ def test_a_cnn_is_sized_from_its_own_activations(ctx):
 
 def test_the_measured_shape_is_taken_once_per_backbone(monkeypatch):
 
-    from evalkit.core import costs
+    from evalkit.core import shapes
 
     backbone = load_backbone("fake")
     calls = []
-    real = costs._one_forward
-    monkeypatch.setattr(costs, "_one_forward", lambda *a: calls.append(1) or real(*a))
+    real = shapes._one_forward
+    monkeypatch.setattr(shapes, "_one_forward", lambda *a: calls.append(1) or real(*a))
     first = measured_shape(backbone, dtype="fp32")
     assert measured_shape(backbone, dtype="bf16").weight_bytes_per_rank * 2 == (
         first.weight_bytes_per_rank

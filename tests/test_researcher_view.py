@@ -532,7 +532,7 @@ def test_one_rule_picks_the_device_for_run_plan_and_the_api(monkeypatch, data_ca
     def budget_here(device, *args):
         raise Planned(device)
 
-    monkeypatch.setattr("evalkit.core.costs.Budget.here", budget_here)
+    monkeypatch.setattr("evalkit.core.budget.Budget.here", budget_here)
     config = DataConfig(source="embedded", cache=data_cache)
     with pytest.raises(Planned, match="cuda:3"):  # plan budgets the device run would use
         plan_run(resolve_task("imagenet-knn"), "fake", config, {})

@@ -1,7 +1,8 @@
 """The keys of feature-cache entries: an entry's key is the hash of ``feature_spec``, everything
 that changes the features (the backbone's name, options, weights content id, preprocessing and
 dtype, the feature libraries' versions, layers, pooling, dataset identity, split and subset, the
-storage dtype, the device type and the shard size); ``backbone_key`` names the entries of one backbone setup.
+storage dtype, the device type and the shard size); ``backbone_key`` names the entries of one
+backbone setup.
 """
 
 from __future__ import annotations

@@ -99,14 +99,8 @@ def print_data_report(report, console):
 def cmd_plan(args, console) -> int:
     from rich.table import Table
 
-    from evalkit.core.costs import (
-        feeding_rates,
-        human,
-        parse_target,
-        plan_run,
-        rate_of,
-        stage_flops,
-    )
+    from evalkit.core.budget import human, parse_target
+    from evalkit.core.costs import feeding_rates, plan_run, rate_of, stage_flops
     from evalkit.core.rates import expected_time, measured_decoding
     from evalkit.core.runner import resolve_task
     from evalkit.data import DataConfig
@@ -205,7 +199,7 @@ def print_pixels(console, images: int, size: int, free: int | None):
     """The disk the pixel cache of the splits' evaluation views takes, and whether ``--pixels
     auto`` keeps it."""
     from evalkit.cache.pixels import FREE_SHARE
-    from evalkit.core.costs import human
+    from evalkit.core.budget import human
 
     needed = images * 3 * size * size
     kept = free is not None and needed <= FREE_SHARE * free

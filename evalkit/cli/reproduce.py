@@ -176,7 +176,7 @@ def reproduce_paper(args, only, console) -> int:
     """Estimate, run (or submit) the jobs that are not done, and write the table once they are."""
     import time
 
-    from evalkit.core.costs import parse_target
+    from evalkit.core.budget import parse_target
     from evalkit.reproduction import paper_scale, sweep
     from evalkit.reproduction.reproduce import tabulate
 

@@ -8,6 +8,7 @@ zoo, the per-job lock), ``runner`` (the one driver), ``rows`` (what a row record
 ``results`` (rows and their files), ``labels`` (which rows are one run, and its name in
 every view), ``tables`` (rows aggregated over seeds, and printed), ``gate`` (baseline against
 new rows), ``merge`` (rows written on several machines),
-``costs`` and ``rates`` (the plan and this machine's speed), ``numerics`` (how a run's
-arithmetic is set), ``run_options`` (the options of evalkit run, and the run they ask
-for) and ``preflight`` (what a run refuses before torch is imported)."""
+``costs`` (the plan of a run), ``budget`` (the machine it is planned for, and whether it
+fits), ``shapes`` (a backbone's size as the plan sees it), ``rates`` (this machine's speed),
+``numerics`` (how a run's arithmetic is set), ``run_options`` (the options of evalkit run,
+and the run they ask for) and ``preflight`` (what a run refuses before torch is imported)."""

@@ -1,31 +1,27 @@
 """``evalkit plan``: what a run will cost before it starts — forward passes, feature-cache disk,
 host RAM, device memory per rank, and the mode of each stage — against what this machine has,
-or a named target (``--target 8xH100-80GB``, or ``gpus=8,gpu_gb=80,host_gb=1024``): memory is
-checked per rank (device) and per host (every rank a host runs holds its own host buffers).
+or a named target (``budget``); and the runner's check that a job fits this machine.
 
-Nothing heavy runs: the built-in ViT-22B family is sized on the meta device (no weights), other
-backbones are built as for a run and sized from one forward pass of one image; split sizes come
-from the data when it is there, else from the dataset's published size (``DATASET_CARDS``). Each task states its stages in ``Task.plan``;
-the numbers are estimates of the largest buffers each stage holds, not measurements.
+Nothing heavy runs: backbones are sized on the meta device or from one forward pass of one image
+(``shapes``); split sizes come from the data when it is there, else from the dataset's
+published size (``DATASET_CARDS``). Each task states its stages in ``Task.plan``; the numbers
+are estimates of the largest buffers each stage holds, not measurements.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import os
-import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
-
 from evalkit.cache.entries import cached_bytes, list_cache
 from evalkit.cache.keys import backbone_key
+from evalkit.core.budget import Budget, Target
 from evalkit.core.rates import ASSUMED_MFU, assumed, measured_forward, measured_matmul
-from evalkit.core.task import BYTES, PlanInputs, Shape, Stage
-from evalkit.device import default_device, default_dtype, free_bytes
+from evalkit.core.shapes import backbone_shape, measured_shape, planning_backbone
+from evalkit.core.task import PlanInputs, Shape, Stage
+from evalkit.device import default_device, default_dtype
 from evalkit.errors import EvalkitError
 
 # Published split sizes, used when the data is not on this machine.
@@ -54,171 +50,6 @@ DATASET_CARDS = {
         "classes": 339,
     },  # the images of the classes mapped to ImageNet
 }
-
-
-GB = 10**9
-
-
-@dataclass(frozen=True)
-class Target:
-    """A machine a run is planned for: GPUs per host (0: none) and the memory of each, host
-    RAM per host, and the disk for the cache (None: not checked)."""
-
-    name: str
-    gpus: int
-    gpu_bytes: int | None
-    host_bytes: int
-    disk_bytes: int | None = None
-    peak_tflops: float = 0.0  # dense bf16, from the data sheet (0: unknown)
-
-    def describe(self) -> str:
-        gpus = f"{self.gpus} × {human(self.gpu_bytes)} GPU" if self.gpus else "no accelerator"
-        return f"{self.name}: {gpus}, RAM {human(self.host_bytes)} per host"
-
-
-# Named targets: the GPUs' memory as sold, host RAM as the common cloud instances have it.
-TARGETS = {
-    "1xA100-80GB": Target("1xA100-80GB", 1, 80 * GB, 170 * GB, peak_tflops=312.0),
-    "8xA100-80GB": Target("8xA100-80GB", 8, 80 * GB, 1152 * 2**30, peak_tflops=312.0),
-    "8xH100-80GB": Target("8xH100-80GB", 8, 80 * GB, 2048 * 2**30, peak_tflops=989.0),
-    "1xH200": Target("1xH200", 1, 141 * GB, 256 * 2**30, peak_tflops=989.0),
-}
-TARGET_KEYS = {
-    "gpus": "gpus",
-    "gpu_gb": "gpu_bytes",
-    "host_gb": "host_bytes",
-    "disk_gb": "disk_bytes",
-    "tflops": "peak_tflops",
-}
-
-
-def parse_target(text: str) -> Target:
-    """A name from ``TARGETS`` or ``gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D]``."""
-    if text in TARGETS:
-        return TARGETS[text]
-    fields = {}
-    for part in filter(None, text.split(",")):
-        key, _, value = part.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1
-        if key not in TARGET_KEYS or number < 0:
-            raise EvalkitError(
-                f"--target {text!r}: expected 'this', one of {', '.join(TARGETS)}, or "
-                "gpus=N,gpu_gb=G,host_gb=H[,disk_gb=D,tflops=T]"
-            )
-        scale = {"gpus": 1, "tflops": 1}.get(key, GB)
-        fields[TARGET_KEYS[key]] = number if key == "tflops" else int(number * scale)
-    if "host_bytes" not in fields or (fields.get("gpus") and "gpu_bytes" not in fields):
-        raise EvalkitError(f"--target {text!r} needs host_gb, and gpu_gb when it has gpus")
-    gpus = fields.pop("gpus", 0)
-    return Target(text, gpus, fields.pop("gpu_bytes", None) if gpus else None, **fields)
-
-
-@dataclass
-class Budget:
-    """What a host has — RAM, device memory per rank, free disk at the cache — and how many of
-    the run's ranks it runs (``ranks`` in all over ``nodes`` hosts)."""
-
-    host: int
-    device: int | None
-    disk: int | None
-    name: str = "this machine"
-    ranks: int = 1
-    nodes: int = 1
-    problems: list[str] = field(default_factory=list)
-
-    @classmethod
-    def here(cls, device: str, cache: Path, ranks: int = 1) -> Budget:
-        """This machine, running every rank itself (torchrun on one host)."""
-        disk_root = next(p for p in [Path(cache), *Path(cache).parents] if p.exists())
-        device_bytes = free_bytes(device) if device.startswith("cuda") else None
-        return cls(
-            free_bytes("cpu") or 0,
-            device_bytes,
-            shutil.disk_usage(disk_root).free,
-            ranks=ranks,
-        )
-
-    @classmethod
-    def of(cls, target: Target, ranks: int = 1) -> Budget:
-        """``ranks`` placed on hosts of ``target``, one per GPU."""
-        nodes = math.ceil(ranks / target.gpus) if target.gpus else 1
-        return cls(
-            target.host_bytes, target.gpu_bytes, target.disk_bytes, target.name, ranks, nodes
-        )
-
-    @property
-    def ranks_per_host(self) -> int:
-        return math.ceil(self.ranks / self.nodes)
-
-    def check(self, stages: list[Stage], shape: Shape, cached: int = 0):
-        """What ``stages`` need beyond this budget; ``cached`` bytes of the cache they fill
-        are on disk already (read, not written)."""
-        disk = max(sum(s.cache_bytes for s in stages) - cached, 0)
-        if self.disk is not None and disk > self.disk:
-            self.problems.append(f"feature cache needs {human(disk)}, {human(self.disk)} free")
-        weights = shape.weight_bytes_per_rank  # loaded for the whole run
-        per_host = self.ranks_per_host
-        for stage in stages:
-            # Without an accelerator the weights and the "device" buffers are in RAM too.
-            rank = stage.host_bytes + (
-                0 if self.device is not None else weights + stage.device_bytes
-            )
-            if rank * per_host > 0.9 * self.host:
-                ranks = f" per rank, {human(rank * per_host)} for a host's {per_host} ranks"
-                self.problems.append(
-                    f"{stage.name} holds {human(rank)} in RAM with the weights"
-                    f"{ranks if per_host > 1 else ''}, {human(self.host)} available"
-                )
-            on_device = stage.device_bytes + weights
-            if self.device is not None and on_device > 0.9 * self.device:
-                self.problems.append(
-                    f"{stage.name} needs {human(on_device)} per device, {human(self.device)} free"
-                )
-
-
-def human(n: float | None) -> str:
-    if n is None:
-        return "unknown"
-    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def backbone_shape(spec: str, *, tp: int, dtype: str) -> Shape:
-    """vit22b sizes from the planner on the meta device; other backbones built once."""
-    family, _, variant = spec.partition("/")
-    if family == "vit22b":
-        from evalkit.models import vit22b
-        from evalkit.parallel.sizing import sizing
-
-        size = variant or "22b"
-        if size not in vit22b.SIZES:
-            raise EvalkitError(f"unknown vit22b size {size!r}")
-        cfg = vit22b.config(size)
-        p = sizing(cfg, tp=tp, dtype=dtype)
-        return Shape(
-            spec,
-            cfg.width,
-            cfg.depth,
-            cfg.patch,
-            cfg.image,
-            p.bytes_per_rank,
-            p.activation_bytes_per_image,
-            p.flops_per_image,
-        )
-    return measured_shape(planning_backbone(spec), dtype=dtype)
-
-
-@functools.lru_cache(maxsize=1)
-def planning_backbone(spec: str):
-    """The backbone a plan sizes (random weights, on the CPU), built once per plan."""
-    from evalkit.backbones import BackboneOptions, load_backbone
-
-    return load_backbone(spec, BackboneOptions(random_init=True))
 
 
 def rate_of(spec: str, shape: Shape, target: Target | None, device: str, dtype: str):
@@ -357,86 +188,6 @@ def plan_inputs(task, backbone: str, config, options: dict) -> tuple[PlanInputs,
     return inputs, "; ".join(sources)
 
 
-def measured_shape(backbone, *, dtype: str, tp: int = 1, flops: bool = True) -> Shape:
-    """The shape of a loaded backbone from one forward pass of one image at its own size: the
-    pooled width it really produces, the largest tensor any of its modules outputs (held four
-    times over: the module's input and output and the buffers beside them) and, with
-    ``flops``, the FLOPs torch counts (0 without: a run's fit check and batch size need none,
-    and torch's FLOP counter loads its compiler, 1–2 CPU-seconds). CNNs, hybrids and
-    transformers alike: nothing is inferred from a patch size. The built-in family (sharded,
-    possibly huge) is sized from its config instead, as a ViT."""
-    info = backbone.info
-    module = getattr(backbone, "model", None)
-    if info.name.startswith("vit22b") or not isinstance(module, torch.nn.Module):
-        return shape_of(info, dtype=dtype, tp=tp)
-    if getattr(backbone, "measured_shape", None) is None:
-        backbone.measured_shape = _one_forward(backbone, module)
-    if flops and getattr(backbone, "measured_flops", None) is None:
-        backbone.measured_flops = _forward_flops(backbone, module)
-    width, largest = backbone.measured_shape
-    return Shape(
-        info.name,
-        width,
-        info.depth,
-        info.patch_size,
-        info.preprocess.size,
-        info.params * BYTES[dtype] // tp,
-        4 * largest * BYTES[dtype],
-        backbone.measured_flops if flops else 0,
-    )
-
-
-def _one_image(backbone, module) -> torch.Tensor:
-    device = next(module.parameters(), torch.zeros(0)).device
-    size = backbone.info.preprocess.size
-    return torch.zeros(1, 3, size, size, device=device)
-
-
-def _one_forward(backbone, module) -> tuple[int, int]:
-    """(pooled width, elements of the largest module output) of one image."""
-    largest = [0]
-
-    def note(_module, _inputs, output):
-        if isinstance(output, torch.Tensor):
-            largest[0] = max(largest[0], output.numel())
-
-    handles = [m.register_forward_hook(note) for m in module.modules()]
-    try:
-        with torch.inference_mode():
-            out = backbone.extract(_one_image(backbone, module), pool=backbone.info.pools[0])
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out.pooled.shape[-1], largest[0]
-
-
-def _forward_flops(backbone, module) -> int:
-    """The FLOPs torch counts for one image's forward pass."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        backbone.extract(_one_image(backbone, module), pool=backbone.info.pools[0])
-    return counter.get_total_flops()
-
-
-def shape_of(info, *, dtype: str, tp: int = 1) -> Shape:
-    """The shape of a ViT-shaped backbone from its info (its weights split over ``tp`` ranks):
-    tokens from the patch size, a block's live tensors and two FLOPs per weight per token."""
-    tokens = (info.preprocess.size // max(info.patch_size, 1)) ** 2 + info.num_prefix_tokens
-    activation = 16 * tokens * info.embed_dim * BYTES[dtype]  # a block's live tensors, roughly
-    # Two FLOPs per weight per token: attention scores are left out, a few percent at ViT sizes
-    return Shape(
-        info.name,
-        info.embed_dim,
-        info.depth,
-        info.patch_size,
-        info.preprocess.size,
-        info.params * BYTES[dtype] // tp,
-        activation,
-        2 * info.params * tokens,
-    )
-
-
 def stage_flops(stage: Stage, shape: Shape) -> float:
     """FLOPs of a stage: its passes through the backbone at the stage's image size (cost taken
     as proportional to the tokens), three times over when they train it, plus the work of
@@ -531,21 +282,3 @@ def feeding_rates(shape: Shape, target: Target | None, device: str, per_core: fl
         peak = 0.0
     forward = peak * 1e12 * ASSUMED_MFU / shape.flops_per_image if peak else None
     return {"workers": workers, "decode": workers * per_core, "forward": forward}
-
-
-AUTO_BATCH_CAP = 1024
-AUTO_MEMORY_SHARE = 0.5  # of the free memory: the rest for the loader, the task's own tensors
-
-
-def auto_batch_size(backbone, device: str, dtype: str, tp: int = 1) -> int:
-    """``--batch-size auto``: the largest power of two (at most ``AUTO_BATCH_CAP``) whose forward
-    fits ``AUTO_MEMORY_SHARE`` of the device's free memory by the planner's estimate of one
-    image's activations; a batch that still runs out of memory is halved (``evalkit.batching``)."""
-
-    shape = measured_shape(backbone, dtype=dtype, tp=tp, flops=False)
-    room = AUTO_MEMORY_SHARE * (free_bytes(device) or 0)
-    per_image = max(shape.activation_bytes_per_image, 1)
-    size = 1
-    while size < AUTO_BATCH_CAP and 2 * size * per_image <= room:
-        size *= 2
-    return size

@@ -32,7 +32,7 @@ from evalkit.backbones import check_backbone_model, load_backbone
 from evalkit.batching import job_limits
 from evalkit.core.catalog import resolve_task
 from evalkit.core.cells import _no_backbone, job_lock, request_key
-from evalkit.core.costs import auto_batch_size, unfit
+from evalkit.core.costs import unfit
 from evalkit.core.numerics import reset_peak_memory, run_numerics
 from evalkit.core.results import (
     FAILED,
@@ -45,6 +45,7 @@ from evalkit.core.results import (
     rows_file,
 )
 from evalkit.core.rows import make_row, provenance
+from evalkit.core.shapes import auto_batch_size
 from evalkit.core.spec import RunSpec
 from evalkit.core.task import Task, TaskContext, rows_complete, run_key
 from evalkit.data.check import find_data
