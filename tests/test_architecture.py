@@ -702,3 +702,48 @@ def test_draws_with_distinct_names_are_independent_streams():
             assert abs(r) < 5 / n**0.5, (a, b, r)
             lagged = torch.corrcoef(torch.stack([x[1:], y[:-1]]))[0, 1].item()
             assert abs(lagged) < 5 / n**0.5, (a, b, lagged)
+
+
+DOTTED = re.compile(r"`{1,2}(evalkit(?:\.[A-Za-z_]\w*)+)(?:\(\))?`{1,2}")
+
+
+def names_in_prose() -> dict[str, set[str]]:
+    """Each ``evalkit.x.y`` named in the README, docs/ or a docstring → where it is named."""
+    found = {}
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for match in DOTTED.finditer(page.read_text()):
+            found.setdefault(match[1], set()).add(page.name)
+    for path in python_files("evalkit", "tasks"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef):
+                for match in DOTTED.finditer(ast.get_docstring(node) or ""):
+                    found.setdefault(match[1], set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def resolves(name: str) -> bool:
+    """Whether ``name`` is a module, or an attribute reached from the longest module prefix."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        return all((found := getattr(found, part, None)) is not None for part in parts[cut:])
+    return False
+
+
+def test_every_dotted_name_the_prose_gives_exists():
+    """A module or function named in full (``evalkit.core.cells.request_key``) in the README,
+    docs/ or a docstring exists where it says: a move that leaves prose behind fails here. Entry-
+    point groups (``evalkit.datasets``) are names of groups, not modules."""
+    registries = re.compile(r'Registry\("\w+", "([\w.]+)"\)')
+    groups = {g for p in python_files("evalkit") for g in registries.findall(p.read_text())}
+    stale = {
+        name: sorted(where)
+        for name, where in names_in_prose().items()
+        if name not in groups and not resolves(name)
+    }
+    assert not stale, stale
