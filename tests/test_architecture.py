@@ -747,3 +747,6 @@ def test_every_dotted_name_the_prose_gives_exists():
         if name not in groups and not resolves(name)
     }
     assert not stale, stale
+    assert len(names_in_prose()) > 40  # the prose names dozens: the pattern still finds them
+    assert resolves("evalkit.core.cells.request_key") and resolves("evalkit.core.cells")
+    assert not resolves("evalkit.core.cells.job_spec") and not resolves("evalkit.nowhere")
