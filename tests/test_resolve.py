@@ -187,6 +187,19 @@ def test_resolve_refuses_a_budget_that_is_not_seconds_and_the_paper_scale(cli_en
     assert "expects seconds of compute (> 0), got '0'" in err and "scale paper" in err
 
 
+def test_a_kept_row_drawn_under_another_seed_rule_says_so():
+    """Records written before rows recorded their seed rule were drawn under rule 1: kept
+    beside rows measured now, each says so; a row of this rule says nothing."""
+    from evalkit.reproduction.reproduce import OTHER_RULE, label_other_rule
+    from evalkit.seeds import SEED_RULE
+
+    old, now = {"row": 3, "note": "timed"}, {"row": 4, "note": "", "seed_rule": SEED_RULE}
+    for record in (old, now, old):  # labelled once, however often it is kept
+        label_other_rule(record)
+    assert old["note"] == "timed; " + OTHER_RULE.format(rule=1, now=SEED_RULE)
+    assert now["note"] == ""
+
+
 def test_a_kept_scaling_row_from_another_ladder_says_so():
     from evalkit.reproduction.reproduce import OTHER_LADDER, label_other_ladder
     from evalkit.reproduction.table import verdict_text

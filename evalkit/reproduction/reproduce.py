@@ -40,6 +40,7 @@ from evalkit.reproduction.rows import (
 )
 from evalkit.reproduction.scales import ONE_SEED, PAPER_BACKBONES, SCALES, Scale
 from evalkit.reproduction.table import write_table
+from evalkit.seeds import SEED_RULE
 
 
 @dataclass
@@ -183,6 +184,7 @@ class Reproduction:
             "pictures": self.copy_pictures(effect, drawn) if effect.pictures else [],
             # which ladder a scaling row compared (scale paper: the user's weights, named)
             "ladder_id": dict(self.ladder_id) if effect.scaling and self.ladder_id else None,
+            "seed_rule": SEED_RULE,  # how its draws were seeded: a kept row of another says so
         }
 
     def setup(self, effect: EffectRow) -> str:
@@ -332,8 +334,9 @@ def earlier_rows(job: Reproduction, records: list[dict]) -> tuple[list[dict], di
         ) from None
     now = {r["row"] for r in records}
     kept = [r for r in earlier if r["row"] not in now]
-    if job.ladder_id:
-        for record in kept:
+    for record in kept:
+        label_other_rule(record)
+        if job.ladder_id:
             label_other_ladder(record, job.ladder_id)
     return kept, before
 
@@ -368,6 +371,17 @@ def label_other_ladder(record: dict, ladder_id: dict[str, str]) -> None:
         record["note"] = "; ".join(n for n in (record["note"], OTHER_LADDER) if n)
 
 
+def label_other_rule(record: dict) -> None:
+    """A kept row measured under another seed rule (``evalkit.seeds``; a record without one
+    was measured under rule 1, before every draw was named) says so: its numbers came from
+    other draws than a row measured now, so the two are not one measurement."""
+    rule = record.get("seed_rule", 1)
+    note = OTHER_RULE.format(rule=rule, now=SEED_RULE)
+    if rule != SEED_RULE and note not in record["note"]:
+        record["note"] = "; ".join(n for n in (record["note"], note) if n)
+
+
+OTHER_RULE = "drawn under seed rule {rule}: rerun it to measure it under rule {now}"
 FLOOR = "more seeds cannot change it: its measures fit seed-free models (test items' error only)"
 SEVERAL_HEADS = "judged over two heads: --resolve measures rows of one effect"
 
