@@ -687,6 +687,13 @@ FAULTS = (
             "tests/test_model_vs_human.py::test_model_vs_human_scores_every_set_and_the_people",
         ),
     ),
+    Fault(
+        "a record without a seed rule is taken for this rule's",
+        "evalkit/reproduction/reproduce.py",
+        'rule = record.get("seed_rule", 1)',
+        'rule = record.get("seed_rule", SEED_RULE)',
+        ("tests/test_resolve.py::test_a_kept_row_drawn_under_another_seed_rule_says_so",),
+    ),
 )
 
 
