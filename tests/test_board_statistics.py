@@ -825,3 +825,21 @@ def test_a_leaderboard_resamples_each_boards_images_for_its_overall_order(tmp_pa
     overall = {e["backbone"]: e for e in leaderboard([tmp_path])["overall"]}
     assert overall["b0"]["mean_rank"] == 1.0
     assert overall["b0"]["p_first"] < 0.95 and overall["b0"]["rank_interval"] != [1.0, 1.0]
+
+
+def test_cells_naming_the_same_images_share_one_list_of_ids(tmp_path):
+    """A zoo's boards hold one list of image ids, not one per setup (50,000 ids × 20 setups
+    were most of the leaderboard's memory beyond the peer's), and the outputs are unchanged."""
+    from benchmarks.bench_leaderboard import write_zoo
+    from evalkit.publish.board_pairs import read_outputs
+    from evalkit.publish.board_reading import _boards, folder_rows, per_image
+
+    write_zoo(tmp_path / "zoo", backbones=3, images=40)
+    for board in _boards(folder_rows([tmp_path / "zoo"])):
+        outputs = read_outputs(board)
+        ids = [outputs[id(cell)][0] for cell in board.cells]
+        assert all(i is ids[0] for i in ids), board.task
+        for cell in board.cells:
+            alone = per_image(cell)
+            assert alone[0] == outputs[id(cell)][0]
+            assert all(a.equals(b) for a, b in zip(alone[1], outputs[id(cell)][1], strict=True))
