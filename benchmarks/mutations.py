@@ -694,6 +694,13 @@ FAULTS = (
         'rule = record.get("seed_rule", SEED_RULE)',
         ("tests/test_resolve.py::test_a_kept_row_drawn_under_another_seed_rule_says_so",),
     ),
+    Fault(
+        "every setup keeps its own list of image ids",
+        "evalkit/publish/board_pairs.py",
+        "            elif found[0] == ids:",
+        "            elif found[0] == ids and not ids:",
+        (f"{BOARD}::test_cells_naming_the_same_images_share_one_list_of_ids",),
+    ),
 )
 
 
