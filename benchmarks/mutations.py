@@ -678,14 +678,18 @@ FAULTS = (
         ("tests/test_keys.py::test_the_run_key_covers_task_backbone_data_and_seed",),
     ),
     Fault(
-        "errors reads every task's outputs as classification",
+        "errors builds the task to ask for its tables",
         "evalkit/cli/errors.py",
-        'return declared_by(task, DECLARED, "error_tables", classification_tables)',
-        "return classification_tables",
-        (
-            "tests/test_fairness.py::test_celeba_fairness_meets_each_level_where_it_was_fitted",
-            "tests/test_model_vs_human.py::test_model_vs_human_scores_every_set_and_the_people",
-        ),
+        'return declared_by(task, DECLARED, "error_tables", by_columns)',
+        'return declared_by(task, {}, "error_tables", by_columns)',
+        (f"{LIGHT}::test_result_command_imports_no_model_library[errors]",),
+    ),
+    Fault(
+        "errors reads a plugin's outputs as classification",
+        "evalkit/protocols/error_tables.py",
+        '    if "miou" in frame:\n        return segmentation_tables(frame, top)',
+        "    if False:\n        return segmentation_tables(frame, top)",
+        (f"{LIGHT}::test_a_task_declaring_no_tables_gets_those_its_columns_suggest",),
     ),
     Fault(
         "a record without a seed rule is taken for this rule's",

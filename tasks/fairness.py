@@ -45,6 +45,7 @@ from evalkit.heads.linear import fit_logistic
 from evalkit.protocols.classification import ProbeData, stratified_holdout
 from evalkit.protocols.error_tables import fairness_tables
 from evalkit.protocols.linear_classifier import FrozenLinearClassifier
+from evalkit.seeds import numpy_generator
 
 LEVELS = Rule(
     "a non-empty list of parity levels in [0, 1]", lambda v: bool(v) and all(0 <= x <= 1 for x in v)
@@ -191,7 +192,7 @@ def accuracy_spread(right: np.ndarray, seed: int) -> dict:
     """The expected accuracy's uncertainty over test images: its standard error, and a 95%
     percentile interval from a bootstrap of the images (as fairlearn's ``MetricFrame`` with
     ``n_boot`` draws them), seeded by the job."""
-    rng = np.random.default_rng([seed, 1729])
+    rng = numpy_generator(seed, "fairness-interval")
     means = np.empty(INTERVAL_RESAMPLES)
     for start in range(0, INTERVAL_RESAMPLES, 100):
         draws = rng.integers(0, len(right), size=(min(100, INTERVAL_RESAMPLES - start), len(right)))

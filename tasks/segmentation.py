@@ -46,6 +46,7 @@ from evalkit.protocols.grids import (
 )
 from evalkit.protocols.paired_tests import segmentation_test
 from evalkit.protocols.predictions import image_ids
+from evalkit.seeds import derived_seed
 from evalkit.training.loop import sampled_batches
 
 # The paper's fraction table was measured with the backbone fine-tuned with a linear decoder (a
@@ -146,7 +147,9 @@ class Segmentation(FinetuneSettings, DenseSettings):
             }
         if path := picture_path(ctx, self.name, backbone.info.name, self.head):
             extra["picture"] = str(save_picture_grid(pictures, path))
-        stderr = {"miou": miou_bootstrap_stderr(*overlaps, seed=ctx.seed)}
+        stderr = {
+            "miou": miou_bootstrap_stderr(*overlaps, seed=derived_seed(ctx.seed, "miou-stderr"))
+        }
         for metric in self.metrics():
             yield Metric(
                 metric,

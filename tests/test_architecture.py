@@ -616,11 +616,14 @@ DRAWS = {
     "augment": {"training/loop"},
     "batch": {"training/loop", "tasks/efficiency", "tasks/stability"},
     "captions": {"tasks/zeroshot"},
+    "collate": {"training/loop"},
     "epoch": {"heads/train"},
     "head-batches": {"heads/train"},
     "head-dropout": {"heads/train"},
     "head-weights": {"protocols/finetuning", "protocols/grids", "tasks/video"},
     "holdout": {"protocols/classification"},
+    "fairness-interval": {"tasks/fairness"},
+    "miou-stderr": {"tasks/segmentation"},
     "mixup": {"tasks/distillation"},
     "model-weights": {"training/pretrain", "tasks/efficiency", "tasks/stability"},
     "shot-pick": {"tasks/fewshot"},
@@ -647,6 +650,45 @@ def draw_names() -> dict[str, set[str]]:
                 module = str(path.relative_to(ROOT).with_suffix("")).removeprefix("evalkit/")
                 found.setdefault(key, set()).add(module)
     return found
+
+
+# Generators seeded outside the rule, each for a reason: the stand-in data sets are made from
+# their own seed (the data's, not a job's), and the statistics resample from the seed their
+# caller passes (a job passes a named draw; the views, the statistics' own fixed seed).
+OWN_SEEDS = {
+    "data/embedded",
+    "data/scenes",
+    "data/stimuli",
+    "data/celeba",
+    "data/clips",
+    "data/captions",
+    "data/multilabel",
+    "data/shifted",
+    "data/corruptions",
+    "protocols/grids",
+    "metrics",
+    "significance",
+    "publish/board_ranks",
+    "publish/board_pairs",
+}
+
+
+def test_no_generator_is_seeded_but_through_the_rule():
+    """A NumPy or torch generator seeded in evalkit or the tasks takes a seed from the rule
+    (``derived_seed``, ``numpy_generator``), except where ``OWN_SEEDS`` says why not: a job's
+    seed passed straight to ``default_rng`` would draw unnamed."""
+    seeding = {"default_rng", "manual_seed", "RandomState"}
+    found = set()
+    for path in python_files("evalkit", "tasks"):
+        module = str(path.relative_to(ROOT).with_suffix("")).removeprefix("evalkit/")
+        if path.name == "seeds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = getattr(node, "func", None)
+            name = getattr(func, "attr", None) or getattr(func, "id", None)
+            if isinstance(node, ast.Call) and name in seeding:
+                found.add(module)
+    assert found == OWN_SEEDS
 
 
 def test_each_draw_name_means_one_draw():

@@ -111,3 +111,19 @@ def test_every_built_in_task_declares_the_error_tables_evalkit_errors_reads():
     for target, entry in targets.items():
         declared = getattr(entry.load(), "error_tables", None)
         assert declared is DECLARED.get(target), f"{target} declares {declared}"
+
+
+def test_a_task_declaring_no_tables_gets_those_its_columns_suggest():
+    """A plugin that declares no error tables (or one this installation cannot load) gets the
+    tables its per-image columns suggest, not classification's, which need labels."""
+    import pandas as pd
+
+    from evalkit.cli.errors import declared_tables
+    from evalkit.protocols.error_tables import by_columns, classification_tables
+
+    assert declared_tables("a-plugin-not-installed") is by_columns
+    assert declared_tables("imagenet-knn") is classification_tables
+    frame = pd.DataFrame({"image": ["a.png", "b.png"], "miou": [40.0, 10.0], "pixel_acc": [1, 2]})
+    ((title, rows),) = by_columns(frame, 1)
+    assert title == "images of lowest mIoU" and rows["image"].tolist() == ["b.png"]
+    assert by_columns(pd.DataFrame({"image": ["a.png"], "score": [1.0]}), 1) == []

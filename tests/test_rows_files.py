@@ -107,3 +107,20 @@ def test_a_job_is_its_own_inputs_whatever_seeds_share_its_command(cli_env, capsy
     assert sorted(r["mean"] for r in records) == sorted(
         [alone["top1/k=1"]["value"], (seed0["value"] + 99.0) / 2]
     )
+
+
+def test_rows_of_two_seed_rules_are_two_runs_labelled_apart():
+    """A row drawn under seed rule 1 (it records none) and one drawn now are not two seeds of
+    one run: the table keeps them apart and labels the older rule's."""
+    from evalkit.core.labels import repeat_labels
+    from evalkit.core.tables import aggregate
+    from evalkit.seeds import SEED_RULE
+
+    row = {"task": "imagenet-knn", "backbone": "fake", "metric": "top1", "random_init": True}
+    row |= {"config_hash": "c", "higher_is_better": True, "n": 384, "stderr": 1.0}
+    rows = [row | {"value": 21.9, "seed": 1}, row | {"value": 23.7, "seed": 0}]
+    rows[1]["seed_rule"] = SEED_RULE
+    labels = repeat_labels(rows)
+    records = aggregate(rows, labels)
+    assert sorted(r["mean"] for r in records) == [21.9, 23.7]
+    assert sorted(labels.values()) == ["fake (random init)", "fake (random init) [seed rule 1]"]

@@ -139,6 +139,26 @@ def test_a_job_finds_rows_under_the_name_its_backbone_gives_them(cli_env, tmp_pa
     assert not finished(plan, Job("imagenet-linear", "vit22b/e"))
 
 
+@pytest.mark.parametrize("task", ["imagenet-knn[ks=20]", "adek20k-1/16"])
+def test_a_job_named_with_settings_or_an_alias_reads_the_rows_file_of_its_task(
+    cli_env, tmp_path, task
+):
+    """A task named with inline settings or by an alias writes the rows file of the task it
+    resolves to; the cell looks there, or a sweep would rerun it for ever."""
+    from evalkit.core.catalog import resolve_task
+    from evalkit.core.results import rows_file
+    from evalkit.reproduction.sweep import Job, Sweep, finished, request_key
+
+    plan = Sweep(jobs=(), out=tmp_path, run_args=("--data", "embedded"))
+    job = Job(task, "fake")
+    row = {"task": resolve_task(task).name, "backbone": "fake", "seed": 0}
+    row["request_key"] = request_key(plan, job, {})
+    metrics = resolve_task(task).metrics()
+    lines = [json.dumps(row | {"metric": m, "value": 1.0}) for m in metrics]
+    rows_file(tmp_path, resolve_task(task).name).write_text("\n".join(lines) + "\n")
+    assert finished(plan, job)
+
+
 def test_a_job_run_with_every_keyed_option_is_seen_as_finished(cli_env, data_cache):
     """The sweep reads a job's key off the job's own command line: every run option that
     reaches the rows' request key (decoder, dtypes, data, model options, task settings given

@@ -100,8 +100,9 @@ def no_outputs_message(args, every: list) -> str:
 
 def declared_tables(task: str):
     """The tables ``task`` declares for its per-image outputs, read without importing a
-    built-in task; a task declaring none gets the classification tables."""
+    built-in task; for a task declaring none (a plugin), the tables its outputs' columns
+    suggest (``error_tables.by_columns``)."""
     from evalkit.core.catalog import declared_by
-    from evalkit.protocols.error_tables import DECLARED, classification_tables
+    from evalkit.protocols.error_tables import DECLARED, by_columns
 
-    return declared_by(task, DECLARED, "error_tables", classification_tables)
+    return declared_by(task, DECLARED, "error_tables", by_columns)

@@ -48,7 +48,7 @@ def declared_by(task: str | None, declared: dict, attribute: str, default):
         return declared[target]
     try:
         built = resolve_task(task) if task else None
-    except EvalkitError:
+    except (EvalkitError, ImportError):  # a plugin whose module cannot load declares nothing
         built = None
     return default if built is None else getattr(built, attribute, default)
 

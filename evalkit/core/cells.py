@@ -226,7 +226,7 @@ def cell_rows(spec: RunSpec, cell: tuple[str, int, str], identities: dict, read:
     """The newest row of each metric of ``cell`` on disk under its request's key (known before
     its backbone is built); none where its data cannot be read here. ``read`` keeps each rows
     file's rows once read."""
-    path = rows_file(spec.out, cell[2])
+    path = rows_file(spec.out, resolve_task(cell[2], spec.overrides).name)  # as the runner
     if not path.exists():
         return []
     key = request_key_of(spec, cell, identities)

@@ -88,7 +88,7 @@ def compare(
             "delta": None,
             "allowed": None,
             "spec": key[0],
-            "seeds": seeds.get((key[0][:6], key[1]), ""),
+            "seeds": seeds.get((key[0], key[1]), ""),
             "higher_is_better": (b or n)["higher_is_better"],
         }
         if b is None:

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from evalkit.core.results import Row
 from evalkit.errors import EvalkitError
+from evalkit.seeds import SEED_RULE
 
 
 def cell_key(cell: dict) -> tuple:
@@ -43,10 +44,12 @@ def weights_group(row: Row) -> str:
 
 def repeat_key(row: Row) -> tuple:
     """What makes rows comparable: task, backbone, weights, backbone options, settings and the
-    data. Rows differing in anything else (seed, time, machine) are repeats of one run, and
-    share this key; a stand-in number and a real one never aggregate."""
+    data, and the seed rule its draws followed (``evalkit.seeds``; rule 1 where a row records
+    none). Rows differing in anything else (seed, time, machine) are repeats of one run, and
+    share this key; a stand-in number and a real one never aggregate, nor do two seed rules."""
     backbone, weights, options = setup_key(row)
-    return (row["task"], backbone, weights, options, row.get("config_hash", ""), dataset_label(row))
+    config, data = row.get("config_hash", ""), dataset_label(row)
+    return (row["task"], backbone, weights, options, config, data, row.get("seed_rule", 1))
 
 
 def dataset_label(row: Row) -> str:
@@ -113,8 +116,10 @@ def repeat_labels(rows: list[Row]) -> dict[tuple, str]:
     settings it ran away from the task's defaults, where that setup ran the task in more than
     one way (``timm/x [pool=mean]`` beside plain ``timm/x``). Chosen per task over every data
     set at once, so a setup's default run has one label on every board, whatever runs beside
-    it; runs that still look alike on one data set get their settings hash."""
+    it; runs that still look alike on one data set get their settings hash, and runs drawn
+    under an older seed rule beside runs of this one say which."""
     setups = _setups(rows)
+    rules = {row.get("seed_rule", 1) for row in rows}
     variants: dict[tuple, dict[tuple, Row]] = defaultdict(dict)
     for row in rows:  # the task as registered: views may rename it per data set
         task = (row.get("config") or {}).get("name") or row["task"]
@@ -135,6 +140,8 @@ def repeat_labels(rows: list[Row]) -> dict[tuple, str]:
             labels[spec] = setup_label(
                 setup[0], parts + [f"{k}={_short(own.get(k))}" for k in shown], random_init
             )
+            if len(rules) > 1 and spec[6] != SEED_RULE:  # beside runs drawn as this version draws
+                labels[spec] += f" [seed rule {spec[6]}]"
         _tell_apart(labels, specs)
     return labels
 

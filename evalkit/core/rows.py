@@ -21,6 +21,7 @@ from evalkit.core.numerics import numerics, peak_memory_mb
 from evalkit.core.results import Row
 from evalkit.core.task import Task, TaskContext
 from evalkit.data.resolve import hub_source, is_stand_in
+from evalkit.seeds import SEED_RULE
 
 
 def hash_json(value) -> str:
@@ -44,6 +45,7 @@ def make_row(task: Task, info, metric, ctx: TaskContext, *, key: str) -> Row:
         "n": metric.n,
         "seeds": list(metric.seeds) if metric.seeds is not None else [ctx.seed],
         "seed": ctx.seed,
+        "seed_rule": SEED_RULE,  # how its draws were seeded (evalkit.seeds): views keep rules apart
         "config": task.config(),
         "config_hash": hash_json(task.config()),
         "run_key": key,

@@ -83,6 +83,25 @@ def classification_tables(frame, top: int):
     ]
 
 
+def by_columns(frame, top: int):
+    """The tables of a task that declares none (a plugin's), chosen by what its per-image
+    outputs hold: per-image mIoU or depth errors, model-vs-human decisions, few-shot shares,
+    fairness groups; else classification's, which need ``correct`` and the labels."""
+    if "miou" in frame:
+        return segmentation_tables(frame, top)
+    if any(m in frame for m in DEPTH_METRICS):
+        return depth_tables(frame, top)
+    if {"category", "decision"} <= set(frame.columns):
+        return human_alignment_tables(frame, top)
+    if "correct_share" in frame:
+        return few_shot_tables(frame, top)
+    if {"group", "score", "accuracy"} <= set(frame.columns):
+        return fairness_tables(frame, top)
+    if {"correct", "label"} <= set(frame.columns):
+        return classification_tables(frame, top)
+    return []
+
+
 DECLARED = {
     "evalkit.tasks.calibration:Calibration": classification_tables,
     "evalkit.tasks.depth:Depth": depth_tables,

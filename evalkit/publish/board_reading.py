@@ -146,7 +146,7 @@ def _short_hash(value) -> str:
 def members(rows: list[dict], spec: tuple, metric: str) -> list[dict]:
     """The rows of one aggregated record: its repeat key (task, backbone, weights, options,
     settings, data) and metric, every seed."""
-    return [r for r in rows if r["metric"] == metric and repeat_key(r) == spec[:6]]
+    return [r for r in rows if r["metric"] == metric and repeat_key(r) == tuple(spec)]
 
 
 def task_label(task: str, data: str) -> str:

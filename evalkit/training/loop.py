@@ -34,7 +34,7 @@ from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 from evalkit.schedule import Schedule
-from evalkit.seeds import generator, seed_global
+from evalkit.seeds import generator, seed_global, seeded
 from evalkit.storage.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.storage.identity import read_json, write_json
 from evalkit.tracking import curve
@@ -108,7 +108,9 @@ def sampled_batches(
     """A ``Batch`` over ``dataset``: each step's sample indices drawn from the (seed, step,
     micro) generator and each item's random augmentation seeded by its position in the batch,
     so a resumed run, and a run over several data-parallel ranks (each loads its own share),
-    see exactly the images one uninterrupted process would. With ``lead`` each rank also
+    see exactly the images one uninterrupted process would. A ``collate`` that draws (a batch's
+    scale, crop and flip) draws from its own stream per (step, micro, rank): resumed runs see
+    the same, but a run over several ranks draws other crops than one process. With ``lead`` each rank also
     loads the ``lead`` items before its share (cyclically), first: what mixing a batch with
     itself rolled needs."""
 
@@ -128,8 +130,9 @@ def sampled_batches(
         for position in (p % batch_size for p in range(start - lead, start + share)):
             seed_global(seed, "augment", step, micro, position)
             items.append(dataset[int(pick[position])])
-        if collate is not None:
-            return collate(items)
+        if collate is not None:  # one that draws (scale, crop, flip) draws a stream of its own
+            with seeded(seed, "collate", step, micro, layout.dp_rank):
+                return collate(items)
         images = torch.stack([item[0] for item in items])
         return images, torch.stack([torch.as_tensor(item[1]) for item in items])
 
