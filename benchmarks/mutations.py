@@ -705,6 +705,29 @@ FAULTS = (
         "            elif found[0] == ids and not ids:",
         (f"{BOARD}::test_cells_naming_the_same_images_share_one_list_of_ids",),
     ),
+    Fault(
+        "the cell looks for the rows file of the name as written",
+        "evalkit/core/cells.py",
+        "path = rows_file(spec.out, resolve_task(cell[2], spec.overrides).name)",
+        "path = rows_file(spec.out, cell[2])",
+        (
+            "tests/test_sweep.py::test_a_job_named_with_settings_or_an_alias_reads_the_rows_file_of_its_task",
+        ),
+    ),
+    Fault(
+        "two seed rules averaged as one run",
+        "evalkit/core/labels.py",
+        'return (row["task"], backbone, weights, options, config, data, row.get("seed_rule", 1))',
+        'return (row["task"], backbone, weights, options, config, data, 1)',
+        ("tests/test_rows_files.py::test_rows_of_two_seed_rules_are_two_runs_labelled_apart",),
+    ),
+    Fault(
+        "a job's seed reaches a generator unnamed",
+        "tasks/fairness.py",
+        'rng = numpy_generator(seed, "fairness-interval")',
+        "rng = np.random.default_rng(seed)",
+        ("tests/test_architecture.py::test_no_generator_is_seeded_but_through_the_rule",),
+    ),
 )
 
 
