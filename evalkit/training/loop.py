@@ -34,7 +34,7 @@ from evalkit.data.feeding import prefetched
 from evalkit.errors import EvalkitError
 from evalkit.progress import ProgressBar
 from evalkit.schedule import Schedule
-from evalkit.seeds import generator, seed_global, seeded
+from evalkit.seeds import generator, seed_global
 from evalkit.storage.checkpoints import load_strict, read_state_dict, save_checkpoint
 from evalkit.storage.identity import read_json, write_json
 from evalkit.tracking import curve
@@ -131,8 +131,10 @@ def sampled_batches(
             seed_global(seed, "augment", step, micro, position)
             items.append(dataset[int(pick[position])])
         if collate is not None:  # one that draws (scale, crop, flip) draws a stream of its own
-            with seeded(seed, "collate", step, micro, layout.dp_rank):
-                return collate(items)
+            # seeded as the items are, not under fork_rng: batches are also made in forked
+            # loader workers, where fork_rng's device count could hang on CUDA builds
+            seed_global(seed, "collate", step, micro, layout.dp_rank)
+            return collate(items)
         images = torch.stack([item[0] for item in items])
         return images, torch.stack([torch.as_tensor(item[1]) for item in items])
 
