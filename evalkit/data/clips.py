@@ -162,7 +162,9 @@ def _decode(container, stream, indices: list[int], seek: bool) -> dict[int, Imag
             int(round((frame.pts - start) * base * rate)) if frame.pts is not None else len(found)
         )
         if index in wanted and index not in found:
-            found[index] = frame.to_image()
+            # one scaling thread: FFmpeg's pool of scaling threads, once made in a process,
+            # is inherited dead by a forked loader worker, which then waits on it for ever
+            found[index] = frame.to_image(threads=1)
         if index >= max(indices):
             break
     return found
