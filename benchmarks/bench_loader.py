@@ -182,7 +182,6 @@ def class_folders(paths: list[Path], folder: Path) -> Path:
     """The JPEGs as a class-folder set (``train`` and ``val``, four classes), hard-linked; one
     set per image count, since a set linked for another count would hold both counts' files
     (an image in train and val at once, and more images than asked)."""
-    import os
 
     root = folder / f"set-{len(paths)}"
     cut = len(paths) * 3 // 4
@@ -203,7 +202,6 @@ def run_rate(root: Path, cache: str, seed: int) -> tuple[float, float]:
     decoding, collation, copies, normalisation, forward, cache writes, and the OpenMP setting
     the command makes before torch loads)."""
     import json
-    import os
     import resource
     import subprocess
     import sys
@@ -232,7 +230,6 @@ def model_alone_rate(images: int, seed: int) -> float:
     forward, pooling) on random uint8 views already in memory, in batches of a run's size, in
     its own process with the command's OpenMP and page settings: the most a backbone that
     reads nothing could reach, measured beside the run it bounds."""
-    import os
     import subprocess
     import sys
 
