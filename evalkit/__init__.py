@@ -7,7 +7,24 @@ Public API: ``run``, ``load_backbone``, ``get_task``, ``list_tasks``. Imports ar
 
 from __future__ import annotations
 
+import os as _os
+
 __version__ = "0.1.0"
+
+
+def _strict_mkl_products() -> None:
+    """Ask MKL for its strict reproducible mode (``MKL_CBWR=<branch>,STRICT``): its matrix
+    products then give the same bits on any thread count. Without it MKL splits a product's
+    sums by the thread count for some shapes, and a fit run on the cores free at the moment
+    would change with the machine's load. MKL reads the setting once, at its first call, so it
+    is set when evalkit is imported (a branch the user chose is kept);
+    ``evalkit.device.mkl_strict`` says whether it took."""
+    branch = _os.environ.get("MKL_CBWR", "AUTO")
+    if "STRICT" not in branch.upper():
+        _os.environ["MKL_CBWR"] = f"{branch},STRICT"
+
+
+_strict_mkl_products()
 
 
 def list_tasks() -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, warn_once
 
 
 def default_device() -> str:
@@ -101,6 +101,52 @@ def free_cpus() -> int:
     except (OSError, ValueError, IndexError):
         return wanted
     return max(1, min(wanted, available_cpus() - max(0, running - own)))
+
+
+MKL_CBWR_ALL, MKL_CBWR_STRICT = -1, 0x10000  # from MKL's mkl_service.h
+
+
+@functools.cache
+def mkl_strict() -> bool | None:
+    """Whether torch's MKL runs in its strict reproducible mode (set by ``import evalkit``
+    before MKL's first call); None where torch has no MKL to ask."""
+    import ctypes
+
+    libraries = sorted((Path(torch.__file__).parent / "lib").glob("*torch_cpu*"))
+    for library in [None, *libraries]:
+        try:
+            cbwr_get = ctypes.CDLL(library).mkl_serv_cbwr_get
+        except (OSError, AttributeError):
+            continue
+        return bool(cbwr_get(MKL_CBWR_ALL) & MKL_CBWR_STRICT)
+    return None
+
+
+def reproducible_cpus() -> int:
+    """Threads for arithmetic whose numbers must not depend on the thread count (the linear
+    probe's fits): the free cores (``free_cpus``), or one where MKL is not in its strict mode
+    (it was started before evalkit was imported, so its products' sums follow the thread
+    count)."""
+    if mkl_strict() is False:
+        warn_once(
+            "mkl-not-strict",
+            "MKL started before evalkit was imported, outside its strict reproducible mode: "
+            "linear fits run on one thread so that their numbers do not depend on the thread "
+            "count (import evalkit first, or set MKL_CBWR=AUTO,STRICT, to use every core)",
+        )
+        return 1
+    return free_cpus()
+
+
+def on_reproducible_cores(fn):
+    """``fn`` run with torch's threads set to ``reproducible_cpus()`` when it is called."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with threads(reproducible_cpus()):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def on_free_cores(fn):

@@ -28,16 +28,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from evalkit.device import threads
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
     LOW_PRECISION,
+    PIECE_ROWS,
     FeatureRows,
     FitInfo,
     LinearModel,
     PathLogits,
     blocks,
     compute_dtype,
+    serial_dot,
 )
 
 
@@ -145,13 +146,13 @@ class KeptLogitsFit:
             return self._finish_gradient(self._full_product(residual), residual)
         reference, grad_w = self.reference
         grad_w = grad_w.clone()
-        # the residual's change in bf16, its rows padded with zeros to whole blocks (as the
-        # columns are); one batched product, then the blocks' parts added in order (fp64)
+        # the residual's change in bf16, its rows padded with zeros to whole pieces (as the
+        # columns are); one batched product, then the pieces' parts added in order (fp64)
         change = self._buffer(
-            "change", LOW_PRECISION, (len(self.low_columns) * BLOCK_ROWS, residual.shape[1])
+            "change", LOW_PRECISION, (len(self.low_columns) * PIECE_ROWS, residual.shape[1])
         )
         torch.sub(residual, reference, out=change[: self.rows.n])
-        changes = change.view(len(self.low_columns), BLOCK_ROWS, -1)
+        changes = change.view(len(self.low_columns), PIECE_ROWS, -1)
         parts = self._buffer(
             "parts", LOW_PRECISION, (len(changes), self.rows.dim, changes.shape[2])
         )
@@ -226,10 +227,10 @@ class KeptLogitsFit:
         """One step along the L-BFGS direction to the minimum on its line; False when no
         step lowers the objective (floating point has run out)."""
         direction = self._direction(grad)
-        slope = _dot(grad, direction)
+        slope = serial_dot(grad, direction)
         if not slope < 0:  # the history no longer gives a descent direction: restart
             self.pairs.clear()
-            direction, slope = -grad, -_dot(grad, grad)
+            direction, slope = -grad, -serial_dot(grad, grad)
         classes = self.model.bias.numel()
         step_w = self._mapped(direction[:-classes].view_as(self.model.weight))
         step_b = direction[-classes:]
@@ -252,20 +253,20 @@ class KeptLogitsFit:
         """The two-loop recursion: −H·grad for the inverse-Hessian estimate of the pairs."""
         q, alphas = grad.clone(), []
         for s, y, rho in reversed(self.pairs):
-            alphas.append(rho * _dot(s, q))
+            alphas.append(rho * serial_dot(s, q))
             q.add_(y, alpha=-alphas[-1])
         if self.pairs:
             s, y, rho = self.pairs[-1]
-            q *= 1 / (rho * _dot(y, y))
+            q *= 1 / (rho * serial_dot(y, y))
         for (s, y, rho), alpha in zip(self.pairs, reversed(alphas), strict=True):
-            q.add_(s, alpha=alpha - rho * _dot(y, q))
+            q.add_(s, alpha=alpha - rho * serial_dot(y, q))
         return q.neg_()
 
     def _remember(self, grad_change: torch.Tensor) -> None:
         """Keeps the step and gradient change as a pair, with ρ = 1 / (sᵀy), when they show
         positive curvature."""
-        s, curvature = self.last_step, _dot(self.last_step, grad_change)
-        if curvature > 1e-12 * math.sqrt(_dot(s, s) * _dot(grad_change, grad_change)):
+        s, curvature = self.last_step, serial_dot(self.last_step, grad_change)
+        if curvature > 1e-12 * math.sqrt(serial_dot(s, s) * serial_dot(grad_change, grad_change)):
             self.pairs = [*self.pairs[-(self.HISTORY - 1) :], (s, grad_change, 1 / curvature)]
 
     def _line_search(self, line, step_w, slope: float) -> float:
@@ -275,7 +276,7 @@ class KeptLogitsFit:
         as a change since t = 0, so a rounding error of Z that is the same all along the line
         (bf16 products: 2⁻⁹ of Z, far above the slope near the optimum, where the loss and
         the penalty's parts of φ'(0) nearly cancel) drops out, as it does from the slope."""
-        curvature = self.l2 * _dot(step_w.flatten(), step_w.flatten())
+        curvature = self.l2 * serial_dot(step_w.flatten(), step_w.flatten())
         chosen = line.gather(1, self.labels[:, None]).squeeze(1)
         # (softmax(0) − onehot)·Z, then softmax(0)·Z; the trial logits' buffer is free until then
         weighted = torch.mul(self.residual, line, out=self._buffer("trial", line.dtype))
@@ -319,13 +320,6 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
     compute = compute_dtype(a.dtype)
     return a.to(compute) @ b.to(compute)
-
-
-def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
-    """aᵀb on one thread on a CPU: a threaded dot adds in an order set by the thread count,
-    and the fit's path (its iterations, where it stops) would change with it."""
-    with threads(1):
-        return (a @ b).item()
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,10 @@ and effect-table row 5).
   passes on differences where bf16 is fast); others stream (``evalkit.heads.streamed_fit``).
 
   The same inputs give the same probe on any thread count, rank count or device, to within a
-  borderline hold-out image: the blocks are summed in a fixed order (on a CPU a fit takes the
-  same route, to the last bit, on any thread count: ``threads``), and every fit (the path's
-  too) runs until the largest entry of the gradient of the objective itself (in W, not V) is
+  borderline hold-out image: the blocks are summed in a fixed order, and on a CPU a fit takes
+  the same route, to the last bit, on any thread count (MKL's strict mode, set by ``import
+  evalkit``; bf16 sums in pieces of ``PIECE_ROWS``; dots and solvers on one thread:
+  ``threads``); and every fit (the path's too) runs until the largest entry of the gradient of the objective itself (in W, not V) is
   below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit stopped
   short by floating point or ``max_iter`` says so (``converged: false``).
 - ``ridge_fewshot_accuracy``: big_vision's closed-form few-shot probe — whitened features, a
@@ -34,11 +35,12 @@ from dataclasses import dataclass
 
 import torch
 
-from evalkit.device import fast_bf16, gpu_free_bytes, on_free_cores, threads
+from evalkit.device import fast_bf16, gpu_free_bytes, on_reproducible_cores, threads
 from evalkit.heads.kept_logits_fit import KeptLogitsFit
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
     LOW_PRECISION,
+    PIECE_ROWS,
     TOL,
     FeatureRows,
     LinearModel,
@@ -53,6 +55,11 @@ BIAS_CONSTANT = 100.0
 WEAK_TOL_PER_L2 = 1e-2  # the tolerance of a fit with a weak penalty: at most 1% of l2
 KEEP_LOGITS_BYTES = 2 * 2**30  # fits keep every row's logits up to this size (else streamed)
 LOW_PRECISION_PASSES = True  # bf16 passes between exact points where bf16 is fast (kept_logits_fit)
+# bf16 passes need this many rows per feature: with AMX, oneDNN splits the sum of X·dW over
+# the features by the thread count when the rows are few beside them (measured on 1–4 threads:
+# at up to one row per three features, never at one per 1.5; tests/test_thread_invariance.py);
+# such fits are small, and run in fp32.
+LOW_PRECISION_ROWS_PER_FEATURE = 1
 MU_SCALE = 3.0  # μ = MU_SCALE·l2·classes; 1 is the curvature ratio, 3 measured ~10% fewer steps
 
 
@@ -89,10 +96,10 @@ class Standardizer:
 
 
 def _moment_pairs(rows: FeatureRows, low_precision: bool):
-    """(Xᵀ, X) block by block for the rows' second moments: the bf16 copies, or the blocks
-    in their products' precision."""
+    """(Xᵀ, X) piece by piece for the rows' second moments: the bf16 copies (pieces of
+    ``PIECE_ROWS``), or the blocks in their products' precision."""
     if low_precision:
-        by_rows = rows.low_precision_rows(LOW_PRECISION, padded=True).view(-1, BLOCK_ROWS, rows.dim)
+        by_rows = rows.low_precision_rows(LOW_PRECISION, padded=True).view(-1, PIECE_ROWS, rows.dim)
         yield from zip(rows.low_precision_columns(LOW_PRECISION), by_rows, strict=True)
         return
     for x, _ in blocks(rows):
@@ -132,7 +139,7 @@ class Preconditioner:
         return (basis * scale.to(dtype)) @ basis.T
 
 
-@on_free_cores
+@on_reproducible_cores
 def fit_logistic(
     x,
     y,
@@ -156,7 +163,8 @@ def fit_logistic(
     weights can move by about gradient / l2), so the tolerance tightens to
     ``WEAK_TOL_PER_L2``·l2 below l2 = 1e-4. ``logits``: a path's exact logits at the start
     and end of this fit (kept-logits fits). The passes run on the cores free when the fit
-    starts (``free_cpus``): the numbers do not depend on the thread count, the time does."""
+    starts (``reproducible_cpus``): the numbers do not depend on the thread count, the time
+    does."""
     rows = x if isinstance(x, FeatureRows) else FeatureRows.of(x, y)
     if init is None:
         init = LinearModel(rows.zeros(rows.dim, num_classes), rows.zeros(num_classes))
@@ -190,9 +198,12 @@ def keep_logits_budget(device: torch.device) -> int:
 
 
 def _low_precision(rows: FeatureRows) -> bool:
-    """bf16 passes between exact points: resident fp32 rows on a device where bf16 products
-    are fast (a GPU; a CPU with AVX-512 BF16 or AMX)."""
+    """bf16 passes between exact points: resident fp32 rows, at least
+    ``LOW_PRECISION_ROWS_PER_FEATURE`` per feature, on a device where bf16 products are fast
+    (a GPU; a CPU with AVX-512 BF16 or AMX)."""
     if not (LOW_PRECISION_PASSES and rows.resident):
+        return False
+    if rows.n < LOW_PRECISION_ROWS_PER_FEATURE * rows.dim:
         return False
     x, _ = next(iter(rows.chunks()))
     return x.dtype == torch.float32 and fast_bf16(x.device)
@@ -225,6 +236,7 @@ def path_flops(rows: int, dim: int, classes: int) -> int:
     return PATH_PASSES * 2 * rows * dim * classes
 
 
+@on_reproducible_cores
 def logistic_path(
     x,
     y,
@@ -294,15 +306,18 @@ def ridge_fewshot_hits(
     targets = 2.0 * torch.nn.functional.one_hot(y_train, num_classes).double() - 1.0
     n, d = design.shape
     if n >= d:  # (XᵀX + λI)⁻¹ XᵀY
-        weight = torch.linalg.solve(
-            design.T @ design + l2 * torch.eye(d, dtype=design.dtype), design.T @ targets
-        )
+        weight = _serial_solve(design.T @ design, l2, design.T @ targets)
     else:  # Xᵀ (XXᵀ + λI)⁻¹ Y: the same solution through the smaller n×n system
-        weight = design.T @ torch.linalg.solve(
-            design @ design.T + l2 * torch.eye(n, dtype=design.dtype), targets
-        )
+        weight = design.T @ _serial_solve(design @ design.T, l2, targets)
     predictions = (_with_bias(whiten(x_test)) @ weight).argmax(1)
     return predictions == y_test
+
+
+def _serial_solve(gram: torch.Tensor, l2: float, right: torch.Tensor) -> torch.Tensor:
+    """(gram + l2·I)⁻¹·right on one thread: threaded LAPACK's last bits follow the thread
+    count (MKL's strict mode covers its matrix products, not its solvers)."""
+    with threads(1):
+        return torch.linalg.solve(gram + l2 * torch.eye(len(gram), dtype=gram.dtype), right)
 
 
 def _with_bias(x: torch.Tensor) -> torch.Tensor:

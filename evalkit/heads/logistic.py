@@ -11,10 +11,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.device import threads
+
 TOL = 1e-6  # largest gradient entry at which a fit counts as converged
 BLOCK_ROWS = 1024  # rows per block: bounds memory, fixes the summation order, and keeps each
 # fp32 product's own sum short (its rounding grows with the rows it adds; fp64 adds the blocks)
 LOW_PRECISION = torch.bfloat16  # the precision of the passes between exact points (kept_logits_fit)
+# Rows per piece of a bf16 sum over rows: oneDNN (which runs torch's bf16 products on a CPU)
+# splits a longer sum by the thread count, so Xᵀ·R and Xᵀ·X are batched products of pieces,
+# added in a fixed order. Measured on 1–4 threads, with and without AMX (ONEDNN_MAX_CPU_ISA):
+# pieces of 256 rows gave the same bits at every shape tried (up to 6,144 features and 1,000
+# classes), blocks of 1,024 did not (tests/test_thread_invariance.py).
+PIECE_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -78,12 +86,12 @@ class FeatureRows:
         return self.copies[key] if padded else self.copies[key][: self.n]
 
     def low_precision_columns(self, dtype: torch.dtype) -> torch.Tensor:
-        """The padded rows' blocks transposed, (blocks, features, ``BLOCK_ROWS``), for one batched
-        product Xᵀ·R over all blocks: copied on a CPU, whose bf16 products with a transposed
-        operand are slower; on a GPU, a view."""
+        """The padded rows' pieces transposed, (pieces, features, ``PIECE_ROWS``), for one
+        batched product Xᵀ·R over all pieces: copied on a CPU, whose bf16 products with a
+        transposed operand are slower; on a GPU, a view."""
         key = (dtype, "columns")
         if key not in self.copies:
-            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, BLOCK_ROWS, self.dim)
+            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, PIECE_ROWS, self.dim)
             columns = by_rows.transpose(1, 2)
             self.copies[key] = columns if columns.is_cuda else columns.contiguous()
         return self.copies[key]
@@ -122,7 +130,16 @@ def loss_and_grad_of_rows(
         grad_b += probs.double().sum(0) / rows.n
     model.weight.grad = grad_w + l2 * model.weight
     model.bias.grad = grad_b
-    return loss + 0.5 * l2 * model.weight.pow(2).sum()
+    weight = model.weight.flatten()
+    return loss + 0.5 * l2 * serial_dot(weight, weight)
+
+
+def serial_dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """aᵀb on one thread on a CPU: a threaded dot (or a sum of one output) adds in an order
+    set by the thread count, and a fit's path (its iterations, where it stops) would change
+    with it."""
+    with threads(1):
+        return (a @ b).item()
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
