@@ -39,6 +39,7 @@ SHARDS, BOARD = "tests/test_shards.py", "tests/test_board_statistics.py"
 CALIBRATION = ("tests/test_metrics.py", "tests/test_calibration.py")
 EXPLORE = "tests/test_explore.py"
 LIGHT = "tests/test_light_imports.py"
+THREADS = "tests/test_thread_invariance.py"
 FAULTS = (
     Fault(
         "ece bins closed on the left",
@@ -727,6 +728,48 @@ FAULTS = (
         'rng = numpy_generator(seed, "fairness-interval")',
         "rng = np.random.default_rng(seed)",
         ("tests/test_architecture.py::test_no_generator_is_seeded_but_through_the_rule",),
+    ),
+    Fault(
+        "MKL left outside its strict mode",
+        "evalkit/__init__.py",
+        '_os.environ["MKL_CBWR"] = f"{branch},STRICT"',
+        '_os.environ["MKL_CBWR"] = branch',
+        (THREADS,),
+    ),
+    Fault(
+        "a late import fits on every core",
+        "evalkit/device.py",
+        "    if mkl_strict() is False:\n",
+        "    if mkl_strict() is None:\n",
+        (THREADS,),
+    ),
+    Fault(
+        "bf16 sums in blocks of 1,024 rows",
+        "evalkit/heads/logistic.py",
+        "PIECE_ROWS = 256",
+        "PIECE_ROWS = 1024",
+        (THREADS,),
+    ),
+    Fault(
+        "bf16 passes however few the rows",
+        "evalkit/heads/linear.py",
+        "    if rows.n < LOW_PRECISION_ROWS_PER_FEATURE * rows.dim:\n        return False\n",
+        "",
+        (THREADS,),
+    ),
+    Fault(
+        "the loss's penalty summed on every thread",
+        "evalkit/heads/logistic.py",
+        "return loss + 0.5 * l2 * serial_dot(weight, weight)",
+        "return loss + 0.5 * l2 * weight.pow(2).sum()",
+        (THREADS,),
+    ),
+    Fault(
+        "the few-shot solve on every thread",
+        "evalkit/heads/linear.py",
+        "    with threads(1):\n        return torch.linalg.solve(",
+        "    if True:\n        return torch.linalg.solve(",
+        (THREADS,),
     ),
 )
 
