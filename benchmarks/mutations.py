@@ -732,8 +732,8 @@ FAULTS = (
     Fault(
         "MKL left outside its strict mode",
         "evalkit/__init__.py",
-        '_os.environ["MKL_CBWR"] = f"{branch},STRICT"',
-        '_os.environ["MKL_CBWR"] = branch',
+        'else f"{branch},STRICT"',
+        "else branch",
         (THREADS,),
     ),
     Fault(
@@ -746,15 +746,22 @@ FAULTS = (
     Fault(
         "bf16 sums in blocks of 1,024 rows",
         "evalkit/heads/logistic.py",
-        "PIECE_ROWS = 256",
-        "PIECE_ROWS = 1024",
+        "PIECE = 256",
+        "PIECE = 1024",
         (THREADS,),
     ),
     Fault(
-        "bf16 passes however few the rows",
-        "evalkit/heads/linear.py",
-        "    if rows.n < LOW_PRECISION_ROWS_PER_FEATURE * rows.dim:\n        return False\n",
-        "",
+        "the bf16 line summed over all features at once",
+        "evalkit/heads/kept_logits_fit.py",
+        "    for start in range(0, x.shape[1], PIECE):\n        features = slice(start, start + PIECE)",
+        "    for start in range(0, x.shape[1], x.shape[1]):\n        features = slice(start, None)",
+        (THREADS,),
+    ),
+    Fault(
+        "row sums on every thread",
+        "evalkit/heads/kept_logits_fit.py",
+        "    with threads(1):\n        sums = values",
+        "    if True:\n        sums = values",
         (THREADS,),
     ),
     Fault(

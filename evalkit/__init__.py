@@ -19,9 +19,8 @@ def _strict_mkl_products() -> None:
     would change with the machine's load. MKL reads the setting once, at its first call, so it
     is set when evalkit is imported (a branch the user chose is kept);
     ``evalkit.device.mkl_strict`` says whether it took."""
-    branch = _os.environ.get("MKL_CBWR", "AUTO")
-    if "STRICT" not in branch.upper():
-        _os.environ["MKL_CBWR"] = f"{branch},STRICT"
+    branch = (_os.environ.get("MKL_CBWR") or "AUTO").upper()  # MKL reads upper case only
+    _os.environ["MKL_CBWR"] = branch if "STRICT" in branch else f"{branch},STRICT"
 
 
 _strict_mkl_products()

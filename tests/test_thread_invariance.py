@@ -4,7 +4,9 @@ the streamed fit) and the closed-form few-shot probe, and each kind of product t
 A fit runs on the cores free when it starts, so without this a rerun's numbers would follow
 the machine's load. MKL splits the sums of some products by the thread count unless it runs
 in its strict mode (``import evalkit`` asks for it), and oneDNN's bf16 products split long
-sums: the fits sum bf16 rows in pieces of ``PIECE_ROWS``."""
+sums: the fits sum bf16 terms in pieces of ``PIECE``. ATen's fp32 column sums round
+differently where threads split the columns (from 5 threads at 37 classes), so thread counts
+up to 16 are tried: a library splits its sums by the thread count asked for, not the cores."""
 
 from __future__ import annotations
 
@@ -18,21 +20,17 @@ import pytest
 import torch
 
 import evalkit.device
-from evalkit.heads.linear import (
-    LOW_PRECISION_ROWS_PER_FEATURE,
-    fit_logistic,
-    logistic_path,
-    ridge_fewshot_hits,
-)
-from evalkit.heads.logistic import PIECE_ROWS
+from evalkit.heads.kept_logits_fit import _row_sums, pieced_product
+from evalkit.heads.linear import fit_logistic, logistic_path, ridge_fewshot_fit
+from evalkit.heads.logistic import PIECE
 from evalkit.protocols.classification import DEFAULT_L2, choose_l2, stratified_holdout
 
-THREADS = (1, 2, 3, 4)
+THREADS = (1, 2, 5, 9, 16)
 
 
 @pytest.fixture
 def every_thread_count(monkeypatch):
-    """Run a function on 1–4 threads (the fits take every thread asked for, whatever the
+    """Run a function on each of ``THREADS`` (the fits take every thread asked for, whatever the
     load) and return its results."""
     monkeypatch.setattr(evalkit.device, "free_cpus", torch.get_num_threads)
     before = torch.get_num_threads()
@@ -85,12 +83,14 @@ def probe(x, y, keep_logits: bool) -> str:
     ("rows", "dim", "classes", "keep_logits"),
     [
         (960, 64, 24, True),  # the gate's vit22b/test probe: bf16 passes where bf16 is fast
+        (960, 64, 37, True),  # the bias gradient's column sums split from 5 threads
         (960, 64, 24, False),  # the streamed fit
-        (256, 1536, 100, True),  # fewer rows than features: kept logits in fp32 (with AMX,
-        # oneDNN splits a bf16 X·dW of this shape by the thread count)
+        (600, 256, 600, False),  # a streamed penalty |W|² of 153,600 terms
+        (256, 1536, 100, True),  # bf16 X·dW that oneDNN splits whole (with AMX)
+        (1024, 512, 500, True),  # and another, from 9 threads
     ],
 )
-def test_the_probe_is_bitwise_the_same_on_one_to_four_threads(
+def test_the_probe_is_bitwise_the_same_on_any_thread_count(
     every_thread_count, rows, dim, classes, keep_logits
 ):
     x, y = features(rows, dim, classes)
@@ -98,15 +98,15 @@ def test_the_probe_is_bitwise_the_same_on_one_to_four_threads(
     assert len(set(digests)) == 1, dict(zip(THREADS, digests, strict=True))
 
 
-def test_the_few_shot_probe_is_bitwise_the_same_on_one_to_four_threads(every_thread_count):
-    for shots, dim in ((5, 64), (25, 192)):  # n < d and n > d: the two systems it solves
-        x, y = features(24 * shots, dim, 24)
-        xv, yv = features(200, dim, 24, seed=1)
+def test_the_few_shot_probe_is_bitwise_the_same_on_any_thread_count(every_thread_count):
+    for rows, dim in ((193, 256), (600, 192)):  # n < d and n > d: the two systems it solves
+        x, y = features(rows, dim, 24)
 
-        def hits(x=x, y=y, xv=xv, yv=yv):
-            return digest(ridge_fewshot_hits(x, y, xv, yv, num_classes=24, l2=1e-3))
+        def fit(x=x, y=y):
+            whiten, weight = ridge_fewshot_fit(x, y, num_classes=24, l2=1e-3)
+            return digest(whiten.mean, whiten.std, weight)
 
-        assert len(set(every_thread_count(hits))) == 1, (shots, dim)
+        assert len(set(every_thread_count(fit))) == 1, (rows, dim)
 
 
 def products(rows: int, dim: int, classes: int) -> dict:
@@ -114,29 +114,31 @@ def products(rows: int, dim: int, classes: int) -> dict:
     gen = torch.Generator().manual_seed(rows * dim + classes)
     x, r = torch.randn(rows, dim, generator=gen), torch.randn(rows, classes, generator=gen)
     w = torch.randn(dim, classes, generator=gen)
-    pieces = -(-rows // PIECE_ROWS)
-    padded = torch.zeros(pieces * PIECE_ROWS, dim)
+    pieces = -(-rows // PIECE)
+    padded = torch.zeros(pieces * PIECE, dim)
     padded[:rows] = x
-    columns = padded.bfloat16().view(pieces, PIECE_ROWS, dim).transpose(1, 2).contiguous()
-    changes = torch.zeros(pieces * PIECE_ROWS, classes, dtype=torch.bfloat16)
+    columns = padded.bfloat16().view(pieces, PIECE, dim).transpose(1, 2).contiguous()
+    changes = torch.zeros(pieces * PIECE, classes, dtype=torch.bfloat16)
     changes[:rows] = r
+    line = torch.zeros(rows, classes)
+    part = torch.zeros(rows, classes, dtype=torch.bfloat16)
     kinds = {
         "exact logits X·W (fp32)": lambda: x @ w,
         "scores X·W (fp64)": lambda: x.double() @ w.double(),
         "exact gradient Xᵀ·R (fp32)": lambda: x.T @ r,
         "moments Xᵀ·X (fp32)": lambda: x.T @ x,
-        "bf16 gradient, pieces": lambda: torch.bmm(columns, changes.view(pieces, PIECE_ROWS, -1)),
+        "bf16 gradient, pieces": lambda: torch.bmm(columns, changes.view(pieces, PIECE, -1)),
         "bf16 moments, pieces": lambda: torch.bmm(columns, padded.bfloat16().view(pieces, -1, dim)),
     }
-    if rows >= LOW_PRECISION_ROWS_PER_FEATURE * dim:
-        kinds["bf16 line X·dW"] = lambda: x.bfloat16() @ w.bfloat16()
+    kinds["bf16 line X·dW, pieces"] = lambda: pieced_product(x.bfloat16(), w.bfloat16(), line, part)
+    kinds["bias gradient, column sums"] = lambda: _row_sums(r)
     return kinds
 
 
-SHAPES = list(itertools.product((96, 960), (64, 768, 1536), (24, 1000)))
+SHAPES = list(itertools.product((96, 960), (64, 768, 1536), (37, 1000)))
 
 
-def test_each_product_a_fit_runs_is_bitwise_the_same_on_one_to_four_threads(every_thread_count):
+def test_each_product_a_fit_runs_is_bitwise_the_same_on_any_thread_count(every_thread_count):
     """The shapes where, without MKL's strict mode and the bf16 pieces, these products
     differed between thread counts on a CPU with AMX (a fit at 960 × 64 × 24 among them)."""
     varied = []

@@ -28,10 +28,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from evalkit.device import threads
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
     LOW_PRECISION,
-    PIECE_ROWS,
+    PIECE,
     FeatureRows,
     FitInfo,
     LinearModel,
@@ -149,10 +150,10 @@ class KeptLogitsFit:
         # the residual's change in bf16, its rows padded with zeros to whole pieces (as the
         # columns are); one batched product, then the pieces' parts added in order (fp64)
         change = self._buffer(
-            "change", LOW_PRECISION, (len(self.low_columns) * PIECE_ROWS, residual.shape[1])
+            "change", LOW_PRECISION, (len(self.low_columns) * PIECE, residual.shape[1])
         )
         torch.sub(residual, reference, out=change[: self.rows.n])
-        changes = change.view(len(self.low_columns), PIECE_ROWS, -1)
+        changes = change.view(len(self.low_columns), PIECE, -1)
         parts = self._buffer(
             "parts", LOW_PRECISION, (len(changes), self.rows.dim, changes.shape[2])
         )
@@ -195,17 +196,20 @@ class KeptLogitsFit:
 
     def _line(self, step_w: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
         """Z = X·dW + db, in the products' precision (fp32, or fp64 for fp64 rows)."""
-        low = self.low is not None and not self.full_line
-        step = step_w.to(LOW_PRECISION if low else self.compute)
-        line = self._buffer("low line" if low else "line", step.dtype)
-        if low:
-            torch.matmul(self.low, step, out=line)
-        else:
-            for (x, _), part in zip(blocks(self.rows), line.split(self.sizes), strict=True):
-                torch.matmul(x.to(step.dtype), step, out=part)
-        self.low_passes += low
-        # bf16 + fp32: fp32, in one pass
-        return torch.add(line, step_b.to(self.compute), out=self._buffer("line", self.compute))
+        if self.low is not None and not self.full_line:
+            return self._low_line(step_w.to(LOW_PRECISION), step_b)
+        step = step_w.to(self.compute)
+        line = self._buffer("line", step.dtype)
+        for (x, _), part in zip(blocks(self.rows), line.split(self.sizes), strict=True):
+            torch.matmul(x.to(step.dtype), step, out=part)
+        return line.add_(step_b.to(self.compute))
+
+    def _low_line(self, step: torch.Tensor, step_b: torch.Tensor) -> torch.Tensor:
+        """Z from the bf16 rows (``pieced_product``)."""
+        line, part = self._buffer("line", self.compute), self._buffer("low line", LOW_PRECISION)
+        pieced_product(self.low, step, line, part)
+        self.low_passes += 1
+        return line.add_(step_b.to(self.compute))
 
     def _buffer(self, name: str, dtype: torch.dtype, shape: tuple | None = None) -> torch.Tensor:
         """A buffer (default: rows × classes; made zero) made once per fit and rewritten by
@@ -316,6 +320,17 @@ class KeptLogitsFit:
         return _row_sums(squares - self.mean_z * self.mean_z).item() / self.rows.n
 
 
+def pieced_product(x: torch.Tensor, step: torch.Tensor, out: torch.Tensor, part: torch.Tensor):
+    """x·step into ``out`` as the products of pieces of ``PIECE`` features (each into
+    ``part``, in x's precision), added in order in ``out``'s: oneDNN splits a whole row's bf16
+    sum by the thread count."""
+    for start in range(0, x.shape[1], PIECE):
+        features = slice(start, start + PIECE)
+        torch.matmul(x[:, features], step[features], out=part)
+        out.copy_(part) if start == 0 else out.add_(part)
+    return out
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b in a's precision (fp32 for fp32, bf16 or fp16 features; fp64 for fp64)."""
     compute = compute_dtype(a.dtype)
@@ -333,7 +348,9 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _row_sums(values: torch.Tensor) -> torch.Tensor:
     """Sum over the rows (dim 0), block by block in a fixed order whatever the thread count:
-    each block's sum in the values' precision, then the blocks' sums in fp64."""
+    each block's sum in the values' precision, then the blocks' sums in fp64. On one thread:
+    ATen's fp32 column sums round differently where the threads split the columns."""
     whole = len(values) - len(values) % BLOCK_ROWS
-    sums = values[:whole].view(-1, BLOCK_ROWS, *values.shape[1:]).sum(1).double().sum(0)
-    return sums + values[whole:].sum(0).double() if whole < len(values) else sums
+    with threads(1):
+        sums = values[:whole].view(-1, BLOCK_ROWS, *values.shape[1:]).sum(1).double().sum(0)
+        return sums + values[whole:].sum(0).double() if whole < len(values) else sums

@@ -19,7 +19,8 @@ and effect-table row 5).
   The same inputs give the same probe on any thread count, rank count or device, to within a
   borderline hold-out image: the blocks are summed in a fixed order, and on a CPU a fit takes
   the same route, to the last bit, on any thread count (MKL's strict mode, set by ``import
-  evalkit``; bf16 sums in pieces of ``PIECE_ROWS``; dots and solvers on one thread:
+  evalkit``; bf16 sums in pieces of ``PIECE`` terms; dots, sums over rows and solvers on one
+  thread:
   ``threads``); and every fit (the path's too) runs until the largest entry of the gradient of the objective itself (in W, not V) is
   below ``TOL``. The objective is strictly convex, so that pins its one optimum; a fit stopped
   short by floating point or ``max_iter`` says so (``converged: false``).
@@ -40,7 +41,7 @@ from evalkit.heads.kept_logits_fit import KeptLogitsFit
 from evalkit.heads.logistic import (
     BLOCK_ROWS,
     LOW_PRECISION,
-    PIECE_ROWS,
+    PIECE,
     TOL,
     FeatureRows,
     LinearModel,
@@ -55,11 +56,6 @@ BIAS_CONSTANT = 100.0
 WEAK_TOL_PER_L2 = 1e-2  # the tolerance of a fit with a weak penalty: at most 1% of l2
 KEEP_LOGITS_BYTES = 2 * 2**30  # fits keep every row's logits up to this size (else streamed)
 LOW_PRECISION_PASSES = True  # bf16 passes between exact points where bf16 is fast (kept_logits_fit)
-# bf16 passes need this many rows per feature: with AMX, oneDNN splits the sum of X·dW over
-# the features by the thread count when the rows are few beside them (measured on 1–4 threads:
-# at up to one row per three features, never at one per 1.5; tests/test_thread_invariance.py);
-# such fits are small, and run in fp32.
-LOW_PRECISION_ROWS_PER_FEATURE = 1
 MU_SCALE = 3.0  # μ = MU_SCALE·l2·classes; 1 is the curvature ratio, 3 measured ~10% fewer steps
 
 
@@ -97,9 +93,9 @@ class Standardizer:
 
 def _moment_pairs(rows: FeatureRows, low_precision: bool):
     """(Xᵀ, X) piece by piece for the rows' second moments: the bf16 copies (pieces of
-    ``PIECE_ROWS``), or the blocks in their products' precision."""
+    ``PIECE``), or the blocks in their products' precision."""
     if low_precision:
-        by_rows = rows.low_precision_rows(LOW_PRECISION, padded=True).view(-1, PIECE_ROWS, rows.dim)
+        by_rows = rows.low_precision_rows(LOW_PRECISION, padded=True).view(-1, PIECE, rows.dim)
         yield from zip(rows.low_precision_columns(LOW_PRECISION), by_rows, strict=True)
         return
     for x, _ in blocks(rows):
@@ -198,12 +194,9 @@ def keep_logits_budget(device: torch.device) -> int:
 
 
 def _low_precision(rows: FeatureRows) -> bool:
-    """bf16 passes between exact points: resident fp32 rows, at least
-    ``LOW_PRECISION_ROWS_PER_FEATURE`` per feature, on a device where bf16 products are fast
-    (a GPU; a CPU with AVX-512 BF16 or AMX)."""
+    """bf16 passes between exact points: resident fp32 rows on a device where bf16 products
+    are fast (a GPU; a CPU with AVX-512 BF16 or AMX)."""
     if not (LOW_PRECISION_PASSES and rows.resident):
-        return False
-    if rows.n < LOW_PRECISION_ROWS_PER_FEATURE * rows.dim:
         return False
     x, _ = next(iter(rows.chunks()))
     return x.dtype == torch.float32 and fast_bf16(x.device)
@@ -300,17 +293,22 @@ def ridge_fewshot_hits(
     x_train, y_train, x_test, y_test, *, num_classes: int, l2: float
 ) -> torch.Tensor:
     """Whether the closed-form least-squares probe gets each test image right (float64)."""
-    x_train, x_test = x_train.double(), x_test.double()
+    whiten, weight = ridge_fewshot_fit(x_train, y_train, num_classes=num_classes, l2=l2)
+    predictions = (_with_bias(whiten(x_test.double())) @ weight).argmax(1)
+    return predictions == y_test
+
+
+def ridge_fewshot_fit(x_train, y_train, *, num_classes: int, l2: float):
+    """The closed-form probe's whitening and its weights (bias row last), in float64."""
+    x_train = x_train.double()
     whiten = Standardizer.fit(x_train)
     design = _with_bias(whiten(x_train))
     targets = 2.0 * torch.nn.functional.one_hot(y_train, num_classes).double() - 1.0
     n, d = design.shape
     if n >= d:  # (XᵀX + λI)⁻¹ XᵀY
-        weight = _serial_solve(design.T @ design, l2, design.T @ targets)
-    else:  # Xᵀ (XXᵀ + λI)⁻¹ Y: the same solution through the smaller n×n system
-        weight = design.T @ _serial_solve(design @ design.T, l2, targets)
-    predictions = (_with_bias(whiten(x_test)) @ weight).argmax(1)
-    return predictions == y_test
+        return whiten, _serial_solve(design.T @ design, l2, design.T @ targets)
+    # Xᵀ (XXᵀ + λI)⁻¹ Y: the same solution through the smaller n×n system
+    return whiten, design.T @ _serial_solve(design @ design.T, l2, targets)
 
 
 def _serial_solve(gram: torch.Tensor, l2: float, right: torch.Tensor) -> torch.Tensor:

@@ -17,12 +17,13 @@ TOL = 1e-6  # largest gradient entry at which a fit counts as converged
 BLOCK_ROWS = 1024  # rows per block: bounds memory, fixes the summation order, and keeps each
 # fp32 product's own sum short (its rounding grows with the rows it adds; fp64 adds the blocks)
 LOW_PRECISION = torch.bfloat16  # the precision of the passes between exact points (kept_logits_fit)
-# Rows per piece of a bf16 sum over rows: oneDNN (which runs torch's bf16 products on a CPU)
-# splits a longer sum by the thread count, so Xᵀ·R and Xᵀ·X are batched products of pieces,
-# added in a fixed order. Measured on 1–4 threads, with and without AMX (ONEDNN_MAX_CPU_ISA):
-# pieces of 256 rows gave the same bits at every shape tried (up to 6,144 features and 1,000
-# classes), blocks of 1,024 did not (tests/test_thread_invariance.py).
-PIECE_ROWS = 256
+# Terms per piece of a bf16 sum: oneDNN (which runs torch's bf16 products on a CPU) splits a
+# longer sum by the thread count, so Xᵀ·R and Xᵀ·X are batched products of pieces of rows and
+# X·dW a sum of products of pieces of features, the pieces added in a fixed order. Measured on
+# 1–16 threads, with and without AMX (ONEDNN_MAX_CPU_ISA): pieces of 256 gave the same bits at
+# every shape tried (up to 6,144 features and 1,000 classes), whole sums of 768 or 1,024 terms
+# did not (tests/test_thread_invariance.py).
+PIECE = 256
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,12 @@ class FeatureRows:
         return self.copies[key] if padded else self.copies[key][: self.n]
 
     def low_precision_columns(self, dtype: torch.dtype) -> torch.Tensor:
-        """The padded rows' pieces transposed, (pieces, features, ``PIECE_ROWS``), for one
+        """The padded rows' pieces transposed, (pieces, features, ``PIECE``), for one
         batched product Xᵀ·R over all pieces: copied on a CPU, whose bf16 products with a
         transposed operand are slower; on a GPU, a view."""
         key = (dtype, "columns")
         if key not in self.copies:
-            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, PIECE_ROWS, self.dim)
+            by_rows = self.low_precision_rows(dtype, padded=True).view(-1, PIECE, self.dim)
             columns = by_rows.transpose(1, 2)
             self.copies[key] = columns if columns.is_cuda else columns.contiguous()
         return self.copies[key]
