@@ -744,7 +744,7 @@ FAULTS = (
         (THREADS,),
     ),
     Fault(
-        "bf16 sums in blocks of 1,024 rows",
+        "bf16 sums in blocks of 1024 rows",
         "evalkit/heads/logistic.py",
         "PIECE = 256",
         "PIECE = 1024",
