@@ -138,26 +138,23 @@ def reproducible_cpus() -> int:
     return free_cpus()
 
 
-def on_reproducible_cores(fn):
-    """``fn`` run with torch's threads set to ``reproducible_cpus()`` when it is called."""
+def _on_cores(count):
+    """A decorator: ``fn`` run with torch's threads set to ``count()`` when it is called (the
+    count is looked up then, so the cores free at that moment)."""
 
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with threads(reproducible_cpus()):
-            return fn(*args, **kwargs)
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with threads(count()):
+                return fn(*args, **kwargs)
 
-    return run
+        return run
+
+    return decorate
 
 
-def on_free_cores(fn):
-    """``fn`` run with torch's threads set to ``free_cpus()`` when it is called."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with threads(free_cpus()):
-            return fn(*args, **kwargs)
-
-    return run
+on_reproducible_cores = _on_cores(lambda: reproducible_cpus())  # the fits (their numbers)
+on_free_cores = _on_cores(lambda: free_cpus())  # kNN's search (exact whatever the count)
 
 
 def _task_state(task: Path) -> str:

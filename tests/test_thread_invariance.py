@@ -67,9 +67,13 @@ def probe(x, y, keep_logits: bool) -> str:
     classes = int(y.max()) + 1
     fit_idx, held_idx = stratified_holdout(y, 0.2, seed=0)
     path = logistic_path(
-        x[fit_idx], y[fit_idx], num_classes=classes, l2_values=DEFAULT_L2, max_iter=100,
+        x[fit_idx],
+        y[fit_idx],
+        num_classes=classes,
+        l2_values=DEFAULT_L2,
+        max_iter=100,
         keep_logits=keep_logits,
-    )  # fmt: skip
+    )
     held = {l2: int((m.logits(x[held_idx]).argmax(1) == y[held_idx]).sum()) for l2, m in path}
     l2, init = choose_l2(path, held)
     final = fit_logistic(
@@ -153,9 +157,13 @@ def in_a_fresh_process(code: str) -> str:
     """Runs ``code`` in a process that does not inherit this one's MKL setting."""
     env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
         env=env,
-    )  # fmt: skip
+    )
     return result.stdout.strip() + result.stderr.strip()
 
 
