@@ -778,6 +778,27 @@ FAULTS = (
         "    if True:\n        return torch.linalg.solve(",
         (THREADS,),
     ),
+    Fault(
+        "ls settings lists the most derived class's fields first",
+        "evalkit/core/settings_table.py",
+        "for base in reversed(method_order((module, name))[1:]):",
+        "for base in method_order((module, name))[1:]:",
+        (LIGHT,),
+    ),
+    Fault(
+        "ls settings ignores the catalog's parameters",
+        "evalkit/core/settings_table.py",
+        "value = params.get(field_name, default)",
+        "value = default",
+        (LIGHT,),
+    ),
+    Fault(
+        "ls settings shows a value it did not evaluate",
+        "evalkit/core/settings_table.py",
+        "    def __repr__(self) -> str:\n        raise Unreadable(self.source)",
+        "    def __repr__(self) -> str:\n        return self.source",
+        (LIGHT,),
+    ),
 )
 
 

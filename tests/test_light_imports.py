@@ -65,6 +65,13 @@ COMMANDS = {  # the folders: {base}, {new}, {other}, {board}; {out} a fresh one
     "export mteb": "export {board} --format mteb --out {out}/mteb",
     "ls": "ls",
     "ls tasks": "ls tasks",
+    "ls backbones": "ls backbones",
+    "ls datasets": "ls datasets",
+    "ls suites": "ls suites",
+    "ls settings": "ls settings imagenet-linear",
+    "ls settings of a fraction": "ls settings ade20k-1/16",
+    "ls settings of the alias": "ls settings adek20k-1/16",
+    "ls settings of zero-shot": "ls settings lit-imagenet",
     "power": "power {board} --task imagenet-knn",
 }
 
@@ -127,3 +134,31 @@ def test_a_task_declaring_no_tables_gets_those_its_columns_suggest():
     ((title, rows),) = by_columns(frame, 1)
     assert title == "images of lowest mIoU" and rows["image"].tolist() == ["b.png"]
     assert by_columns(pd.DataFrame({"image": ["a.png"], "score": [1.0]}), 1) == []
+
+
+def test_every_tasks_settings_read_from_source_are_the_built_tasks():
+    """``ls settings`` reads each built-in task's table from its source; for every task and
+    alias it is the table of the task built (its defaults, the catalog's parameters, the
+    rules' texts, the dataclass order)."""
+    from evalkit.cli.listing import built_settings_rows
+    from evalkit.core.catalog import TASKS
+    from evalkit.core.settings_table import settings_rows
+
+    for name in TASKS.names():
+        entry = TASKS.get(name)
+        read = settings_rows(entry.target, entry.params)
+        assert read is not None, f"{name}: its settings are beyond the source reading"
+        assert read == built_settings_rows(name), name
+
+
+def test_a_source_the_reading_cannot_follow_builds_the_task(capsys):
+    """Where the source reading stops (a field without a default, a plugin's module, a value
+    only an object's repr shows) it says so and the listing builds the task instead."""
+    from evalkit.core.settings_table import Opaque, Unreadable, settings_rows
+
+    assert settings_rows("evalkit.core.task:Rule", {}) is None  # fields without defaults
+    assert settings_rows("some_plugin.tasks:Mine", {}) is None
+    with pytest.raises(Unreadable):
+        str({"a": Opaque("make()")})
+    assert main(["ls", "settings", "imagenet-linear[eval_split=imagenet-r]"]) == 0
+    assert "imagenet-r" in capsys.readouterr().out

@@ -91,27 +91,41 @@ def _suites(console) -> int:
 
 def _settings(task_name: str | None, console) -> int:
     """Every setting of a task: name, default and the values it takes."""
-    import dataclasses
-
     from rich.table import Table
 
-    from evalkit.core.runner import resolve_task
+    from evalkit.core.catalog import TASKS, task_settings
+    from evalkit.core.settings_table import settings_rows
 
     if not task_name:
         raise EvalkitError(
             "evalkit ls settings needs a task: e.g. evalkit ls settings imagenet-linear"
         )
+    base, inline = task_settings(task_name)
+    entry = TASKS.get(base)
+    rows = None if inline else settings_rows(entry.target, entry.params)
+    table = Table("setting", "default", "takes", title=f"{entry.canonical}: --set KEY=VALUE")
+    for row in rows if rows is not None else built_settings_rows(task_name):
+        table.add_row(*row)
+    console.print(table)
+    return 0
+
+
+def built_settings_rows(task_name: str) -> list[tuple[str, str, str]]:
+    """``settings_rows`` from the task built (its module imported: torch with it)."""
+    import dataclasses
+
+    from evalkit.core.catalog import resolve_task
+
     task = resolve_task(task_name)
-    table = Table("setting", "default", "takes", title=f"{task.name}: --set KEY=VALUE")
+    rows = []
     for f in dataclasses.fields(task):
         if f.name == "name":
             continue
         rule = f.metadata.get("rule")
         default = getattr(task, f.name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
-        table.add_row(f.name, shown, rule.text if rule else type(default).__name__)
-    console.print(table)
-    return 0
+        rows.append((f.name, shown, rule.text if rule else type(default).__name__))
+    return rows
 
 
 def _models(family: str | None, pattern: str | None, console) -> int:
