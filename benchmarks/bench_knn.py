@@ -9,11 +9,18 @@ bf16 candidate search where bf16 products are fast, else fp32) and the fp32 sear
 
 ``--device cuda`` measures the search on an accelerator instead (faiss-cpu has no device
 search): 1M training rows against a bare exact search on the same device — all rows resident,
-one fp32 product and ``topk`` per 4096 queries, TF32 off — with identical predictions."""
+one fp32 product and ``topk`` per 4096 queries, TF32 off — with identical predictions.
+
+``--as-amd`` runs both sides as on an AMD CPU with AVX-512 BF16 and no AMX, on an Intel CPU
+with AMX: oneDNN capped below AMX (its bf16 products on AVX-512 BF16), MKL on its AVX2 code
+(what it runs on AMD) and faiss's OpenBLAS on its Zen kernels. An emulation of the code paths
+only: the caches, memory and clocks stay this machine's."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
@@ -24,6 +31,11 @@ from evalkit.device import fast_bf16
 from evalkit.heads.knn import nearest, vote
 
 K, CLASSES, DIM, CHUNK = 20, 1000, 768, 65536
+AS_AMD = {  # read when each library loads, so set before this module's process starts
+    "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "OPENBLAS_CORETYPE": "Zen",
+}
 
 
 def data(train_rows: int, queries: int):
@@ -77,7 +89,15 @@ def main():
     parser.add_argument(
         "--load", type=int, default=0, help="this many busy processes beside the contenders"
     )
+    parser.add_argument(
+        "--as-amd", action="store_true", help="the code paths of an AMD CPU without AMX"
+    )
     args = parser.parse_args()
+    if args.as_amd and any(os.environ.get(k) != v for k, v in AS_AMD.items()):
+        env = {**os.environ, **AS_AMD}
+        os.execve(
+            sys.executable, [sys.executable, "-m", "benchmarks.bench_knn", *sys.argv[1:]], env
+        )
     if args.one_thread:
         torch.set_num_threads(1)
         import faiss
@@ -109,6 +129,7 @@ def main():
     base = next(iter(runs))
     reference = predictions[base]
     suffix = ("_1thread" if args.one_thread else "") + (f"_load{args.load}" if args.load else "")
+    suffix += "_as_amd" if args.as_amd else ""
     report(
         ("knn" if device.type == "cpu" else f"knn_{device.type}") + suffix,
         {
@@ -119,6 +140,8 @@ def main():
             "device": str(device),
             "threads": torch.get_num_threads(),
             "busy_processes": args.load,
+            "load_1min": round(os.getloadavg()[0], 1),
+            "code_paths": AS_AMD if args.as_amd else "this CPU's own",
             "seconds": timings,
             "cpu_seconds": cpu,
             "bf16_search": fast_bf16(device),

@@ -799,6 +799,34 @@ FAULTS = (
         "    def __repr__(self) -> str:\n        return self.source",
         (LIGHT,),
     ),
+    Fault(
+        "kNN's auto takes bf16 wherever the CPU has bf16 instructions",
+        "evalkit/heads/knn.py",
+        "return _bf16_product_faster(torch.get_num_threads())",
+        "return True",
+        ("tests/test_knn.py",),
+    ),
+    Fault(
+        "a rough run met by its first similarity and not its maximum",
+        "evalkit/heads/knn.py",
+        "peaks = runs.amax(-1)",
+        "peaks = runs[..., 0]",
+        ("tests/test_knn.py",),
+    ),
+    Fault(
+        "free cores from one reading",
+        "evalkit/device.py",
+        "busy = min(_busy_elsewhere(sample) for sample in range(BUSY_SAMPLES))",
+        "busy = _busy_elsewhere(0)",
+        ("tests/test_feeding.py",),
+    ),
+    Fault(
+        "this process's threads counted after the kernel's count only",
+        "evalkit/device.py",
+        "return max(0, running - max(own_before, _own_running()))",
+        "return max(0, running - _own_running())",
+        ("tests/test_feeding.py",),
+    ),
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,14 +94,34 @@ def free_cpus() -> int:
     """Threads worth running now: torch's thread count, less the CPUs other work keeps busy at
     this moment (runnable threads of other processes, from the kernel's count in
     ``/proc/loadavg`` less this process's own). On a shared machine a thread per core would
-    wait at every barrier for a core another process holds; one per free core does not."""
+    wait at every barrier for a core another process holds; one per free core does not. The
+    fewest of ``BUSY_SAMPLES`` readings a millisecond apart: a thread runnable for an instant
+    (a kernel worker, a pool going to sleep) would otherwise halve a search of seconds, while
+    a busy process is runnable at every reading."""
     wanted = min(torch.get_num_threads(), available_cpus())
     try:
-        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
-        own = sum(_task_state(task) == "R" for task in Path("/proc/self/task").iterdir())
+        busy = min(_busy_elsewhere(sample) for sample in range(BUSY_SAMPLES))
     except (OSError, ValueError, IndexError):
         return wanted
-    return max(1, min(wanted, available_cpus() - max(0, running - own)))
+    return max(1, min(wanted, available_cpus() - busy))
+
+
+BUSY_SAMPLES = 3
+
+
+def _busy_elsewhere(sample: int) -> int:
+    """Runnable threads of other processes at one reading (after a millisecond's pause, but
+    the first). This process's own are read before and after the kernel's count, so a pool
+    that stops spinning in between (another library's OpenMP) still counts as its own."""
+    if sample:
+        time.sleep(0.001)
+    own_before = _own_running()
+    running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    return max(0, running - max(own_before, _own_running()))
+
+
+def _own_running() -> int:
+    return sum(_task_state(task) == "R" for task in Path("/proc/self/task").iterdir())
 
 
 MKL_CBWR_ALL, MKL_CBWR_STRICT = -1, 0x10000  # from MKL's mkl_service.h

@@ -245,6 +245,35 @@ def test_free_cpus_leaves_out_only_other_processes_running_threads(monkeypatch, 
     assert device.free_cpus() == 6
 
 
+def test_free_cpus_reads_the_fewest_busy_of_several_readings(monkeypatch):
+    """A thread runnable at one reading only (a kernel worker, a pool falling asleep) takes
+    no core from a search of seconds; a process busy at every reading does. The pool of this
+    process that stops spinning between its own count and the kernel's is its own."""
+    monkeypatch.setattr(device, "available_cpus", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(device.time, "sleep", lambda seconds: None)
+
+    def readings(counts):
+        kernel, own = iter(counts[0]), iter(counts[1])
+        monkeypatch.setattr(device, "_own_running", lambda: next(own))
+        monkeypatch.setattr(device, "Path", lambda path: FakeLoadavg(next(kernel)))
+
+    readings(([3, 2, 2], [2, 2, 2, 2, 2, 2]))  # one thread elsewhere, at the first reading
+    assert device.free_cpus() == 2
+    readings(([3, 3, 3], [2, 2, 2, 2, 2, 2]))  # a process busy throughout
+    assert device.free_cpus() == 1
+    readings(([2, 2, 2], [2, 1, 2, 1, 2, 1]))  # our spinning pool asleep by the second count
+    assert device.free_cpus() == 2
+
+
+class FakeLoadavg:
+    def __init__(self, running: int):
+        self.running = running
+
+    def read_text(self) -> str:
+        return f"1.00 1.00 1.00 {self.running}/300 4242\n"
+
+
 def test_decoded_ahead_keeps_order_and_raises_the_producers_error_as_raised():
     import threading
 

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from evalkit.heads import knn
 from evalkit.heads.knn import nearest, vote
 
 
@@ -231,3 +234,49 @@ def test_a_rough_gap_under_twice_the_error_bound_proves_nothing():
     proof = Proof(k=1, widths=(2, 2), margin=margin)
     rough = torch.tensor([[0.5 + 1.5 * margin, 0.5], [0.5 + 2.5 * margin, 0.5]])
     assert proof.proven(rough.double()).tolist() == [False, True]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    queries=st.integers(1, 6),
+    runs=st.integers(1, 4),
+    extra=st.sampled_from([0, 0, 5]),
+    levels=st.integers(2, 40),
+    nan=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_similarities_above_a_floor_are_those_a_full_comparison_finds(
+    queries, runs, extra, levels, nan, seed
+):
+    """The rough merge meets each run of columns by its maximum first; what it finds is what
+    comparing every similarity finds, in the same order: ties with the floor, NaN (which
+    would hide its run's values), a block whose width is no multiple of the run, no hits."""
+    gen = torch.Generator().manual_seed(seed)
+    sims = torch.randint(0, levels, (queries, runs * knn.GROUP + extra), generator=gen) / levels
+    if nan:
+        sims[0, 3] = torch.nan
+    floor = torch.randint(0, levels + 1, (queries,), generator=gen) / levels
+    expected = (sims > floor[:, None]).nonzero(as_tuple=True)
+    found = knn._columns_above(sims, floor)
+    assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
+
+
+def test_auto_search_takes_bf16_where_it_measured_clearly_faster(monkeypatch):
+    """On a CPU with bf16 instructions ``auto`` times both products once: AVX-512 BF16 on an
+    Intel CPU multiplies at about float32's rate (bf16 would cost time), AMX several times
+    faster. A near draw goes to float32; no bf16 instructions or a GPU need no timing."""
+    from evalkit import device
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: True)
+    for bf16, fp32, expected in ((1.0, 1.2, False), (1.0, 1.25, True), (1.0, 5.0, True)):
+        knn._bf16_product_faster.cache_clear()
+        timings = {torch.bfloat16: bf16, torch.float32: fp32}
+        monkeypatch.setattr(knn, "_seconds", lambda a, b, t=timings: t[a.dtype])
+        assert knn.bf16_search_faster(cpu) is expected, (bf16, fp32)
+    knn._bf16_product_faster.cache_clear()
+    monkeypatch.setattr(knn, "_seconds", lambda a, b: pytest.fail("timed without bf16"))
+    monkeypatch.setattr(device, "_cpu_has_bf16", lambda: False)
+    assert not knn.bf16_search_faster(cpu)
+    assert knn.bf16_search_faster(torch.device("cuda"))
+    knn._bf16_product_faster.cache_clear()

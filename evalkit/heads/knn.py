@@ -23,7 +23,9 @@ on any CPU or GPU, duplicate and near-duplicate training rows included.
 
 from __future__ import annotations
 
+import functools
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,6 +39,7 @@ TRAIN_BLOCK = 4096  # training columns per rough product: 16 MB of fp32 similari
 # candidates ranked exactly for a query the rough top-k does not prove: 2k, then 4k (bf16,
 # whose error bound is wider) before the whole chunk
 CANDIDATES = {torch.float32: (2,), torch.bfloat16: (2, 4)}
+GROUP = 64  # columns met by their maximum first when looking for rough similarities above a floor
 EXACT_BYTES = 2**21  # float64 candidate rows gathered at once when ranking them exactly
 GRID = 2**25  # unit vectors' entries as multiples of 1/GRID (see GridRows)
 # How far a rough similarity of two unit vectors can be from the exact one. bf16: each entry
@@ -57,10 +60,10 @@ def nearest(
     """The ``k`` most similar training rows of every query: (similarities, labels), each
     (Q, k), most similar first (ties: lower training index first), on the queries' device.
     ``train_chunks`` yields (features, labels) and is read once. ``search`` picks the product
-    that proposes candidates — ``fp32``, ``bf16`` (several times faster on CPUs with bf16
-    instructions and on GPUs) or ``auto`` (bf16 where ``fast_bf16``) — and never the answer."""
+    that proposes candidates — ``fp32``, ``bf16`` (several times faster on GPUs and CPUs with
+    AMX) or ``auto`` (``bf16_search_faster``) — and never the answer."""
     if search == "auto":
-        search = "bf16" if fast_bf16(queries.device) else "fp32"
+        search = "bf16" if bf16_search_faster(queries.device) else "fp32"
     dtype = torch.float32 if search == "fp32" else torch.bfloat16
     queries = GridRows.of(queries)
     rough = queries.unit(dtype)
@@ -75,6 +78,46 @@ def nearest(
             best[i] = _merge(best[i], (sims, index + offset, labels[index]), k)
         offset += len(features)
     return torch.cat([b[0] for b in best]).float(), torch.cat([b[2] for b in best])
+
+
+def bf16_search_faster(device: torch.device) -> bool:
+    """Whether the bf16 product outruns the float32 one here: on a GPU; on a CPU with bf16
+    instructions, as measured once per process and thread count. The instructions alone do not
+    tell: AMX multiplies bf16 several times faster than float32, AVX-512 BF16 on an Intel CPU
+    at about float32's rate or slower, and on an AMD one faster. Either choice gives the same
+    neighbours, so a measurement that errs costs time only."""
+    if device.type != "cpu" or not fast_bf16(device):
+        return fast_bf16(device)
+    return _bf16_product_faster(torch.get_num_threads())
+
+
+@functools.cache
+def _bf16_product_faster(threads: int) -> bool:
+    """bf16 at least ``BF16_MARGIN`` times faster than float32 on a rough product's shape:
+    the best of ``PROBE_ROUNDS`` interleaved timings each, after a first call of each (which
+    builds its kernel). ``threads``: the count it was measured on."""
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randn(PROBE_SHAPE[:2], generator=generator)
+    columns = torch.randn(PROBE_SHAPE[1:], generator=generator)
+    pairs = {t: (queries.to(t), columns.to(t)) for t in (torch.float32, torch.bfloat16)}
+    for pair in pairs.values():
+        _seconds(*pair)
+    timings = {dtype: [] for dtype in pairs}
+    for _ in range(PROBE_ROUNDS):
+        for dtype, pair in pairs.items():
+            timings[dtype].append(_seconds(*pair))
+    return min(timings[torch.bfloat16]) * BF16_MARGIN <= min(timings[torch.float32])
+
+
+def _seconds(a: torch.Tensor, b: torch.Tensor) -> float:
+    start = time.perf_counter()
+    a @ b
+    return time.perf_counter() - start
+
+
+PROBE_SHAPE = (512, 768, 2048)  # queries, width, columns: ~1.6 GFLOP, milliseconds on a CPU
+PROBE_ROUNDS = 3
+BF16_MARGIN = 1.25  # bf16 must clearly win: a near draw goes to float32, which has fewer near ties
 
 
 class GridRows:
@@ -260,8 +303,8 @@ class Proof:
 
 def _above(sims: torch.Tensor, floor: torch.Tensor, start: int):
     """Per query, the similarities above ``floor`` and their rows (``start`` + column), as
-    rows padded with -inf; None when there are none."""
-    rows, cols = (sims > floor[:, None]).nonzero(as_tuple=True)
+    rows padded with -inf, in column order; None when there are none."""
+    rows, cols = _columns_above(sims, floor)
     if not len(rows):
         return None
     counts = torch.bincount(rows, minlength=len(sims))
@@ -270,6 +313,24 @@ def _above(sims: torch.Tensor, floor: torch.Tensor, start: int):
     index = torch.zeros(values.shape, dtype=torch.long, device=sims.device)
     values[rows, place], index[rows, place] = sims[rows, cols], cols + start
     return values, index
+
+
+def _columns_above(sims: torch.Tensor, floor: torch.Tensor):
+    """(query, column) of each similarity above its query's ``floor``, query by query in
+    column order. Past a block or two few similarities clear the floor, so each run of
+    ``GROUP`` columns is first met by its maximum (one pass over the block) and only the runs
+    whose maximum clears it are compared in full, instead of a comparison and a scan over
+    every similarity."""
+    queries, width = sims.shape
+    if width % GROUP:
+        return (sims > floor[:, None]).nonzero(as_tuple=True)
+    runs = sims.view(queries, width // GROUP, GROUP)
+    peaks = runs.amax(-1)
+    if peaks.isnan().any():  # a NaN is its run's maximum and would hide the run's values
+        return (sims > floor[:, None]).nonzero(as_tuple=True)
+    rows, run = (peaks > floor[:, None]).nonzero(as_tuple=True)
+    pair, offset = (runs[rows, run] > floor[rows, None]).nonzero(as_tuple=True)
+    return rows[pair], run[pair] * GROUP + offset
 
 
 def ordered_top(sims: torch.Tensor, index: torch.Tensor, k: int):
