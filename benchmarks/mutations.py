@@ -827,6 +827,34 @@ FAULTS = (
         "return max(0, running - _own_running())",
         ("tests/test_feeding.py",),
     ),
+    Fault(
+        "the tensor decoder imports torchvision's package",
+        "evalkit/data/jpeg_ops.py",
+        "    operators = image_operators()\n",
+        "    operators = None\n",
+        ("tests/test_feeding_views.py",),
+    ),
+    Fault(
+        "the crop's anchor rounded down",
+        "evalkit/data/jpeg_ops.py",
+        "top = int(round((height - size) / 2.0))",
+        "top = (height - size) // 2",
+        ("tests/test_feeding_views.py",),
+    ),
+    Fault(
+        "the longer side rounded to nearest",
+        "evalkit/data/jpeg_ops.py",
+        "new_short, new_long = side, int(side * long / short)",
+        "new_short, new_long = side, round(side * long / short)",
+        ("tests/test_feeding_views.py",),
+    ),
+    Fault(
+        "bilinear without vector kernels resized in uint8",
+        "evalkit/data/jpeg_ops.py",
+        '    return capability in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")',
+        "    return True",
+        ("tests/test_feeding_views.py",),
+    ),
 )
 
 

@@ -407,3 +407,85 @@ def test_the_pixel_cache_says_when_several_processes_switch_it_off(tmp_path, mon
         "warning: the pixel cache is off under 2 processes (ranks would have to agree on which "
         "shards it holds): images are decoded"
     ]
+
+
+def torchvision_view(data: bytes, side: int, size: int, interpolation: str) -> torch.Tensor:
+    """The tensor decoder's steps by torchvision's own functions."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms.v2 import functional
+
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    image = decode_jpeg(encoded, mode=ImageReadMode.RGB)
+    mode = functional.InterpolationMode(interpolation)
+    image = functional.resize(image, [side], interpolation=mode, antialias=True)
+    return functional.center_crop(image, [size])
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("without_torchvision_library", [False, True], ids=["alone", "torchvision"])
+def test_the_tensor_decoders_steps_are_torchvisions_bit_for_bit(
+    interpolation, without_torchvision_library, monkeypatch
+):
+    """The tensor decoder decodes, resizes and crops without importing torchvision, by the
+    calls torchvision's functions make: the same pixels for portrait, landscape and square
+    photos, odd and even margins (the crop's anchor rounds half to even), a greyscale JPEG,
+    an image already at the side, and a crop larger than the image (torchvision pads). With
+    torchvision's image library not loadable alone, torchvision's decoder does it."""
+    from evalkit.data import jpeg_ops
+
+    if without_torchvision_library:
+        monkeypatch.setattr(jpeg_ops, "image_operators", lambda: None)
+    cases = [(375, 0, 256, 224), (375, 1, 256, 224), (301, 2, 256, 224), (256, 3, 256, 224)]
+    cases += [(333, 4, 255, 225), (300, 5, 64, 96), (257, 6, 288, 288)]
+    for short, seed, side, size in cases:
+        piece = photo_piece(seed, short)
+        if seed % 2:
+            piece = piece.transpose(Image.Transpose.TRANSPOSE)  # portrait
+        if seed == 6:
+            piece = piece.convert("L")
+        if seed == 3:
+            piece = piece.crop((0, 0, short, short))
+        data = jpeg_bytes(piece)
+        ours = jpeg_ops.center_crop_square(
+            jpeg_ops.resize_shorter_side(jpeg_ops.decode_jpeg_rgb(data), side, interpolation), size
+        )
+        expected = torchvision_view(data, side, size, interpolation)
+        assert torch.equal(ours, expected), (short, seed, side, size)
+    float_path = jpeg_ops.resize_shorter_side(jpeg_ops.decode_jpeg_rgb(data), 200, interpolation)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    if interpolation == "bilinear":  # torchvision resizes in float, then rounds, without AVX2
+        from torchvision.transforms.v2 import functional
+
+        image = jpeg_ops.decode_jpeg_rgb(data)
+        mode = functional.InterpolationMode.BILINEAR
+        expected = functional.resize(image, [200], interpolation=mode, antialias=True)
+        assert torch.equal(jpeg_ops.resize_shorter_side(image, 200, interpolation), expected)
+    else:
+        assert torch.equal(
+            jpeg_ops.resize_shorter_side(jpeg_ops.decode_jpeg_rgb(data), 200, interpolation),
+            float_path,
+        )
+
+
+def test_a_run_decoding_jpegs_imports_no_torchvision(tmp_path):
+    """A run whose tensor decoder reads JPEGs loads torchvision's image library alone: not
+    torchvision's package, whose import loads torch's compiler (1.3 CPU-s, 170 MB a run)."""
+    import subprocess
+    import sys
+
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            for index in range(3):
+                piece = photo_piece(index + (label == "b") * 3, short=80)
+                write(tmp_path / "set" / split / label / f"{index}.jpg", jpeg_bytes(piece))
+    code = (
+        "import sys\nfrom evalkit.cli import main\n"
+        "code = main(['run', '--task', 'imagenet-knn', '--backbone', 'fake', '--set', "
+        f"'dataset=folder:{tmp_path / 'set'}', '--set', 'ks=3', '--decoder', 'tensor', '--workers', '0', "
+        f"'--cache-dir', '{tmp_path / 'cache'}', '--out', '{tmp_path / 'rows'}', '--quiet'])\n"
+        "heavy = ('torchvision', 'torch._dynamo')\n"
+        "print(code, [m for m in heavy if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "0 []"

@@ -33,6 +33,7 @@ from PIL import Image, UnidentifiedImageError
 
 from evalkit.data import DECODERS, DEFAULT_DECODER
 from evalkit.data.folder import load_rgb, pixel_limit
+from evalkit.data.jpeg_ops import center_crop_square, decode_jpeg_rgb, resize_shorter_side
 from evalkit.device import threads
 from evalkit.errors import EvalkitError
 
@@ -104,15 +105,11 @@ class EvalView:
 
     def from_jpeg(self, data: bytes) -> torch.Tensor:
         """The ``tensor`` path of an 8-bit RGB or greyscale JPEG's bytes."""
-        from torchvision.io import ImageReadMode, decode_jpeg
-        from torchvision.transforms.v2 import functional as F
-
-        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        image = decode_jpeg(encoded, mode=ImageReadMode.RGB)
-        image = F.resize(image, self._target(), interpolation=self._mode(), antialias=True)
+        image = decode_jpeg_rgb(data)
+        image = resize_shorter_side(image, self.side, self.interpolation)
         # the resize leaves channels innermost in memory: numpy's copy to channels-first is a
         # third of torch's uint8 one (the same bytes)
-        crop = F.center_crop(image, [self.size]).numpy()
+        crop = center_crop_square(image, self.size).numpy()
         return torch.from_numpy(np.ascontiguousarray(crop))
 
     def geometry(self) -> dict:
