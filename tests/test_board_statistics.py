@@ -719,6 +719,20 @@ def test_relative_ids_are_relpath_from_the_common_folder(prefix, files, absolute
     assert relative_ids(ids) == expected
 
 
+@given(
+    absolute=st.lists(st.sampled_from(["/d/a/1.png", "/d/b/2.png", "/e/c.png"]), min_size=1),
+    relative=st.lists(st.sampled_from(["d/a/1.png", "a/2.png", "./c.png"]), min_size=1),
+)
+def test_ids_mixing_absolute_and_relative_paths_are_kept_as_they_are(absolute, relative):
+    """A file naming some images by absolute path and some by relative path has no folder
+    all ids share: its ids are kept, in any order of the two kinds."""
+    from evalkit.publish.board_reading import absolute_count, relative_ids
+
+    for ids in (absolute + relative, relative + absolute):
+        assert absolute_count(ids) == len(absolute)
+        assert relative_ids(ids) == ids
+
+
 def test_the_count_is_read_from_exactly_far_enough_far_side_resamples():
     """The far side's count is read from ``FAR_ENOUGH`` resamples on (the switch sits at
     exactly that many), the spread's t tail one resample below it."""
@@ -843,3 +857,24 @@ def test_cells_naming_the_same_images_share_one_list_of_ids(tmp_path):
             alone = per_image(cell)
             assert alone[0] == outputs[id(cell)][0]
             assert all(a.equals(b) for a, b in zip(alone[1], outputs[id(cell)][1], strict=True))
+
+
+def test_a_board_that_stops_aligning_midway_reads_its_frames_again(tmp_path):
+    """The board releases each cell's frames as it aligns them where every pair will be tested
+    at once; a cell further on with a NaN image stops the alignment, and each pair is then
+    tested on its own from the frames read again: the pairs with that cell say why, the
+    others have their p-values."""
+    rng = np.random.default_rng(12)
+    images = [f"{i}.png" for i in range(80)]
+    import pandas as pd
+
+    for b in range(4):
+        write_cell(tmp_path, "depth", f"b{b}", {"image": images, "mse": rng.gamma(2.0, 1.0, 80)})
+    (outputs,) = (tmp_path / "predictions").glob("*--b3--*.parquet")
+    frame = pd.read_parquet(outputs)
+    frame.loc[5, "mse"] = np.nan  # the row's mean stays a number: only the image is NaN
+    frame.to_parquet(outputs)
+    pairs = leaderboard([tmp_path])["tasks"][0]["pairs"]
+    with_nan = [p for p in pairs if "b3" in (p["a"], p["b"])]
+    assert len(with_nan) == 3 and all("1 NaN images" in str(p.get("why", p)) for p in with_nan)
+    assert all(p.get("p") is not None for p in pairs if p not in with_nan)

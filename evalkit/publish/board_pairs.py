@@ -46,6 +46,8 @@ def paired_tests(board: Board, level: float, seed: int) -> list[dict]:
     shared = shared_resamples(aligned, seed) if aligned is not None else None
     board.resampled = image_resamples(board, shared)
     at_once = board_tests(board, aligned, shared)
+    if at_once is None and any(found is None for found in outputs.values()):
+        outputs = read_outputs(board)  # released by ``_aligned``, yet the pairs read them
     results = []
     for a, b in itertools.combinations(board.cells, 2):
         if at_once is not None:
@@ -203,36 +205,57 @@ def board_tests(board: Board, aligned, shared):
     correctness (``mcnemar_all``); a mean or a metric of sums: the board's ``SharedResamples``.
     None otherwise, and on boards of two cells (each pair is then tested on its own, and says
     why it cannot be)."""
-    if aligned is None or len(board.cells) < 3:
+    if aligned is None or not tested_at_once(board, aligned[0], _one_seed(aligned[1].values())):
         return None
     test, cells = aligned
-    if test.binary and all(len(parts) == 1 for parts in cells.values()):
+    if test.binary and _one_seed(cells.values()):
         keys = list(cells)
         tests = mcnemar_all(np.stack([cells[key][0][:, 0] > 0 for key in keys]))
         where = {key: index for index, key in enumerate(keys)}
         return lambda a, b: tests[(where[a], where[b])]
-    if shared is None or (test.statistic is not mean_of and test.sums is None):
-        return None
-    return shared.pair
+    return None if shared is None else shared.pair
+
+
+def tested_at_once(board: Board, test, one_seed: bool) -> bool:
+    """Whether ``board_tests`` answers every pair of a board whose cells align under ``test``
+    (McNemar of all pairs where each cell has ``one_seed``, or the board's shared resamples of
+    a mean or a metric of sums), so that no pair reads its frames."""
+    if len(board.cells) < 3:
+        return False
+    return (test.binary and one_seed) or test.statistic is mean_of or test.sums is not None
+
+
+def _one_seed(per_cell) -> bool:
+    """Each cell (its seeds' frames or parts) has one seed."""
+    return all(len(seeds) == 1 for seeds in per_cell)
 
 
 def _aligned(board: Board, outputs: dict):
     """(the task's test, each cell's per-seed parts in the first cell's image order) when
-    every cell scored the same images with numbers and the task declares a test; else None."""
+    every cell scored the same images with numbers and the task declares a test; else None.
+    Where the board's pairs will all be tested at once (``tested_at_once``) each cell's
+    frames are released (its entry in ``outputs`` set to None) once its parts are made: a
+    zoo's frames and parts are then never all held together."""
     if any(isinstance(o, str) for o in outputs.values()):
         return None
     first_ids, first_frames = outputs[id(board.cells[0])]
     test = declared_test(board_task(board), board.metric, set(first_frames[0].columns))
     if test is None:
         return None
+    release = tested_at_once(board, test, _one_seed(found[1] for found in outputs.values()))
     cells = {}
     for cell in board.cells:
         ids, frames = outputs[id(cell)]
-        if sorted(ids) != sorted(first_ids):
+        if ids is not first_ids and sorted(ids) != sorted(first_ids):
             return None
-        order = {image: i for i, image in enumerate(ids)}
-        rows = [order[image] for image in first_ids]
-        cells[id(cell)] = [test.parts(frame)[rows] for frame in frames]
+        if ids is first_ids:  # the same list: the same order
+            cells[id(cell)] = [test.parts(frame) for frame in frames]
+        else:
+            order = {image: i for i, image in enumerate(ids)}
+            rows = [order[image] for image in first_ids]
+            cells[id(cell)] = [test.parts(frame)[rows] for frame in frames]
+        if release:
+            outputs[id(cell)] = None
         if not_numbers(*cells[id(cell)]) is not None:
             return None  # the pair's own test names the images that are not numbers
     return test, cells

@@ -10,8 +10,10 @@ curve per backbone."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import posixpath
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,7 +192,7 @@ def relative_ids(ids: list[str]) -> list[str]:
     """Image ids with the folder they share removed: older per-image files name images by
     absolute path, today's by their path under the dataset's root, so both kinds, and runs on
     copies of a data set in different places, pair image by image."""
-    if len(ids) < 2 or len({os.path.isabs(i) for i in ids}) > 1:
+    if len(ids) < 2 or 0 < absolute_count(ids) < len(ids):
         return ids
     # the shared folder from the first and last ids in sorted order, cut by string slicing:
     # os.path.commonpath and relpath cost 11 µs an image (0.7 s on 60,000), this 1 µs
@@ -199,6 +201,15 @@ def relative_ids(ids: list[str]) -> list[str]:
         return ids
     cut = len(shared) + 1
     return [i[cut:] or "." for i in ids]
+
+
+def absolute_count(ids: list[str]) -> int:
+    """How many ids are absolute paths: on POSIX those starting with ``/``, counted by a
+    C-level ``map`` (``os.path.isabs`` called per id cost 0.8 µs: 4 s of a 20-backbone board of
+    six tasks at 50,000 images)."""
+    if os.path is posixpath:
+        return sum(map(str.startswith, ids, itertools.repeat("/")))
+    return sum(map(os.path.isabs, ids))
 
 
 def failed_cells(paths, rows: list[dict] | None = None) -> list[dict]:
