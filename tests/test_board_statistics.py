@@ -878,3 +878,32 @@ def test_a_board_that_stops_aligning_midway_reads_its_frames_again(tmp_path):
     with_nan = [p for p in pairs if "b3" in (p["a"], p["b"])]
     assert len(with_nan) == 3 and all("1 NaN images" in str(p.get("why", p)) for p in with_nan)
     assert all(p.get("p") is not None for p in pairs if p not in with_nan)
+
+
+@pytest.mark.parametrize("kind", ["right or wrong", "seeds averaged", "fractions"])
+def test_a_boards_resamples_of_whole_numbers_from_counts_are_the_gathered_means(kind):
+    """A board's resampled means of whole numbers (a right-or-wrong ×100) come from one
+    product of each resample's counts with every cell's values: the same bits as gathering
+    each cell's values and averaging them. Values that are not whole (three seeds averaged
+    into thirds, fractions) are gathered as before."""
+    import evalkit.publish.board_pairs as board_module
+    from evalkit.significance import right_or_wrong
+
+    rng = np.random.default_rng(13)
+    seeds = 3 if kind == "seeds averaged" else 1  # thirds of 100: not whole
+    scale = 100.0 if kind != "fractions" else 37.3
+    cells = {
+        key: [scale * (rng.random((997, 1)) < 0.6 + 0.05 * key) for _ in range(seeds)]
+        for key in range(5)
+    }
+    test = right_or_wrong(lambda frame: frame)
+    fast = board_module._resampled_cells(cells, test, 997, seed=3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(board_module, "whole_numbers", lambda values, count: None)
+        gathered = board_module._resampled_cells(cells, test, 997, seed=3)
+    assert fast[0] == gathered[0]
+    for key in cells:
+        assert np.array_equal(fast[1][key], gathered[1][key])
+    values = {key: np.mean([p[:, 0] for p in parts], axis=0) for key, parts in cells.items()}
+    expected_whole = kind == "right or wrong"
+    assert (board_module.whole_numbers(values, 997) is not None) == expected_whole

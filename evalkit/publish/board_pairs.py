@@ -288,9 +288,11 @@ def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, di
     """Each cell's observed metric (mean over its seeds) and its metric on each of the shared
     resamples: the mean of its values for a mean (seeds average first, as the statistic is
     linear), else ``Sums`` of each seed from one product of counts per chunk."""
+    whole = None
     if test.sums is None:
         values = {key: np.mean([p[:, 0] for p in parts], axis=0) for key, parts in cells.items()}
         observed = {key: float(value.mean()) for key, value in values.items()}
+        whole = whole_numbers(values, count)
     else:
         prepared = {key: [test.sums(p) for p in parts] for key, parts in cells.items()}
         observed = {
@@ -300,14 +302,33 @@ def _resampled_cells(cells: dict, test, count: int, seed: int) -> tuple[dict, di
     resampled = {key: np.empty(RESAMPLES) for key in cells}
     for start in range(0, RESAMPLES, CHUNK):
         draws = rng.integers(0, count, size=(min(CHUNK, RESAMPLES - start), count))
-        counts = resample_counts(draws, count) if test.sums is not None else None
+        chunk = slice(start, start + len(draws))
+        exact = test.sums is not None or whole is not None
+        counts = resample_counts(draws, count) if exact else None
+        if whole is not None:  # every cell's resampled means from one product of the counts
+            means = (counts @ whole) / count
+            for column, key in enumerate(cells):
+                resampled[key][chunk] = means[:, column]
+            continue
         for key in cells:
-            chunk = slice(start, start + len(draws))
             if counts is None:
                 resampled[key][chunk] = values[key][draws].mean(axis=1)
             else:
                 resampled[key][chunk] = resampled_metric(prepared[key], counts)
     return observed, resampled
+
+
+def whole_numbers(values: dict, count: int) -> np.ndarray | None:
+    """The cells' per-image values side by side (images × cells) where all are whole numbers
+    (a right-or-wrong ×100) whose sums float64 holds exactly, else None. A resample's sum of
+    such values is then the same integer in any order, so its mean from the product of the
+    resample's counts is the gathered values' mean (``values[draws].mean()``) to the bit,
+    at a fraction of the gather's memory traffic."""
+    stacked = np.column_stack(list(values.values()))
+    bound = float(np.abs(stacked).max(initial=0.0)) * count  # a resample's largest sum
+    if not np.isfinite(stacked).all() or bound >= 2**53 or (stacked != np.rint(stacked)).any():
+        return None
+    return stacked
 
 
 def declared_test(task: str | None, metric: str, columns: set[str]):
