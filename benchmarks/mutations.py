@@ -528,8 +528,8 @@ FAULTS = (
     Fault(
         "free cpus counts this process's own threads",
         "evalkit/device.py",
-        "available_cpus() - max(0, running - own)",
-        "available_cpus() - max(0, running)",
+        "return max(0, running - max(own_before, _own_running()))",
+        "return max(0, running)",
         ("tests/test_feeding.py::test_free_cpus_leaves_out_only_other_processes_running_threads",),
     ),
     Fault(

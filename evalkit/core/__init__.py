@@ -11,4 +11,5 @@ new rows), ``merge`` (rows written on several machines),
 ``costs`` (the plan of a run), ``budget`` (the machine it is planned for, and whether it
 fits), ``shapes`` (a backbone's size as the plan sees it), ``rates`` (this machine's speed),
 ``numerics`` (how a run's arithmetic is set), ``run_options`` (the options of evalkit run,
-and the run they ask for) and ``preflight`` (what a run refuses before torch is imported)."""
+and the run they ask for), ``preflight`` (what a run refuses before torch is imported) and
+``settings_table`` (a task's settings read from its source, for ``evalkit ls settings``)."""

@@ -16,6 +16,7 @@ split opened where the config says), ``folder`` (class folders), ``shifted`` (Im
 ``corrupted`` and ``corruptions`` (ImageNet-C), ``model_vs_human`` and ``stimuli`` (the
 benchmark and its stand-in), ``celeba`` (fairness), ``multilabel`` (pretraining images),
 ``embedded`` and ``scenes`` (the stand-ins), ``views`` (the evaluation view of an image),
+``jpeg_ops`` (the tensor decoder's steps without torchvision's package),
 ``feeding`` (decoding workers and batches to the device), ``check`` (``evalkit check-data``),
 ``hub`` (the Hugging Face cache) and ``prepare`` (official files → the layouts).
 """
