@@ -145,7 +145,7 @@ def main():
             "code_paths": AS_AMD if args.as_amd else "this CPU's own",
             "seconds": timings,
             "cpu_seconds": cpu,
-            "auto_searches_bf16": bf16_search_faster(device),  # measured, as the task decides
+            "auto_searches_bf16": bf16_search_faster(device),  # measured on this thread count
             "baseline": base,
             f"speedup_vs_{base}": round(best[base] / best["evalkit"], 2),
             f"speedup_fp32_vs_{base}": round(best[base] / best["evalkit_fp32"], 2),

@@ -876,6 +876,20 @@ FAULTS = (
         "or False:",
         ("tests/test_board_statistics.py",),
     ),
+    Fault(
+        "the resize's output laid out channels-first",
+        "evalkit/data/jpeg_ops.py",
+        "batch = _channels_last_kept(image.reshape(1, channels, height, width))",
+        "batch = image.reshape(1, channels, height, width)",
+        ("tests/test_feeding_views.py",),
+    ),
+    Fault(
+        "ls settings reads a constant the module binds again",
+        "evalkit/core/settings_table.py",
+        "if name in self.shadowed or bindings(self.tree).count(name) > 1:",
+        "if name in self.shadowed:",
+        (LIGHT,),
+    ),
 )
 
 

@@ -907,3 +907,15 @@ def test_a_boards_resamples_of_whole_numbers_from_counts_are_the_gathered_means(
     values = {key: np.mean([p[:, 0] for p in parts], axis=0) for key, parts in cells.items()}
     expected_whole = kind == "right or wrong"
     assert (board_module.whole_numbers(values, 997) is not None) == expected_whole
+
+
+def test_whole_numbers_are_summed_by_counts_only_below_float64s_exact_range():
+    """A resample's sum of whole numbers is exact in float64 while the largest value times
+    the images stays below 2^53; beyond it the values are gathered."""
+    from evalkit.publish.board_pairs import whole_numbers
+
+    images = 1000
+    within = {0: np.full(images, 2.0**40), 1: np.zeros(images)}
+    beyond = {0: np.full(images, 2.0**44), 1: np.zeros(images)}
+    assert whole_numbers(within, images) is not None
+    assert whole_numbers(beyond, images) is None

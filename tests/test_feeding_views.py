@@ -451,6 +451,7 @@ def test_the_tensor_decoders_steps_are_torchvisions_bit_for_bit(
         )
         expected = torchvision_view(data, side, size, interpolation)
         assert torch.equal(ours, expected), (short, seed, side, size)
+        assert ours.stride() == expected.stride(), "laid out as torchvision lays it out"
     float_path = jpeg_ops.resize_shorter_side(jpeg_ops.decode_jpeg_rgb(data), 200, interpolation)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     if interpolation == "bilinear":  # torchvision resizes in float, then rounds, without AVX2

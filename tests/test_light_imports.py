@@ -162,3 +162,52 @@ def test_a_source_the_reading_cannot_follow_builds_the_task(capsys):
         str({"a": Opaque("make()")})
     assert main(["ls", "settings", "imagenet-linear[eval_split=imagenet-r]"]) == 0
     assert "imagenet-r" in capsys.readouterr().out
+
+
+SOURCES = """
+from dataclasses import InitVar, dataclass
+LR = 0.1
+@dataclass
+class Rebound:
+    name: str
+    lr: float = LR
+LR = 0.5
+@dataclass
+class InClass:
+    name: str
+    SCALE = 5.0
+    lr: float = SCALE
+@dataclass
+class WithInitVar:
+    name: str
+    scale: InitVar[int] = 2
+    lr: float = 0.1
+@dataclass
+class Keyword:
+    name: str
+    lr: float = setting(0.1, rule=POSITIVE)
+@dataclass
+class HiddenInTuple:
+    name: str
+    pair: tuple = ({"a": make()},)
+"""
+
+
+def test_the_source_reading_gives_up_where_the_class_would_read_another_value(monkeypatch):
+    """A module constant bound again after the class, a constant of the class body, a
+    keyword rule and a value only its object's repr shows are beyond the reading: it says
+    so (the listing then builds the task). An ``InitVar`` is no setting."""
+    import ast
+
+    from evalkit.core import settings_table
+
+    tree = ast.parse(SOURCES)
+    monkeypatch.setattr(settings_table, "module_tree", lambda m: tree if m == "evalkit.x" else None)
+    settings_table.class_fields.cache_clear()
+    try:
+        for name in ("Rebound", "InClass", "Keyword", "HiddenInTuple"):
+            assert settings_table.settings_rows(f"evalkit.x:{name}", {}) is None, name
+        rows = settings_table.settings_rows("evalkit.x:WithInitVar", {})
+        assert rows == [("lr", "0.1", "float")]
+    finally:
+        settings_table.class_fields.cache_clear()

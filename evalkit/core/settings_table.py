@@ -30,22 +30,38 @@ def settings_rows(target: str, params: dict) -> list[tuple[str, str, str]] | Non
     ``params``, as ``evalkit ls settings`` prints them; None where the source cannot tell."""
     module, _, name = target.partition(":")
     try:
-        fields = class_fields(module, name)
-    except (Unreadable, RecursionError):
+        return _rows(class_fields(module, name), params)
+    except (Unreadable, RecursionError, ValueError, TypeError):
         return None
+
+
+def _rows(fields: dict, params: dict) -> list[tuple[str, str, str]]:
     rows = []
     for field_name, (default, rule_text) in fields.items():
         if field_name == "name":
             continue
         value = params.get(field_name, default)
         if value is MISSING:
-            return None
+            raise Unreadable(f"{field_name} has no default")
         shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
         rows.append((field_name, shown, rule_text or type(value).__name__))
     return rows
 
 
 MISSING = object()  # a field without a default: the catalog's params must give it
+
+
+# Annotations of a dataclass body that make no field (``dataclasses.fields`` leaves them out).
+NOT_FIELDS = frozenset(
+    {
+        "ClassVar",
+        "typing.ClassVar",
+        "InitVar",
+        "dataclasses.InitVar",
+        "KW_ONLY",
+        "dataclasses.KW_ONLY",
+    }
+)
 
 
 @cache
@@ -60,12 +76,12 @@ def class_fields(module: str, name: str) -> dict[str, tuple]:
     for base in reversed(method_order((module, name))[1:]):
         if is_dataclass(class_node(*base)[1]):
             fields.update(class_fields(*base))
-    scope = Scope(module, tree)
+    scope = Scope(module, tree, frozenset(bindings(node)))
     for item in node.body:
         if (
             isinstance(item, ast.AnnAssign)
             and isinstance(item.target, ast.Name)
-            and "ClassVar" not in ast.unparse(item.annotation)
+            and not NOT_FIELDS.intersection(ast.unparse(item.annotation).split("["))
         ):
             fields[item.target.id] = scope.field(item.value)
     return fields
@@ -113,13 +129,15 @@ class Scope:
     """Evaluates a module's literal expressions, following its module-level names and its
     imports from other evalkit modules."""
 
-    def __init__(self, module: str, tree: ast.Module):
-        self.module, self.tree = module, tree
+    def __init__(self, module: str, tree: ast.Module, shadowed: frozenset[str] = frozenset()):
+        self.module, self.tree, self.shadowed = module, tree, shadowed
 
     def field(self, node: ast.expr | None) -> tuple:
         if node is None:
             return MISSING, None
         if isinstance(node, ast.Call) and self.callee(node) == "setting":
+            if node.keywords or len(node.args) != 2:
+                raise Unreadable(ast.unparse(node))
             default, rule = node.args
             return self.value(default), self.value(rule).text
         if isinstance(node, ast.Call) and self.callee(node) == "field":
@@ -195,7 +213,11 @@ class Scope:
         raise Unreadable(ast.unparse(node))
 
     def name(self, name: str):
-        for node in reversed(self.tree.body):
+        # a name the class body binds, or the module binds more than once, may not be the
+        # value a field's default read when the class was made: beyond this reading
+        if name in self.shadowed or bindings(self.tree).count(name) > 1:
+            raise Unreadable(name)
+        for node in self.tree.body:
             if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
@@ -212,6 +234,22 @@ class Scope:
         if tree is None:
             raise Unreadable(name)
         return Scope(where[0], tree).name(where[1])
+
+
+def bindings(body: ast.Module | ast.ClassDef) -> list[str]:
+    """Every name the statements of ``body`` bind (assignments, augmented ones, imports,
+    functions and classes), once per binding."""
+    names = []
+    for node in body.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names += [e.id for e in ast.walk(target) if isinstance(e, ast.Name)]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names += [(alias.asname or alias.name).split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.append(node.name)
+    return names
 
 
 def names_of(target: ast.Tuple) -> list[str | None]:

@@ -69,7 +69,7 @@ def resize_shorter_side(image: torch.Tensor, side: int, interpolation: str) -> t
     if (new_height, new_width) == (height, width):
         return image
     native = _native_uint8_resize(interpolation)
-    batch = image.reshape(1, channels, height, width)
+    batch = _channels_last_kept(image.reshape(1, channels, height, width))
     resized = torch.nn.functional.interpolate(
         batch if native else batch.to(torch.float32),
         size=[new_height, new_width],
@@ -80,6 +80,16 @@ def resize_shorter_side(image: torch.Tensor, side: int, interpolation: str) -> t
     if not native:  # torchvision's float path: bilinear where ATen has no vector uint8 kernel
         resized = resized.round_().to(torch.uint8)
     return resized.reshape(channels, new_height, new_width)
+
+
+def _channels_last_kept(batch: torch.Tensor) -> torch.Tensor:
+    """torchvision's re-stride of a channels-last (1, C, H, W) batch, so ``interpolate``
+    allocates its output channels-last too (torch issue 68430): the same pixels, laid out as
+    the copy to channels-first after the crop reads them fastest."""
+    strides = batch.stride()
+    if batch.is_contiguous(memory_format=torch.channels_last) and batch.numel() != strides[0]:
+        return batch.as_strided(batch.shape, (batch.numel(), *strides[1:]))
+    return batch
 
 
 def _native_uint8_resize(interpolation: str) -> bool:

@@ -325,7 +325,7 @@ def _columns_above(sims: torch.Tensor, floor: torch.Tensor):
     whose maximum clears it are compared in full, instead of a comparison and a scan over
     every similarity."""
     queries, width = sims.shape
-    if width % GROUP:
+    if width % GROUP or sims.is_cuda:  # a GPU compares every similarity at once anyway
         return (sims > floor[:, None]).nonzero(as_tuple=True)
     runs = sims.view(queries, width // GROUP, GROUP)
     peaks = runs.amax(-1)
