@@ -886,7 +886,7 @@ FAULTS = (
     Fault(
         "ls settings reads a constant the module binds again",
         "evalkit/core/settings_table.py",
-        "if name in self.shadowed or bindings(self.tree).count(name) > 1:",
+        "if name in self.shadowed or self.bound[name] > 1:",
         "if name in self.shadowed:",
         (LIGHT,),
     ),

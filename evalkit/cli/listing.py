@@ -115,17 +115,14 @@ def built_settings_rows(task_name: str) -> list[tuple[str, str, str]]:
     import dataclasses
 
     from evalkit.core.catalog import resolve_task
+    from evalkit.core.settings_table import setting_row
 
     task = resolve_task(task_name)
-    rows = []
-    for f in dataclasses.fields(task):
-        if f.name == "name":
-            continue
-        rule = f.metadata.get("rule")
-        default = getattr(task, f.name)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
-        rows.append((f.name, shown, rule.text if rule else type(default).__name__))
-    return rows
+    return [
+        setting_row(f.name, getattr(task, f.name), getattr(f.metadata.get("rule"), "text", None))
+        for f in dataclasses.fields(task)
+        if f.name != "name"
+    ]
 
 
 def _models(family: str | None, pattern: str | None, console) -> int:

@@ -103,8 +103,21 @@ def own_fields(node: ast.ClassDef) -> list[str]:
         for item in node.body
         if isinstance(item, ast.AnnAssign)
         and isinstance(item.target, ast.Name)
-        and "ClassVar" not in ast.unparse(item.annotation)
+        and not NOT_FIELDS.intersection(ast.unparse(item.annotation).split("["))
     ]
+
+
+# Annotations of a dataclass body that make no field (``dataclasses.fields`` leaves them out).
+NOT_FIELDS = frozenset(
+    {
+        "ClassVar",
+        "typing.ClassVar",
+        "InitVar",
+        "dataclasses.InitVar",
+        "KW_ONLY",
+        "dataclasses.KW_ONLY",
+    }
+)
 
 
 # Bases that hold no dataclass fields.

@@ -15,10 +15,17 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
-from evalkit.core.preflight import PLAIN_BASES, base_module, is_dataclass, module_tree
+from evalkit.core.preflight import (
+    PLAIN_BASES,
+    base_module,
+    is_dataclass,
+    module_tree,
+    own_fields,
+)
 
 
 class Unreadable(Exception):
@@ -43,25 +50,17 @@ def _rows(fields: dict, params: dict) -> list[tuple[str, str, str]]:
         value = params.get(field_name, default)
         if value is MISSING:
             raise Unreadable(f"{field_name} has no default")
-        shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-        rows.append((field_name, shown, rule_text or type(value).__name__))
+        rows.append(setting_row(field_name, value, rule_text))
     return rows
 
 
+def setting_row(name: str, value, rule_text: str | None) -> tuple[str, str, str]:
+    """A setting as ``evalkit ls settings`` prints it: name, value shown, what it takes."""
+    shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    return name, shown, rule_text or type(value).__name__
+
+
 MISSING = object()  # a field without a default: the catalog's params must give it
-
-
-# Annotations of a dataclass body that make no field (``dataclasses.fields`` leaves them out).
-NOT_FIELDS = frozenset(
-    {
-        "ClassVar",
-        "typing.ClassVar",
-        "InitVar",
-        "dataclasses.InitVar",
-        "KW_ONLY",
-        "dataclasses.KW_ONLY",
-    }
-)
 
 
 @cache
@@ -77,12 +76,9 @@ def class_fields(module: str, name: str) -> dict[str, tuple]:
         if is_dataclass(class_node(*base)[1]):
             fields.update(class_fields(*base))
     scope = Scope(module, tree, frozenset(bindings(node)))
+    own = set(own_fields(node))
     for item in node.body:
-        if (
-            isinstance(item, ast.AnnAssign)
-            and isinstance(item.target, ast.Name)
-            and not NOT_FIELDS.intersection(ast.unparse(item.annotation).split("["))
-        ):
+        if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", None) in own:
             fields[item.target.id] = scope.field(item.value)
     return fields
 
@@ -131,6 +127,7 @@ class Scope:
 
     def __init__(self, module: str, tree: ast.Module, shadowed: frozenset[str] = frozenset()):
         self.module, self.tree, self.shadowed = module, tree, shadowed
+        self.bound = Counter(bindings(tree))
 
     def field(self, node: ast.expr | None) -> tuple:
         if node is None:
@@ -215,7 +212,7 @@ class Scope:
     def name(self, name: str):
         # a name the class body binds, or the module binds more than once, may not be the
         # value a field's default read when the class was made: beyond this reading
-        if name in self.shadowed or bindings(self.tree).count(name) > 1:
+        if name in self.shadowed or self.bound[name] > 1:
             raise Unreadable(name)
         for node in self.tree.body:
             if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
